@@ -123,6 +123,16 @@ impl TensorStore {
         }
     }
 
+    /// Position of tensor `name` in [`Self::infos`], for O(1) access through [`Self::at`].
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// The tensor at position `i` of [`Self::infos`].
+    pub fn at(&self, i: usize) -> Tensor<'_> {
+        self.view(&self.tensors[i])
+    }
+
     pub fn get(&self, name: &str) -> Option<Tensor<'_>> {
         self.index.get(name).map(|&i| self.view(&self.tensors[i]))
     }
