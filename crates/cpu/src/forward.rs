@@ -54,6 +54,10 @@ impl Executor for CpuExecutor {
         if kv.owner != self.id {
             return Err(ExecError::ForeignState);
         }
+        if tokens.is_empty() {
+            out.clear();
+            return Ok(());
+        }
         let vocab = self.model.config.vocab_size;
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
             return Err(ExecError::TokenOutOfRange { id, vocab });
@@ -94,18 +98,13 @@ fn run(m: &Model, kv: &mut CpuKv, tokens: &[u32], want: Logits, out: &mut Vec<f3
     }
     kv.len = p0 + n;
 
-    let rows: &[f32] = match want {
-        Logits::None => {
-            out.clear();
-            return;
-        }
-        Logits::Last => &x[(n - 1) * h..],
-        Logits::All => &x,
-    };
-    let mut hidden = rows.to_vec();
-    norm_rows(&m.final_norm, &mut hidden);
-    let n_rows = hidden.len() / h;
+    let n_rows = want.rows(n);
     out.clear();
+    if n_rows == 0 {
+        return;
+    }
+    let mut hidden = x[(n - n_rows) * h..].to_vec();
+    norm_rows(&m.final_norm, &mut hidden);
     out.resize(n_rows * m.config.vocab_size, 0.0);
     matmul(&m.lm_head, &hidden, n_rows, out);
     if let Some(cap) = m.final_softcap {

@@ -26,6 +26,20 @@ pub enum Logits {
     Last,
     /// Every position of the batch, in order.
     All,
+    /// The last `n` positions of the batch, in order.
+    Tail(usize),
+}
+
+impl Logits {
+    /// Rows of logits a forward pass over `n_tokens` returns.
+    pub fn rows(self, n_tokens: usize) -> usize {
+        match self {
+            Logits::None => 0,
+            Logits::Last => n_tokens.min(1),
+            Logits::All => n_tokens,
+            Logits::Tail(k) => k.min(n_tokens),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
