@@ -131,7 +131,7 @@ impl GgmlType {
     /// Bytes needed for `n_elems` elements, or `None` if `n_elems` is not a whole number of blocks.
     pub fn bytes_for(self, n_elems: usize) -> Option<usize> {
         let be = self.block_elems();
-        if n_elems % be != 0 {
+        if !n_elems.is_multiple_of(be) {
             return None;
         }
         (n_elems / be).checked_mul(self.block_bytes())

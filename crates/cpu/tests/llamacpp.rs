@@ -1,0 +1,97 @@
+//! The CPU engine against llama.cpp on the two real models (../shared/fixtures/llamacpp):
+//! teacher-forced agreement on prompt + llama.cpp's 32 greedy tokens wherever llama.cpp's own
+//! top-1/top-2 margin is at least 0.5, and the top-10 logits after each prompt within 1.0 of
+//! llama.cpp's `precise` run. The models come from scripts/fetch-models.py.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anelm_cpu::CpuExecutor;
+use anelm_model::{Executor, Logits};
+use serde_json::Value;
+
+const MARGIN: f64 = 0.5;
+
+fn model_path(file: &str) -> PathBuf {
+    let dir = std::env::var_os("ANELM_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/anelm/models"));
+    let p = dir.join(file);
+    assert!(p.exists(), "{} is missing: run `python3 scripts/fetch-models.py`", p.display());
+    p
+}
+
+fn fixture(name: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/llamacpp").join(name);
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn check_model(gguf: &str, fixture_name: &str) {
+    let fx = fixture(fixture_name);
+    let model = Arc::new(anelm_model::load(&model_path(gguf)).unwrap());
+    let mut exec = CpuExecutor::new(model, 2);
+    let vocab = exec.vocab_size();
+    for p in fx["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let prompt = ids(&p["ids"]);
+        let greedy = ids(&p["greedy_ids"]);
+        let all: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
+        let mut state = exec.new_state(all.len()).unwrap();
+        let mut logits = Vec::new();
+        exec.forward(state.as_mut(), &all, Logits::All, &mut logits).unwrap();
+
+        // Teacher-forced agreement on the generated steps.
+        let (mut agree, mut checked) = (0, 0);
+        for (step, s) in p["greedy_steps"].as_array().unwrap().iter().enumerate() {
+            let pos = prompt.len() - 1 + step;
+            let ours = argmax(&logits[pos * vocab..(pos + 1) * vocab]);
+            if s["margin_top1_top2"].as_f64().unwrap() >= MARGIN {
+                checked += 1;
+                assert_eq!(ours, greedy[step], "{name}: step {step} (margin {})", s["margin_top1_top2"]);
+                agree += 1;
+            }
+        }
+        // Top-10 after the prompt: llama.cpp's precise run (f32 KV, no flash attention) is the
+        // reference; its default run bounds llama.cpp's own noise. On Gemma 3's `code` prompt the
+        // two differ by 1.1 and an independent float64 numpy forward pass (gguf-py weights)
+        // lands on the default values, so a prompt passes within 1.0 of either run.
+        let last = &logits[(prompt.len() - 1) * vocab..prompt.len() * vocab];
+        let max_diff = |key: &Value| {
+            key.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| (last[e["id"].as_u64().unwrap() as usize] as f64 - e["logit"].as_f64().unwrap()).abs())
+                .fold(0f64, f64::max)
+        };
+        let precise = max_diff(&p["precise"]["top10_after_prompt"]);
+        let default = max_diff(&p["top10_after_prompt"]);
+        println!(
+            "{gguf} {name:12}: {agree}/{checked} confident steps agree; top-10 max |diff| {precise:.3} vs precise, {default:.3} vs default"
+        );
+        assert!(precise.min(default) <= 1.0, "{name}: top-10 logits differ by {precise} (precise), {default} (default)");
+    }
+}
+
+#[test]
+fn smollm2_matches_llamacpp() {
+    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1.prompts.json");
+}
+
+#[test]
+fn gemma3_matches_llamacpp() {
+    check_model("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m.prompts.json");
+}

@@ -1,0 +1,68 @@
+//! The interface between the engine and whatever runs the model (CPU, ANE simulator, ANE).
+//! The engine owns the per-sequence state; the executor creates it and knows its layout.
+
+use std::any::Any;
+
+/// Per-sequence state of an executor: the KV cache and its fill level.
+pub trait KvState: Any + Send {
+    /// Positions already processed.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Positions the state can hold.
+    fn capacity(&self) -> usize;
+    /// Forgets every position from `len` on (prefix reuse, speculative rollback).
+    fn truncate(&mut self, len: usize);
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// Which logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prefill chunk that is not the last).
+    None,
+    /// The last position only.
+    Last,
+    /// Every position of the batch, in order.
+    All,
+    /// The last `n` positions of the batch, in order.
+    Tail(usize),
+}
+
+impl Logits {
+    /// Rows of logits a forward pass over `n_tokens` returns.
+    pub fn rows(self, n_tokens: usize) -> usize {
+        match self {
+            Logits::None => 0,
+            Logits::Last => n_tokens.min(1),
+            Logits::All => n_tokens,
+            Logits::Tail(k) => k.min(n_tokens),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("context full: {needed} positions needed, the state holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("state belongs to a different executor")]
+    ForeignState,
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Runs a model forward over tokens appended to a state.
+pub trait Executor: Send {
+    /// A fresh state for up to `capacity` positions.
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError>;
+
+    /// Processes `tokens` at positions `state.len()..`, extends the state, and writes the
+    /// requested logits (`vocab` floats per row) into `out`, replacing its contents.
+    fn forward(&mut self, state: &mut dyn KvState, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<(), ExecError>;
+
+    /// Vocabulary size (length of one logits row).
+    fn vocab_size(&self) -> usize;
+}

@@ -1,0 +1,83 @@
+//! One file per model family: each maps its tensor names and quirks onto the LayerPlan. This file
+//! is the registry: GGUF `general.architecture` and HF `model_type` → family loader.
+
+mod gemma;
+mod gpt2;
+mod llama;
+mod qwen;
+
+use std::path::Path;
+
+use anelm_formats::{Gguf, HfConfig};
+
+use crate::decoder;
+use crate::error::{ModelError, Result};
+use crate::hparams::Hparams;
+use crate::loader::TensorLoader;
+use crate::model::{Family, Model, ModelSource};
+
+/// What a family loader may need besides the hyperparameters.
+pub(crate) struct Ctx {
+    pub loader: TensorLoader,
+}
+
+const GGUF_ARCHS: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, gpt2";
+const HF_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2";
+
+pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
+    let Gguf { metadata, tensors, .. } = Gguf::open(path)?;
+    let arch = metadata.str("general.architecture")?.to_string();
+    let name = metadata.str_opt("general.name")?.map(String::from).unwrap_or_else(|| file_stem(path));
+    let ctx = Ctx { loader: TensorLoader::new(tensors) };
+    let hp = Hparams::from_gguf(&metadata, &arch)?;
+    let recipe = match arch.as_str() {
+        "llama" => llama::gguf(&ctx, hp)?,
+        "qwen2" => qwen::gguf(Family::Qwen2, hp),
+        "qwen3" => qwen::gguf(Family::Qwen3, hp),
+        "gemma" => gemma::gguf(&metadata, &arch, Family::Gemma, hp)?,
+        "gemma2" => gemma::gguf(&metadata, &arch, Family::Gemma2, hp)?,
+        "gemma3" => gemma::gguf(&metadata, &arch, Family::Gemma3, hp)?,
+        "gpt2" => {
+            let source = ModelSource::Gguf { path: path.to_path_buf(), metadata: Box::new(metadata) };
+            return gpt2::load(&ctx.loader, hp, None, source, name);
+        }
+        other => return Err(unsupported(path, other, GGUF_ARCHS)),
+    };
+    let source = ModelSource::Gguf { path: path.to_path_buf(), metadata: Box::new(metadata) };
+    decoder::build(&ctx.loader, recipe, source, name)
+}
+
+pub(crate) fn load_hf(dir: &Path) -> Result<Model> {
+    let cfg = HfConfig::open(dir)?;
+    let model_type = cfg.model_type()?.to_string();
+    let family = match model_type.as_str() {
+        "llama" => Family::Llama,
+        "mistral" => Family::Mistral,
+        "qwen2" => Family::Qwen2,
+        "qwen3" => Family::Qwen3,
+        "gemma" => Family::Gemma,
+        "gemma2" => Family::Gemma2,
+        "gemma3_text" => Family::Gemma3,
+        "gpt2" => Family::Gpt2,
+        other => return Err(unsupported(cfg.path(), other, HF_TYPES)),
+    };
+    let hp = Hparams::from_hf(&cfg)?;
+    let loader = TensorLoader::new(anelm_formats::safetensors::open_dir(dir)?);
+    let name = file_stem(dir);
+    let source = ModelSource::HfDir { dir: dir.to_path_buf() };
+    let recipe = match family {
+        Family::Llama | Family::Mistral => llama::hf(&cfg, hp, family)?,
+        Family::Qwen2 | Family::Qwen3 => qwen::hf(&cfg, hp, family)?,
+        Family::Gemma | Family::Gemma2 | Family::Gemma3 => gemma::hf(&cfg, family, hp)?,
+        Family::Gpt2 => return gpt2::load(&loader, hp, Some(&cfg), source, name),
+    };
+    decoder::build(&loader, recipe, source, name)
+}
+
+fn unsupported(path: &Path, arch: &str, supported: &str) -> ModelError {
+    ModelError::UnsupportedArch { path: path.to_path_buf(), arch: arch.to_string(), supported: supported.to_string() }
+}
+
+fn file_stem(path: &Path) -> String {
+    path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string()
+}

@@ -1,0 +1,91 @@
+//! Hyperparameters common to the decoder families, read from GGUF metadata
+//! (`<arch>.block_count`, ...) or from a Hugging Face config.json (`num_hidden_layers`, ...).
+
+use anelm_formats::{HfConfig, Metadata, RopeParams};
+
+use crate::error::Result;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Hparams {
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    pub context: usize,
+    /// Global (or only) RoPE settings.
+    pub rope: RopeParams,
+    /// Rotated dimensions per head.
+    pub rope_dims: usize,
+    pub sliding_window: Option<usize>,
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
+}
+
+impl Hparams {
+    pub fn from_gguf(meta: &Metadata, arch: &str) -> Result<Hparams> {
+        let k = |s: &str| format!("{arch}.{s}");
+        let n_heads = meta.usize(&k("attention.head_count"))?;
+        let hidden = meta.usize(&k("embedding_length"))?;
+        let head_dim = meta.usize_opt(&k("attention.key_length"))?.unwrap_or(hidden / n_heads.max(1));
+        let eps = match meta.f32_opt(&k("attention.layer_norm_rms_epsilon"))? {
+            Some(e) => e,
+            None => meta.f32_opt(&k("attention.layer_norm_epsilon"))?.unwrap_or(1e-5),
+        };
+        let mut rope = RopeParams { theta: meta.f32_opt(&k("rope.freq_base"))?.unwrap_or(10_000.0) as f64, ..Default::default() };
+        if let Some(t) = meta.str_opt(&k("rope.scaling.type"))? {
+            rope.rope_type = t.to_string();
+            rope.factor = meta.f32_opt(&k("rope.scaling.factor"))?.map(f64::from);
+            rope.original_max_position_embeddings =
+                meta.usize_opt(&k("rope.scaling.original_context_length"))?.map(|v| v as f64);
+        }
+        let rope_dims = meta.usize_opt(&k("rope.dimension_count"))?.unwrap_or(head_dim);
+        Ok(Hparams {
+            n_layers: meta.usize(&k("block_count"))?,
+            hidden,
+            ffn: meta.usize_opt(&k("feed_forward_length"))?.unwrap_or(4 * hidden),
+            n_heads,
+            n_kv_heads: meta.usize_opt(&k("attention.head_count_kv"))?.unwrap_or(n_heads),
+            head_dim,
+            eps,
+            context: meta.usize_opt(&k("context_length"))?.unwrap_or(2048),
+            rope,
+            rope_dims,
+            sliding_window: meta.usize_opt(&k("attention.sliding_window"))?,
+            attn_softcap: meta.f32_opt(&k("attn_logit_softcapping"))?,
+            final_softcap: meta.f32_opt(&k("final_logit_softcapping"))?,
+        })
+    }
+
+    pub fn from_hf(cfg: &HfConfig) -> Result<Hparams> {
+        let hidden = cfg.usize_any(&["hidden_size", "n_embd"])?;
+        let n_heads = cfg.usize_any(&["num_attention_heads", "n_head"])?;
+        let head_dim = cfg.usize_opt("head_dim")?.unwrap_or(hidden / n_heads.max(1));
+        let rope = cfg.rope(Some("full_attention"))?;
+        let rope_dims = (head_dim as f64 * rope.partial_rotary_factor) as usize;
+        let eps = match cfg.f64_opt("rms_norm_eps")? {
+            Some(e) => e,
+            None => cfg.f64_opt("layer_norm_epsilon")?.or(cfg.f64_opt("layer_norm_eps")?).unwrap_or(1e-5),
+        } as f32;
+        Ok(Hparams {
+            n_layers: cfg.usize_any(&["num_hidden_layers", "n_layer"])?,
+            hidden,
+            ffn: match cfg.usize_opt("intermediate_size")? {
+                Some(f) => f,
+                None => cfg.usize_opt("n_inner")?.unwrap_or(4 * hidden),
+            },
+            n_heads,
+            n_kv_heads: cfg.usize_opt("num_key_value_heads")?.unwrap_or(n_heads),
+            head_dim,
+            eps,
+            context: cfg.usize_any(&["max_position_embeddings", "n_positions"]).unwrap_or(2048),
+            rope,
+            rope_dims,
+            sliding_window: cfg.usize_opt("sliding_window")?,
+            attn_softcap: cfg.f64_opt("attn_logit_softcapping")?.map(|v| v as f32),
+            final_softcap: cfg.f64_opt("final_logit_softcapping")?.map(|v| v as f32),
+        })
+    }
+}

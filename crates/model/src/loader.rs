@@ -1,0 +1,79 @@
+//! Reading weights out of a TensorStore by name, with the checks every family needs: presence,
+//! shape, conversion of small vectors to f32, and norm construction.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anelm_formats::TensorStore;
+
+use crate::error::{ModelError, Result};
+use crate::plan::{Linear, Norm, NormKind};
+use crate::weight::Weight;
+
+pub(crate) struct TensorLoader {
+    pub store: Arc<TensorStore>,
+}
+
+impl TensorLoader {
+    pub fn new(store: TensorStore) -> Self {
+        TensorLoader { store: Arc::new(store) }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.store.primary_path()
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.store.contains(name)
+    }
+
+    /// A `[rows, cols]` matrix, checked against the expected shape.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        let t = self.store.require(name)?;
+        let w = Weight::mapped(&self.store, &t)?;
+        if (w.rows, w.cols) != (rows, cols) || t.shape.len() != 2 {
+            return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
+        }
+        Ok(w)
+    }
+
+    /// A vector of `n` values as f32.
+    pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let t = self.store.require(name)?;
+        if t.n_elems() != n {
+            return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected {n} values", t.shape)));
+        }
+        Ok(t.to_f32()?)
+    }
+
+    pub fn vector_opt(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.has(name) {
+            self.vector(name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// A linear layer `[out, in]` with an optional bias `bias_name`.
+    pub fn linear(&self, name: &str, out: usize, inp: usize, bias_name: Option<&str>) -> Result<Linear> {
+        let weight = self.matrix(name, out, inp)?;
+        let bias = match bias_name {
+            Some(b) => self.vector_opt(b, out)?,
+            None => None,
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// A norm of width `n`; `plus_one` adds 1 to the stored weight (HF Gemma's `(1 + w)`).
+    pub fn norm(&self, name: &str, n: usize, kind: NormKind, eps: f32, plus_one: bool, bias: Option<&str>) -> Result<Norm> {
+        let mut weight = self.vector(name, n)?;
+        if plus_one {
+            weight.iter_mut().for_each(|w| *w += 1.0);
+        }
+        let bias = match bias {
+            Some(b) => Some(self.vector(b, n)?),
+            None => None,
+        };
+        Ok(Norm { kind, eps, weight, bias })
+    }
+}
