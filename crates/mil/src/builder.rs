@@ -599,6 +599,17 @@ impl FunctionBuilder {
         )
     }
 
+    /// `slice_by_size` with a runtime `begin` (int32 `[rank]`, e.g. a position input).
+    pub fn slice_by_size_at(&mut self, x: ValueId, begin: ValueId, size: &[i32]) -> Result<ValueId> {
+        self.op1("slice_by_size", vec![("x", x.into()), ("begin", begin.into()), ("size", Literal::i32s(size.to_vec()).into())])
+    }
+
+    /// `slice_update` with runtime `begin`/`end` (int32 `[rank]`): the KV-cache write at the
+    /// current position.
+    pub fn slice_update_at(&mut self, x: ValueId, update: ValueId, begin: ValueId, end: ValueId) -> Result<ValueId> {
+        self.op1("slice_update", vec![("x", x.into()), ("update", update.into()), ("begin", begin.into()), ("end", end.into())])
+    }
+
     pub fn cast(&mut self, x: ValueId, dtype: DType) -> Result<ValueId> {
         self.op1("cast", vec![("x", x.into()), ("dtype", Literal::string(dtype.name()).into())])
     }

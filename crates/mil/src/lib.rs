@@ -6,6 +6,7 @@ pub mod error;
 pub mod ir;
 pub mod literal;
 pub mod ops;
+pub mod package;
 pub mod text;
 pub mod types;
 

@@ -127,6 +127,16 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Whether operand `p` is a constant (absent counts as constant: defaults are static).
+    pub fn is_const(&self, p: &str) -> Result<bool> {
+        match self.single(p)? {
+            Some(SingleArg::Value(v)) => {
+                Ok(matches!(v.def, ValueDef::Op { op, .. } if self.ops[op].is_const()))
+            }
+            _ => Ok(true),
+        }
+    }
+
     fn required_literal(&self, p: &str) -> Result<&'a Literal> {
         self.literal(p)?.ok_or_else(|| self.err(format!("missing parameter {p}")))
     }
@@ -627,10 +637,25 @@ fn infer_split(c: &Ctx) -> Result<Vec<TensorType>> {
 
 fn infer_slice_by_size(c: &Ctx) -> Result<Vec<TensorType>> {
     let x = c.tensor("x")?;
-    let begin = c.ints("begin")?;
     let size = c.ints("size")?;
-    if begin.len() != x.rank() || size.len() != x.rank() {
-        return Err(invalid(format!("begin and size need {} entries", x.rank())));
+    if size.len() != x.rank() {
+        return Err(invalid(format!("size needs {} entries", x.rank())));
+    }
+    if !c.is_const("begin")? {
+        // A runtime begin (e.g. the decode position): only the size fixes the shape.
+        let b = c.tensor("begin")?;
+        if b.dtype != DType::Int32 || b.shape != [x.rank()] {
+            return Err(invalid(format!("begin must be int32 [{}], is {b}", x.rank())));
+        }
+        let out = size.iter().zip(&x.shape).map(|(&s, &d)| match usize::try_from(s) {
+            Ok(s) if s <= d => Ok(s),
+            _ => Err(invalid(format!("size {size:?} invalid for {x} with a runtime begin"))),
+        });
+        return Ok(vec![x.with_shape(out.collect::<Result<_>>()?)]);
+    }
+    let begin = c.ints("begin")?;
+    if begin.len() != x.rank() {
+        return Err(invalid(format!("begin needs {} entries", x.rank())));
     }
     let mut out = Vec::with_capacity(x.rank());
     for i in 0..x.rank() {
@@ -695,6 +720,19 @@ fn infer_slice_update(c: &Ctx) -> Result<Vec<TensorType>> {
     let x = c.tensor("x")?;
     let u = c.tensor("update")?;
     same_dtype(x, u)?;
+    if !c.is_const("begin")? || !c.is_const("end")? {
+        // Runtime bounds (the KV-cache write position): the update keeps x's rank.
+        for p in ["begin", "end"] {
+            let t = c.tensor(p)?;
+            if t.dtype != DType::Int32 || t.shape != [x.rank()] {
+                return Err(invalid(format!("{p} must be int32 [{}], is {t}", x.rank())));
+            }
+        }
+        if u.rank() != x.rank() || u.shape.iter().zip(&x.shape).any(|(a, b)| a > b) {
+            return Err(invalid(format!("update {u} does not fit in {x}")));
+        }
+        return Ok(vec![x.clone()]);
+    }
     let sel = index_slice_shape(c, x)?;
     if sel != u.shape {
         return Err(invalid(format!("update {u} does not match the selected slice {sel:?}")));
