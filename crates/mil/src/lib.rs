@@ -1,9 +1,38 @@
 //! anelm-mil: the MIL IR every ANE program of anelm goes through.
+//!
+//! One in-memory [`Program`] (functions of typed SSA values and operations with named
+//! arguments; constants inline or in weight blobs) is
+//! - built op by op with shape/type inference by [`FunctionBuilder`] (a malformed program is an
+//!   error at the call that makes it),
+//! - printed as MIL text for the private in-memory path ([`text`]; dialects A `program(1.3)`/ios18
+//!   and B `program(1.0)`/ios16, FACTS §1) together with its weight blob files ([`blob`],
+//!   storage v2, FACTS §2),
+//! - parsed back from text ([`text::parse_program`]; print → parse → print is a fixed point),
+//! - written as a Core ML `.mlpackage` ([`package`], COREML.md) and read back,
+//! - linted against what public sources report failing on ANE hardware ([`lint`]),
+//! - walked by the simulator: [`Function::ops`], [`Operation::inputs`], [`Function::const_value`],
+//!   [`Literal::weight_data`] / [`WeightData::to_f32`].
+//!
+//! Entry points for the CLI (`anelm mil print FILE`, `anelm mil check FILE`):
+//! - [`print_text`]: parse MIL text and print it in canonical form;
+//! - [`check_text`]: parse and lint; a parse error is an `Err` carrying line and column
+//!   ([`MilError::Parse`]), lint findings are advice.
+//!
+//! ```
+//! let src = "program(1.3)\n{\n    func main<ios18>(tensor<fp16, [1, 4]> x) {\n        tensor<fp16, [1, 4]> y = gelu(x=x);\n    } -> (y);\n}\n";
+//! let canonical = anelm_mil::print_text(src).unwrap();
+//! assert!(canonical.contains("y = gelu(x = x);"));
+//! let findings = anelm_mil::check_text(src).unwrap();
+//! assert!(findings.iter().any(|f| f.rule == "gelu"));
+//! assert!(matches!(anelm_mil::check_text("program(1.3) {"), Err(anelm_mil::MilError::Parse { .. })));
+//! ```
+
 pub mod blob;
 pub mod builder;
 pub mod dtype;
 pub mod error;
 pub mod ir;
+pub mod lint;
 pub mod literal;
 pub mod ops;
 pub mod package;
@@ -14,5 +43,20 @@ pub use builder::{Arg, ConvParams, FunctionBuilder, Pad};
 pub use dtype::DType;
 pub use error::{MilError, Result};
 pub use ir::{Argument, Binding, Dialect, Function, Opset, Operation, Program, ValueDef, ValueId, ValueInfo};
+pub use lint::{LintConfig, LintFinding, Severity};
 pub use literal::{BlobSource, Elements, Literal, WeightData};
 pub use types::{TensorType, ValueType};
+
+/// Parses MIL text and prints it again in canonical form (same dialect, 4-space indentation,
+/// `param = ref` spacing, sorted attributes). `BLOBFILE` references are kept as written.
+pub fn print_text(src: &str) -> Result<String> {
+    let program = text::parse_program(src)?;
+    text::print_program(&program, &blob::BlobLayout::default())
+}
+
+/// Parses MIL text and lints it. A text that does not parse or type-check is an `Err` with its
+/// line and column; otherwise every lint finding is returned (possibly none).
+pub fn check_text(src: &str) -> Result<Vec<LintFinding>> {
+    let program = text::parse_program(src)?;
+    Ok(lint::lint(&program))
+}

@@ -33,6 +33,13 @@ struct Parser {
     dict: Option<ScalarSpelling>,
 }
 
+/// A parsed function, where it starts, and how its deployment tag was spelled.
+struct ParsedFunction {
+    function: Function,
+    at: (usize, usize),
+    spelling: OpsetSpelling,
+}
+
 /// A parsed type, remembering whether a scalar was spelled `tensor<T, []>`.
 struct ParsedType {
     ty: ValueType,
@@ -147,8 +154,8 @@ impl Parser {
         let mut functions = Vec::new();
         let mut opset_names = None;
         while *self.peek() != Tok::Punct('}') {
-            let (f, spelling) = self.function()?;
-            opset_names.get_or_insert(spelling);
+            let f = self.function()?;
+            opset_names.get_or_insert(f.spelling);
             functions.push(f);
         }
         self.expect('}')?;
@@ -164,8 +171,8 @@ impl Parser {
         };
         let mut program = Program::new(dialect);
         program.build_info = build_info;
-        for (f, at) in functions {
-            program.add_function(f).map_err(|e| self.err_at(at, e.to_string()))?;
+        for f in functions {
+            program.add_function(f.function).map_err(|e| self.err_at(f.at, e.to_string()))?;
         }
         Ok(program)
     }
@@ -258,7 +265,7 @@ impl Parser {
     }
 
     /// `func name<tag>(T a, ...) { stmts } -> (outs);`
-    fn function(&mut self) -> Result<((Function, (usize, usize)), OpsetSpelling)> {
+    fn function(&mut self) -> Result<ParsedFunction> {
         let start = self.here();
         self.keyword("func")?;
         let name = self.ident()?;
@@ -309,7 +316,7 @@ impl Parser {
         }
         self.expect(';')?;
         let f = b.finish().map_err(|e| self.err_at(start, e.to_string()))?;
-        Ok(((f, start), spelling))
+        Ok(ParsedFunction { function: f, at: start, spelling })
     }
 
     /// `T a[, T b] = op(args)[attrs];`
