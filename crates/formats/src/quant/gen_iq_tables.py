@@ -14,9 +14,8 @@ The test `quant_gguf_py::iq_tables_are_generated_from_gguf_py` checks the commit
 """
 
 import sys
-from pathlib import Path
-
 from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 from gguf import quants

@@ -1,5 +1,7 @@
 //! The unquantised element types, one little-endian value per element: F32, F16, BF16, F64, and
 //! the integer types I8, I16, I32, I64, which convert as numeric casts (round to nearest f32).
+//! Each function converts as many whole elements as both slices hold; [`super::dequantize`]
+//! checks the lengths first.
 
 use half::f16;
 
