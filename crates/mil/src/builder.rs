@@ -221,8 +221,22 @@ impl FunctionBuilder {
     }
 
     /// Adds an operation from named operands; constants are bound to named consts first.
-    /// Operands are stored sorted by parameter name (the order Apple's tools print).
+    /// Operands are stored sorted by parameter name (the order Apple's tools print). On error
+    /// the function is left exactly as before the call.
     pub fn op(&mut self, op_type: &str, args: Vec<(&str, Arg)>) -> Result<Vec<ValueId>> {
+        let mark = (self.func.values.len(), self.func.ops.len(), self.counter);
+        let r = self.op_inner(op_type, args);
+        if r.is_err() {
+            for v in self.func.values.drain(mark.0..) {
+                self.names.remove(&v.name);
+            }
+            self.func.ops.truncate(mark.1);
+            self.counter = mark.2;
+        }
+        r
+    }
+
+    fn op_inner(&mut self, op_type: &str, args: Vec<(&str, Arg)>) -> Result<Vec<ValueId>> {
         let base = self.next_name.take();
         let def = ops::lookup(op_type).ok_or_else(|| MilError::invalid(format!("unknown op {op_type}")))?;
         // The output name is fixed first so const names can derive from it.
@@ -750,7 +764,11 @@ mod tests {
         let z = f.reshape(x, &[1, 3, -1]).unwrap_err().to_string();
         assert!(z.contains("reshape"), "{z}");
         assert!(f.op1("no_such_op", vec![]).is_err());
+        let before = (f.function().values().len(), f.function().ops().len());
         assert!(f.softmax(x, 4).is_err());
+        assert_eq!((f.function().values().len(), f.function().ops().len()), before, "failed calls leave no consts behind");
+        let y = f.softmax(x, 3).unwrap();
+        assert_eq!(f.function().name_of(y), "softmax_0", "and no gaps in the names");
     }
 
     #[test]
