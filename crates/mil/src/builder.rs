@@ -166,6 +166,7 @@ impl FunctionBuilder {
     }
 
     pub(crate) fn add_input(&mut self, name: &str, ty: ValueType) -> Result<ValueId> {
+        ty.tensor().check_size()?;
         if !self.func.ops.is_empty() {
             return Err(MilError::invalid(format!("input {name} declared after the first operation")));
         }
@@ -336,6 +337,9 @@ impl FunctionBuilder {
             (None, Outputs::Declared(decl)) => decl,
             (None, Outputs::Infer(_)) => return Err(MilError::invalid(format!("unknown op {}", op.op_type))),
         };
+        for (name, ty) in &typed {
+            ty.tensor().check_size().map_err(|e| e.context(name))?;
+        }
         for (name, _) in &typed {
             self.claim_name(name)?;
         }

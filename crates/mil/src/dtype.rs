@@ -97,7 +97,7 @@ impl DType {
 
     /// Bytes needed for `n` packed elements (sub-byte types packed, rounded up).
     pub fn packed_bytes(self, n: usize) -> usize {
-        (n * self.bits() as usize).div_ceil(8)
+        n.saturating_mul(self.bits() as usize).div_ceil(8)
     }
 
     pub fn is_float(self) -> bool {

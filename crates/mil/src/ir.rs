@@ -294,11 +294,6 @@ impl Function {
         }
     }
 
-    /// Input types as tensors (states unwrapped), in order.
-    pub fn input_types(&self) -> impl Iterator<Item = (&str, &ValueType)> {
-        self.inputs.iter().map(|&id| (self.name_of(id), self.type_of(id)))
-    }
-
     /// Mutable access to every literal (used to resolve blob references).
     pub(crate) fn literals_mut(&mut self) -> impl Iterator<Item = &mut Literal> {
         self.ops.iter_mut().flat_map(|op| {

@@ -316,17 +316,20 @@ fn program_rules(program: &Program, cfg: &LintConfig, out: &mut Vec<LintFinding>
     let mut push = |rule, severity, message| {
         out.push(LintFinding { rule, severity, function: "<program>".into(), value: None, message })
     };
-    let bytes: u64 = program.weight_bytes()
-        + program
-            .functions
-            .iter()
-            .flat_map(|f| f.ops())
-            .flat_map(|op| op.literals())
-            .filter_map(|l| match l {
-                Literal::Blob { ty, source: crate::BlobSource::File { .. } } => Some(ty.packed_bytes() as u64),
-                _ => None,
-            })
-            .sum::<u64>();
+    // In-memory weights plus unloaded references, each distinct (path, offset) counted once.
+    let files: std::collections::BTreeMap<(&str, u64), u64> = program
+        .functions
+        .iter()
+        .flat_map(|f| f.ops())
+        .flat_map(|op| op.literals())
+        .filter_map(|l| match l {
+            Literal::Blob { ty, source: crate::BlobSource::File { path, offset } } => {
+                Some(((path.as_str(), *offset), ty.packed_bytes() as u64))
+            }
+            _ => None,
+        })
+        .collect();
+    let bytes = program.weight_bytes() + files.values().sum::<u64>();
     if bytes > cfg.weight_bytes_error {
         push("weights-size", Severity::Error, format!("{bytes} bytes of weights exceed the 2 GiB per-program maximum (coremltools PR #2593); split the program"));
     } else if bytes > cfg.weight_bytes_warn {

@@ -557,14 +557,14 @@ fn infer_reshape(c: &Ctx) -> Result<Vec<TensorType>> {
             _ => return Err(invalid(format!("bad reshape target {spec:?}"))),
         }
     }
-    let known: usize = out.iter().product();
+    let known: usize = out.iter().fold(1usize, |n, &d| n.saturating_mul(d));
     if let Some(i) = infer_at {
         if known == 0 || x.numel() % known != 0 {
             return Err(invalid(format!("cannot infer -1 reshaping {x} to {spec:?}")));
         }
         out[i] = x.numel() / known;
     }
-    if out.iter().product::<usize>() != x.numel() {
+    if x.with_shape(out.clone()).numel() != x.numel() {
         return Err(invalid(format!("cannot reshape {x} ({} elements) to {out:?}", x.numel())));
     }
     Ok(vec![x.with_shape(out)])
@@ -796,7 +796,12 @@ fn infer_tile(c: &Ctx) -> Result<Vec<TensorType>> {
     if reps.len() != x.rank() {
         return Err(invalid(format!("reps needs {} entries", x.rank())));
     }
-    let out = x.shape.iter().zip(&reps).map(|(&d, &r)| usize_of(r, "reps").map(|r| d * r)).collect::<Result<_>>()?;
+    let out = x
+        .shape
+        .iter()
+        .zip(&reps)
+        .map(|(&d, &r)| usize_of(r, "reps")?.checked_mul(d).ok_or_else(|| invalid("tile result too large")))
+        .collect::<Result<_>>()?;
     Ok(vec![x.with_shape(out)])
 }
 

@@ -51,9 +51,19 @@ impl TensorType {
         self.shape.is_empty()
     }
 
-    /// Number of elements (1 for a scalar).
+    /// Number of elements (1 for a scalar); saturates instead of overflowing on absurd shapes,
+    /// which [`TensorType::check_size`] rejects.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |n, &d| n.saturating_mul(d))
+    }
+
+    /// Rejects shapes whose byte size does not fit in memory arithmetic (hostile input).
+    pub fn check_size(&self) -> crate::Result<()> {
+        const MAX_ELEMENTS: usize = 1 << 48;
+        if self.numel() > MAX_ELEMENTS {
+            return Err(crate::MilError::invalid(format!("{self} has more than 2^48 elements")));
+        }
+        Ok(())
     }
 
     /// Bytes of the packed data (sub-byte types packed).

@@ -187,6 +187,9 @@ fn errors_name_line_and_column() {
     assert!(m.contains("expected `;`"), "{m}");
     let (_, _, m) = parse_err(&body("        tensor<fp16, [1, 4]> x = relu(x = x);"));
     assert!(m.contains("already defined"), "{m}");
+    let (l, c, m) = parse_err(&body("        tensor<fp16, [4294967296, 4294967296, 65536]> y = relu(x = x);"));
+    assert_eq!((l, c), (4, 9));
+    assert!(m.contains("2^48"), "absurd shapes are errors, not overflows: {m}");
     let (_, _, m) = parse_err("program(1.3)\n{\n    func main<ios99>() {\n    } -> ();\n}\n");
     assert!(m.contains("ios99"), "{m}");
     let (_, _, m) = parse_err(&body("        tensor<fp16, [1, 4]> y = frobnicate(x = x);\n        tensor<fp16, [1, 4]> q = relu(x = y, alpha = x);"));
@@ -200,4 +203,36 @@ fn unknown_ops_keep_their_declared_types() {
     assert_eq!(p.build_info, vec![]);
     let printed = print_program(&p, &Default::default()).unwrap();
     assert_eq!(printed, src, "no buildInfo, CoreML8 tag and unknown op all preserved");
+}
+
+mod never_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sources() -> Vec<String> {
+        ["conv1x1.a.mil", "swiglu_ffn.b.mil", "add_fp32_io.a.mil"]
+            .iter()
+            .map(|n| std::fs::read_to_string(golden_path(n)).unwrap())
+            .chain([MAD_STYLE.to_string(), DIALECT_B_BANK.to_string()])
+            .collect()
+    }
+
+    proptest! {
+        /// Truncated or corrupted MIL text is an error (or, by chance, still a program), never a panic.
+        #[test]
+        fn damaged_text_is_an_error_not_a_panic(which in 0usize..5, cut in any::<prop::sample::Index>(), pos in any::<prop::sample::Index>(), byte in 0u8..128) {
+            let src = &sources()[which];
+            let chars: Vec<char> = src.chars().collect();
+            let truncated: String = chars[..cut.index(chars.len())].iter().collect();
+            let _ = parse_program(&truncated);
+            let mut mutated = chars.clone();
+            mutated[pos.index(chars.len())] = byte as char;
+            let mutated: String = mutated.into_iter().collect();
+            if let Ok(p) = parse_program(&mutated) {
+                // Whatever parses must print and re-parse.
+                let printed = print_program(&p, &Default::default()).unwrap();
+                prop_assert_eq!(print_program(&parse_program(&printed).unwrap(), &Default::default()).unwrap(), printed);
+            }
+        }
+    }
 }

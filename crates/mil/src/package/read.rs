@@ -28,7 +28,9 @@ fn tensor_type(t: &pb::TensorType) -> Result<TensorType> {
     if shape.len() as i64 != t.rank {
         return Err(bad(format!("rank {} with {} dimensions", t.rank, shape.len())));
     }
-    Ok(TensorType { dtype, shape })
+    let t = TensorType { dtype, shape };
+    t.check_size()?;
+    Ok(t)
 }
 
 fn value_type(t: Option<&pb::ValueType>) -> Result<ValueType> {

@@ -241,6 +241,13 @@ pub fn model_proto(program: &Program, layout: &BlobLayout, opts: &PackageOptions
     if multi || stateful {
         needed = needed.max(9);
     }
+    // INT8 multiarray I/O arrived with iOS26 (COREML.md §3, ArrayDataType INT8 spec >= 10).
+    let int8_io = program.functions.iter().any(|f| {
+        f.inputs().iter().chain(f.outputs()).any(|&v| !f.type_of(v).is_state() && f.type_of(v).tensor().dtype == DType::Int8)
+    });
+    if int8_io {
+        needed = needed.max(10);
+    }
     let spec = opts.spec_version.unwrap_or(needed);
     if spec < needed {
         return Err(MilError::invalid(format!("specificationVersion {spec} is too old; this program needs {needed}")));

@@ -240,7 +240,9 @@ impl Parser {
                 }
                 self.expect('>')?;
                 let scalar = shape.is_empty();
-                Ok(ParsedType { ty: ValueType::Tensor(TensorType::new(dtype, shape)), spelled_as_tensor: scalar })
+                let t = TensorType::new(dtype, shape);
+                t.check_size().map_err(|e| self.err_at(at, e.to_string()))?;
+                Ok(ParsedType { ty: ValueType::Tensor(t), spelled_as_tensor: scalar })
             }
             "state" => {
                 self.expect('<')?;
