@@ -404,6 +404,23 @@ mod tests {
     }
 
     #[test]
+    fn mixed_dtype_records_round_trip() {
+        let a = WeightData::f32(&[1.5, -2.0, 3.25]);
+        let b = WeightData::u8(&[0, 200, 255, 7, 9]);
+        let c = WeightData::i8(&[-128, 127]);
+        let mut buf = Vec::new();
+        let offs = write_blob_file(&mut buf, &[&a, &b, &c]).unwrap();
+        assert_eq!(offs, vec![64, 192, 320]);
+        assert_eq!(buf.len(), 448);
+        let f = BlobFile::parse("mixed".into(), buf).unwrap();
+        let codes: Vec<DType> = f.records().iter().map(|r| r.dtype).collect();
+        assert_eq!(codes, [DType::Fp32, DType::Uint8, DType::Int8]);
+        assert_eq!(f.read(64, &TensorType::fp32([3])).unwrap(), a);
+        assert_eq!(f.read(192, &TensorType::uint8([5])).unwrap(), b);
+        assert_eq!(f.read(320, &TensorType::int8([1, 2])).unwrap().to_f32(), vec![-128.0, 127.0]);
+    }
+
+    #[test]
     fn reader_rejects_corruption() {
         let w = WeightData::i8(&[1, -1, 5]);
         let mut buf = Vec::new();

@@ -345,6 +345,35 @@ impl Program {
         p
     }
 
+    /// Switches the text dialect (and its default buildInfo) and retargets every function to the
+    /// opset proven with it (A ↔ ios18, B ↔ ios16): e.g. to emit the cross-chip-safe dialect B
+    /// (FACTS C1) from a program built for ios18. Fails, changing nothing, if an op needs a
+    /// newer opset than the dialect's.
+    pub fn set_dialect(&mut self, dialect: Dialect) -> crate::Result<()> {
+        let opset = dialect.proven_opset();
+        for f in &self.functions {
+            for op in &f.ops {
+                if let Some(def) = crate::ops::lookup(&op.op_type) {
+                    if def.since > opset {
+                        return Err(crate::MilError::invalid(format!(
+                            "function {}: {} needs {}, dialect targets {}",
+                            f.name,
+                            op.op_type,
+                            def.since.ios_name(),
+                            opset.ios_name()
+                        )));
+                    }
+                }
+            }
+        }
+        for f in &mut self.functions {
+            f.opset = opset;
+        }
+        self.build_info = dialect.default_build_info();
+        self.dialect = dialect;
+        Ok(())
+    }
+
     pub fn function(&self, name: &str) -> Option<&Function> {
         self.functions.iter().find(|f| f.name == name)
     }

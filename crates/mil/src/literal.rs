@@ -254,6 +254,16 @@ impl Literal {
         }
     }
 
+    /// Every element as f32, for inline numeric literals and loaded blobs alike (what the
+    /// simulator reads); None for strings, bools and unloaded blob references.
+    pub fn values_f32(&self) -> Option<Vec<f32>> {
+        match self {
+            Literal::Immediate { data, .. } => Some(data.to_f64s()?.into_iter().map(|v| v as f32).collect()),
+            Literal::Blob { source: BlobSource::Data(d), .. } => Some(d.to_f32()),
+            Literal::Blob { .. } => None,
+        }
+    }
+
     /// The weight data of a loaded blob constant.
     pub fn weight_data(&self) -> Option<&Arc<WeightData>> {
         match self {
@@ -440,5 +450,9 @@ mod tests {
         assert!(Literal::immediate(TensorType::int32([2]), Elements::I32(vec![1])).is_err());
         assert!(Literal::immediate(TensorType::int32([1]), Elements::F32(vec![1.0])).is_err());
         assert_eq!(Literal::i32s([3, 4]).to_i64s(), Some(vec![3, 4]));
+        assert_eq!(Literal::f16(0.5).values_f32(), Some(vec![0.5]));
+        let w = Literal::weight(TensorType::int8([2]), Arc::new(WeightData::i8(&[-3, 4]))).unwrap();
+        assert_eq!(w.values_f32(), Some(vec![-3.0, 4.0]));
+        assert_eq!(Literal::string("x").values_f32(), None);
     }
 }

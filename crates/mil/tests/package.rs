@@ -83,6 +83,10 @@ fn multifunction_package_shares_weight_blobs() {
         swiglu_body(&mut f, 64, 128, width, Some(shared.clone())).unwrap();
         p.add_function(f.finish().unwrap()).unwrap();
     }
+    let text = to_artifacts(&p, &BlobPolicy::default()).unwrap().text;
+    for off in [64, 16512, 32960] {
+        assert_eq!(text.matches(&format!("offset = uint64({off}))")).count(), 2, "both functions reference blob {off}");
+    }
     let pkg = dir.path().join("multi.mlpackage");
     let opts = PackageOptions { default_function: Some("decode".into()), ..Default::default() };
     write_package(&p, &pkg, &opts, &BlobPolicy::default()).unwrap();

@@ -50,6 +50,25 @@ fn add_fp32_io_golden() {
 }
 
 #[test]
+fn set_dialect_retargets_a_built_program() {
+    let mut p = common::swiglu_ffn(Dialect::a(), 64, 128, 64).unwrap();
+    p.set_dialect(Dialect::b()).unwrap();
+    let want = common::swiglu_ffn(Dialect::b(), 64, 128, 64).unwrap();
+    let policy = BlobPolicy::default();
+    assert_eq!(to_artifacts(&p, &policy).unwrap().text, to_artifacts(&want, &policy).unwrap().text);
+
+    let mut f = anelm_mil::FunctionBuilder::new("main", anelm_mil::Opset::Ios18);
+    let s = f.state_input("s", anelm_mil::TensorType::fp16([1, 4])).unwrap();
+    let r = f.read_state(s).unwrap();
+    f.output(r).unwrap();
+    let mut stateful = Program::single(f.finish().unwrap());
+    let before = stateful.clone();
+    let e = stateful.set_dialect(Dialect::b()).unwrap_err().to_string();
+    assert!(e.contains("read_state needs ios18"), "{e}");
+    assert_eq!(stateful, before, "unchanged on error");
+}
+
+#[test]
 fn per_tensor_policy_references_offset_64_in_separate_files() {
     let p = common::swiglu_ffn(Dialect::a(), 64, 128, 64).unwrap();
     let art = to_artifacts(&p, &BlobPolicy::PerTensor).unwrap();
