@@ -250,7 +250,7 @@ fn key(d: &Arc<WeightData>) -> usize {
 
 impl BlobLayout {
     /// Plans the files for every distinct weight of `program` (shared `Arc`s stored once).
-    pub fn plan(program: &Program, policy: &BlobPolicy) -> Result<BlobLayout> {
+    pub fn plan(program: &Program, policy: &BlobPolicy) -> BlobLayout {
         // (first const name using it, data), in program order.
         let mut weights: Vec<(String, Arc<WeightData>)> = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -286,7 +286,7 @@ impl BlobLayout {
                 }
             }
         }
-        Ok(layout)
+        layout
     }
 
     fn add_file(&mut self, relative_path: String, records: Vec<Arc<WeightData>>) {

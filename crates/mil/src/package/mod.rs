@@ -38,7 +38,7 @@ pub fn write_package(program: &Program, path: &Path, opts: &PackageOptions, poli
             "weight {path} at offset {offset} is a reference without data; load the blobs first (blob::load_blobs)"
         )));
     }
-    let layout = BlobLayout::plan(program, policy)?;
+    let layout = BlobLayout::plan(program, policy);
     let model = model_proto(program, &layout, opts)?.encode_to_vec();
     let data = path.join("Data").join(AUTHOR);
     std::fs::create_dir_all(&data).map_err(|e| MilError::io(&data, e))?;

@@ -24,7 +24,7 @@ pub struct MilArtifacts {
 
 /// Plans the weight files of `program` under `policy` and prints the text that references them.
 pub fn to_artifacts(program: &Program, policy: &BlobPolicy) -> Result<MilArtifacts> {
-    let layout = BlobLayout::plan(program, policy)?;
+    let layout = BlobLayout::plan(program, policy);
     let text = print_program(program, &layout)?;
     Ok(MilArtifacts { text, layout })
 }
