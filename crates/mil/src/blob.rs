@@ -54,11 +54,15 @@ fn padding_bits(w: &WeightData) -> u64 {
 }
 
 /// Writes one storage-v2 file holding `records` in order; returns their metadata offsets.
-pub fn write_blob_file<W: Write>(out: &mut W, records: &[&WeightData]) -> std::io::Result<Vec<u64>> {
+pub fn write_blob_file<W: Write>(
+    out: &mut W,
+    records: &[&WeightData],
+) -> std::io::Result<Vec<u64>> {
     let sizes: Vec<u64> = records.iter().map(|r| r.as_bytes().len() as u64).collect();
     let (offsets, _) = record_offsets(&sizes);
-    let count = u32::try_from(records.len())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "too many blob records"))?;
+    let count = u32::try_from(records.len()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "too many blob records")
+    })?;
     let mut header = [0u8; HEADER_BYTES as usize];
     header[0..4].copy_from_slice(&count.to_le_bytes());
     header[4..8].copy_from_slice(&STORAGE_VERSION.to_le_bytes());
@@ -67,7 +71,10 @@ pub fn write_blob_file<W: Write>(out: &mut W, records: &[&WeightData]) -> std::i
     for (r, &meta) in records.iter().zip(&offsets) {
         out.write_all(&vec![0u8; (meta - pos) as usize])?;
         let code = r.dtype().blob_code().ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} has no blob dtype code", r.dtype()))
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} has no blob dtype code", r.dtype()),
+            )
         })?;
         let mut m = [0u8; METADATA_BYTES as usize];
         m[0..4].copy_from_slice(&SENTINEL.to_le_bytes());
@@ -121,38 +128,64 @@ impl BlobFile {
     pub fn parse(name: String, bytes: Vec<u8>) -> Result<BlobFile> {
         let fail = |msg: String| MilError::format(&name, msg);
         if bytes.len() < HEADER_BYTES as usize {
-            return Err(fail(format!("{} bytes is shorter than the 64-byte storage header", bytes.len())));
+            return Err(fail(format!(
+                "{} bytes is shorter than the 64-byte storage header",
+                bytes.len()
+            )));
         }
         let count = u32_at(&bytes, 0) as usize;
         let version = u32_at(&bytes, 4);
         if version != STORAGE_VERSION {
-            return Err(fail(format!("storage version {version}, expected {STORAGE_VERSION}")));
+            return Err(fail(format!(
+                "storage version {version}, expected {STORAGE_VERSION}"
+            )));
         }
         let mut records = Vec::with_capacity(count);
         let mut off = HEADER_BYTES;
         for i in 0..count {
             if off + METADATA_BYTES > bytes.len() as u64 {
-                return Err(fail(format!("header says {count} records, record {i} at {off} is past the end")));
+                return Err(fail(format!(
+                    "header says {count} records, record {i} at {off} is past the end"
+                )));
             }
             let at = off as usize;
             let sentinel = u32_at(&bytes, at);
             if sentinel != SENTINEL {
-                return Err(fail(format!("record {i} at {off}: sentinel {sentinel:#010x}, expected 0xdeadbeef")));
+                return Err(fail(format!(
+                    "record {i} at {off}: sentinel {sentinel:#010x}, expected 0xdeadbeef"
+                )));
             }
             let code = u32_at(&bytes, at + 4);
-            let dtype = DType::from_blob_code(code).ok_or_else(|| fail(format!("record {i} at {off}: unknown dtype code {code}")))?;
+            let dtype = DType::from_blob_code(code)
+                .ok_or_else(|| fail(format!("record {i} at {off}: unknown dtype code {code}")))?;
             let size = u64_at(&bytes, at + 8);
             let data_offset = u64_at(&bytes, at + 16);
             let padding_bits = u64_at(&bytes, at + 24);
             if data_offset % ALIGN != 0 || data_offset < off + METADATA_BYTES {
                 return Err(fail(format!("record {i} at {off}: data offset {data_offset} is not aligned after its metadata")));
             }
-            let end = data_offset.checked_add(size).filter(|&e| e <= bytes.len() as u64);
-            let end = end.ok_or_else(|| fail(format!("record {i} at {off}: {size} bytes at {data_offset} run past the end")))?;
-            records.push(BlobRecord { metadata_offset: off, dtype, size, data_offset, padding_bits });
+            let end = data_offset
+                .checked_add(size)
+                .filter(|&e| e <= bytes.len() as u64);
+            let end = end.ok_or_else(|| {
+                fail(format!(
+                    "record {i} at {off}: {size} bytes at {data_offset} run past the end"
+                ))
+            })?;
+            records.push(BlobRecord {
+                metadata_offset: off,
+                dtype,
+                size,
+                data_offset,
+                padding_bits,
+            });
             off = align_up(end);
         }
-        Ok(BlobFile { name, bytes, records })
+        Ok(BlobFile {
+            name,
+            bytes,
+            records,
+        })
     }
 
     pub fn records(&self) -> &[BlobRecord] {
@@ -161,21 +194,34 @@ impl BlobFile {
 
     /// The record whose metadata is at `offset` (what a BLOBFILE reference names).
     pub fn record(&self, offset: u64) -> Result<&BlobRecord> {
-        self.records.iter().find(|r| r.metadata_offset == offset).ok_or_else(|| {
-            MilError::format(&self.name, format!("no blob_metadata record at offset {offset}"))
-        })
+        self.records
+            .iter()
+            .find(|r| r.metadata_offset == offset)
+            .ok_or_else(|| {
+                MilError::format(
+                    &self.name,
+                    format!("no blob_metadata record at offset {offset}"),
+                )
+            })
     }
 
     /// The record at `offset` as weight data of type `ty` (dtype and size must match).
     pub fn read(&self, offset: u64, ty: &TensorType) -> Result<WeightData> {
         let r = self.record(offset)?;
         if r.dtype != ty.dtype {
-            return Err(MilError::format(&self.name, format!("record at {offset} holds {}, the constant is {ty}", r.dtype)));
+            return Err(MilError::format(
+                &self.name,
+                format!("record at {offset} holds {}, the constant is {ty}", r.dtype),
+            ));
         }
         if r.size != ty.packed_bytes() as u64 {
             return Err(MilError::format(
                 &self.name,
-                format!("record at {offset} holds {} bytes, {ty} needs {}", r.size, ty.packed_bytes()),
+                format!(
+                    "record at {offset} holds {} bytes, {ty} needs {}",
+                    r.size,
+                    ty.packed_bytes()
+                ),
             ));
         }
         let data = self.bytes[r.data_offset as usize..(r.data_offset + r.size) as usize].to_vec();
@@ -256,11 +302,15 @@ impl BlobLayout {
         let mut seen = std::collections::HashSet::new();
         for f in &program.functions {
             for op in f.ops() {
-                let name = op.name.clone().or_else(|| op.outputs.first().map(|&o| f.name_of(o).to_string()));
+                let name = op
+                    .name
+                    .clone()
+                    .or_else(|| op.outputs.first().map(|&o| f.name_of(o).to_string()));
                 for lit in op.literals() {
                     if let Some(d) = lit.weight_data() {
                         if seen.insert(key(d)) {
-                            weights.push((name.clone().unwrap_or_else(|| "weight".into()), d.clone()));
+                            weights
+                                .push((name.clone().unwrap_or_else(|| "weight".into()), d.clone()));
                         }
                     }
                 }
@@ -270,7 +320,10 @@ impl BlobLayout {
         match policy {
             BlobPolicy::SingleFile(name) => {
                 if !weights.is_empty() {
-                    layout.add_file(format!("weights/{name}"), weights.into_iter().map(|(_, d)| d).collect());
+                    layout.add_file(
+                        format!("weights/{name}"),
+                        weights.into_iter().map(|(_, d)| d).collect(),
+                    );
                 }
             }
             BlobPolicy::PerTensor => {
@@ -294,9 +347,20 @@ impl BlobLayout {
         let (offsets, size) = record_offsets(&sizes);
         let path = format!("{MODEL_PATH_PREFIX}{relative_path}");
         for (r, &o) in records.iter().zip(&offsets) {
-            self.locations.insert(key(r), BlobLocation { path: path.clone(), offset: o });
+            self.locations.insert(
+                key(r),
+                BlobLocation {
+                    path: path.clone(),
+                    offset: o,
+                },
+            );
         }
-        self.files.push(PlannedFile { relative_path, records, offsets, size });
+        self.files.push(PlannedFile {
+            relative_path,
+            records,
+            offsets,
+            size,
+        });
     }
 
     /// Where `data` was placed.
@@ -317,7 +381,9 @@ impl BlobLayout {
             }
             let file = std::fs::File::create(&path).map_err(|e| MilError::io(&path, e))?;
             let mut w = std::io::BufWriter::new(file);
-            f.write_to(&mut w).and_then(|_| w.flush()).map_err(|e| MilError::io(&path, e))?;
+            f.write_to(&mut w)
+                .and_then(|_| w.flush())
+                .map_err(|e| MilError::io(&path, e))?;
         }
         Ok(())
     }
@@ -330,7 +396,9 @@ pub fn load_blobs(program: &mut Program, model_dir: &Path) -> Result<()> {
     let mut files: HashMap<String, BlobFile> = HashMap::new();
     program.resolve_blobs(|path, offset, ty| {
         let rel = path.strip_prefix(MODEL_PATH_PREFIX).ok_or_else(|| {
-            MilError::invalid(format!("blob path {path:?} does not start with {MODEL_PATH_PREFIX}"))
+            MilError::invalid(format!(
+                "blob path {path:?} does not start with {MODEL_PATH_PREFIX}"
+            ))
         })?;
         if !files.contains_key(rel) {
             files.insert(rel.to_string(), BlobFile::open(&model_dir.join(rel))?);
@@ -342,11 +410,21 @@ pub fn load_blobs(program: &mut Program, model_dir: &Path) -> Result<()> {
 /// Makes `lit` a reference to its planned location (text printer, package writer).
 pub(crate) fn blob_location<'a>(lit: &'a Literal, layout: &'a BlobLayout) -> Result<(String, u64)> {
     match lit {
-        Literal::Blob { source: BlobSource::File { path, offset }, .. } => Ok((path.clone(), *offset)),
-        Literal::Blob { source: BlobSource::Data(d), ty } => layout
+        Literal::Blob {
+            source: BlobSource::File { path, offset },
+            ..
+        } => Ok((path.clone(), *offset)),
+        Literal::Blob {
+            source: BlobSource::Data(d),
+            ty,
+        } => layout
             .location(d)
             .map(|l| (l.path.clone(), l.offset))
-            .ok_or_else(|| MilError::invalid(format!("weight of type {ty} has no place in the blob layout"))),
+            .ok_or_else(|| {
+                MilError::invalid(format!(
+                    "weight of type {ty} has no place in the blob layout"
+                ))
+            }),
         Literal::Immediate { .. } => Err(MilError::invalid("not a blob literal")),
     }
 }
@@ -376,7 +454,9 @@ mod tests {
         assert_eq!(u64_at(&buf, 1_179_776 + 16), 1_179_840);
         assert_eq!(&buf[1_179_840..1_179_842], &[0x00, 0xBC]); // -1.0
         let file = BlobFile::parse("example".into(), buf).unwrap();
-        let back = file.read(1_179_776, &TensorType::fp16([2048, 768, 1, 1])).unwrap();
+        let back = file
+            .read(1_179_776, &TensorType::fp16([2048, 768, 1, 1]))
+            .unwrap();
         assert_eq!(back, w1);
     }
 
@@ -417,7 +497,10 @@ mod tests {
         assert_eq!(codes, [DType::Fp32, DType::Uint8, DType::Int8]);
         assert_eq!(f.read(64, &TensorType::fp32([3])).unwrap(), a);
         assert_eq!(f.read(192, &TensorType::uint8([5])).unwrap(), b);
-        assert_eq!(f.read(320, &TensorType::int8([1, 2])).unwrap().to_f32(), vec![-128.0, 127.0]);
+        assert_eq!(
+            f.read(320, &TensorType::int8([1, 2])).unwrap().to_f32(),
+            vec![-128.0, 127.0]
+        );
     }
 
     #[test]
@@ -426,12 +509,23 @@ mod tests {
         let mut buf = Vec::new();
         write_blob_file(&mut buf, &[&w]).unwrap();
         let good = BlobFile::parse("ok".into(), buf.clone()).unwrap();
-        assert!(good.read(128, &TensorType::int8([3])).is_err(), "data offset is not a record offset");
-        assert!(good.read(64, &TensorType::uint8([3])).is_err(), "dtype mismatch");
-        assert!(good.read(64, &TensorType::int8([4])).is_err(), "size mismatch");
+        assert!(
+            good.read(128, &TensorType::int8([3])).is_err(),
+            "data offset is not a record offset"
+        );
+        assert!(
+            good.read(64, &TensorType::uint8([3])).is_err(),
+            "dtype mismatch"
+        );
+        assert!(
+            good.read(64, &TensorType::int8([4])).is_err(),
+            "size mismatch"
+        );
         let mut bad = buf.clone();
         bad[64] = 0;
-        let e = BlobFile::parse("bad.bin".into(), bad).unwrap_err().to_string();
+        let e = BlobFile::parse("bad.bin".into(), bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("bad.bin") && e.contains("sentinel"), "{e}");
         let mut v1 = buf.clone();
         v1[4] = 1;

@@ -19,7 +19,7 @@
 
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
-use crate::ir::{Argument, Binding, Function, Opset, Operation, ValueDef, ValueId, ValueInfo};
+use crate::ir::{Argument, Binding, Function, Operation, Opset, ValueDef, ValueId, ValueInfo};
 use crate::literal::{Literal, WeightData};
 use crate::ops::{self, Ctx};
 use crate::types::{TensorType, ValueType};
@@ -70,7 +70,13 @@ pub struct ConvParams {
 
 impl Default for ConvParams {
     fn default() -> Self {
-        ConvParams { strides: vec![1, 1], dilations: vec![1, 1], pad: Pad::Valid, groups: 1, bias: None }
+        ConvParams {
+            strides: vec![1, 1],
+            dilations: vec![1, 1],
+            pad: Pad::Valid,
+            groups: 1,
+            bias: None,
+        }
     }
 }
 
@@ -124,17 +130,25 @@ impl FunctionBuilder {
 
     fn check_id(&self, v: ValueId) -> Result<()> {
         if v.index() >= self.func.values.len() {
-            return Err(MilError::invalid(format!("value id {} does not belong to function {}", v.0, self.func.name)));
+            return Err(MilError::invalid(format!(
+                "value id {} does not belong to function {}",
+                v.0, self.func.name
+            )));
         }
         Ok(())
     }
 
     fn claim_name(&mut self, name: &str) -> Result<()> {
         if !is_identifier(name) {
-            return Err(MilError::invalid(format!("{name:?} is not a MIL identifier ([A-Za-z_][A-Za-z0-9_@]*)")));
+            return Err(MilError::invalid(format!(
+                "{name:?} is not a MIL identifier ([A-Za-z_][A-Za-z0-9_@]*)"
+            )));
         }
         if !self.names.insert(name.to_string()) {
-            return Err(MilError::invalid(format!("name {name} is already defined in function {}", self.func.name)));
+            return Err(MilError::invalid(format!(
+                "name {name} is already defined in function {}",
+                self.func.name
+            )));
         }
         Ok(())
     }
@@ -168,7 +182,9 @@ impl FunctionBuilder {
     pub(crate) fn add_input(&mut self, name: &str, ty: ValueType) -> Result<ValueId> {
         ty.tensor().check_size()?;
         if !self.func.ops.is_empty() {
-            return Err(MilError::invalid(format!("input {name} declared after the first operation")));
+            return Err(MilError::invalid(format!(
+                "input {name} declared after the first operation"
+            )));
         }
         self.claim_name(name)?;
         let idx = self.func.inputs.len();
@@ -211,8 +227,14 @@ impl FunctionBuilder {
     }
 
     /// A blob-backed weight const. Pass the same `Arc` to several functions to share one blob.
-    pub fn weight(&mut self, name: &str, ty: TensorType, data: impl Into<Arc<WeightData>>) -> Result<ValueId> {
-        let lit = Literal::weight(ty, data.into()).map_err(|e| e.context(format!("weight {name}")))?;
+    pub fn weight(
+        &mut self,
+        name: &str,
+        ty: TensorType,
+        data: impl Into<Arc<WeightData>>,
+    ) -> Result<ValueId> {
+        let lit =
+            Literal::weight(ty, data.into()).map_err(|e| e.context(format!("weight {name}")))?;
         self.constant(name, lit)
     }
 
@@ -239,14 +261,17 @@ impl FunctionBuilder {
 
     fn op_inner(&mut self, op_type: &str, args: Vec<(&str, Arg)>) -> Result<Vec<ValueId>> {
         let base = self.next_name.take();
-        let def = ops::lookup(op_type).ok_or_else(|| MilError::invalid(format!("unknown op {op_type}")))?;
+        let def = ops::lookup(op_type)
+            .ok_or_else(|| MilError::invalid(format!("unknown op {op_type}")))?;
         // The output name is fixed first so const names can derive from it.
         let first = match base {
             Some(n) => n,
             None => self.fresh_name(op_type),
         };
         if self.names.contains(&first) || !is_identifier(&first) {
-            return Err(MilError::invalid(format!("name {first:?} is taken or not an identifier")));
+            return Err(MilError::invalid(format!(
+                "name {first:?} is taken or not an identifier"
+            )));
         }
         let mut inputs = Vec::with_capacity(args.len());
         for (param, arg) in args {
@@ -269,14 +294,23 @@ impl FunctionBuilder {
             inputs.push((param.to_string(), a));
         }
         inputs.sort_by(|a, b| a.0.cmp(&b.0));
-        let probe = Operation { op_type: op_type.into(), inputs, attributes: Vec::new(), name: None, outputs: Vec::new() };
+        let probe = Operation {
+            op_type: op_type.into(),
+            inputs,
+            attributes: Vec::new(),
+            name: None,
+            outputs: Vec::new(),
+        };
         // Names of extra outputs (split) follow the first: y, y_1, y_2 ...
         let n_out = self.infer(def, &probe)?.len();
         let mut names = vec![first.clone()];
         for i in 1..n_out {
             names.push(self.unique_from(&format!("{first}_{i}")));
         }
-        let op = Operation { name: Some(first), ..probe };
+        let op = Operation {
+            name: Some(first),
+            ..probe
+        };
         self.push(op, Outputs::Infer(names))
     }
 
@@ -293,7 +327,10 @@ impl FunctionBuilder {
         let outs = self.op(op_type, args)?;
         match outs.as_slice() {
             [v] => Ok(*v),
-            _ => Err(MilError::invalid(format!("{op_type} has {} outputs, expected one", outs.len()))),
+            _ => Err(MilError::invalid(format!(
+                "{op_type} has {} outputs, expected one",
+                outs.len()
+            ))),
         }
     }
 
@@ -308,7 +345,11 @@ impl FunctionBuilder {
             )));
         }
         ops::check_params(def, op).map_err(|e| e.context(def.name))?;
-        let ctx = Ctx { values: &self.func.values, ops: &self.func.ops, op };
+        let ctx = Ctx {
+            values: &self.func.values,
+            ops: &self.func.ops,
+            op,
+        };
         (def.infer)(&ctx).map_err(|e| e.context(def.name))
     }
 
@@ -318,24 +359,42 @@ impl FunctionBuilder {
             (Some(def), Outputs::Infer(names)) => {
                 let tys = self.infer(def, &op)?;
                 if tys.len() != names.len() {
-                    return Err(MilError::invalid(format!("{} produces {} outputs, {} named", op.op_type, tys.len(), names.len())));
+                    return Err(MilError::invalid(format!(
+                        "{} produces {} outputs, {} named",
+                        op.op_type,
+                        tys.len(),
+                        names.len()
+                    )));
                 }
-                names.into_iter().zip(tys.into_iter().map(ValueType::Tensor)).collect()
+                names
+                    .into_iter()
+                    .zip(tys.into_iter().map(ValueType::Tensor))
+                    .collect()
             }
             (Some(def), Outputs::Declared(decl)) => {
                 let tys = self.infer(def, &op)?;
                 if tys.len() != decl.len() {
-                    return Err(MilError::invalid(format!("{} produces {} outputs, {} declared", op.op_type, tys.len(), decl.len())));
+                    return Err(MilError::invalid(format!(
+                        "{} produces {} outputs, {} declared",
+                        op.op_type,
+                        tys.len(),
+                        decl.len()
+                    )));
                 }
                 for ((n, d), t) in decl.iter().zip(&tys) {
                     if d.as_tensor() != Some(t) {
-                        return Err(MilError::invalid(format!("{n}: declared type {d}, {} gives {t}", op.op_type)));
+                        return Err(MilError::invalid(format!(
+                            "{n}: declared type {d}, {} gives {t}",
+                            op.op_type
+                        )));
                     }
                 }
                 decl
             }
             (None, Outputs::Declared(decl)) => decl,
-            (None, Outputs::Infer(_)) => return Err(MilError::invalid(format!("unknown op {}", op.op_type))),
+            (None, Outputs::Infer(_)) => {
+                return Err(MilError::invalid(format!("unknown op {}", op.op_type)))
+            }
         };
         for (name, ty) in &typed {
             ty.tensor().check_size().map_err(|e| e.context(name))?;
@@ -347,7 +406,16 @@ impl FunctionBuilder {
         let ids: Vec<ValueId> = typed
             .into_iter()
             .enumerate()
-            .map(|(i, (name, ty))| self.add_value(name, ty, ValueDef::Op { op: op_index, output: i }))
+            .map(|(i, (name, ty))| {
+                self.add_value(
+                    name,
+                    ty,
+                    ValueDef::Op {
+                        op: op_index,
+                        output: i,
+                    },
+                )
+            })
             .collect();
         op.outputs = ids.clone();
         self.func.ops.push(op);
@@ -358,10 +426,16 @@ impl FunctionBuilder {
     pub fn output(&mut self, v: ValueId) -> Result<()> {
         self.check_id(v)?;
         if self.func.outputs.contains(&v) {
-            return Err(MilError::invalid(format!("{} is already an output", self.func.name_of(v))));
+            return Err(MilError::invalid(format!(
+                "{} is already an output",
+                self.func.name_of(v)
+            )));
         }
         if self.func.type_of(v).is_state() {
-            return Err(MilError::invalid(format!("state {} cannot be an output", self.func.name_of(v))));
+            return Err(MilError::invalid(format!(
+                "state {} cannot be an output",
+                self.func.name_of(v)
+            )));
         }
         self.func.outputs.push(v);
         Ok(())
@@ -370,7 +444,10 @@ impl FunctionBuilder {
     /// Finishes the function; it needs at least one output.
     pub fn finish(self) -> Result<Function> {
         if self.func.outputs.is_empty() {
-            return Err(MilError::invalid(format!("function {} has no outputs", self.func.name)));
+            return Err(MilError::invalid(format!(
+                "function {} has no outputs",
+                self.func.name
+            )));
         }
         Ok(self.func)
     }
@@ -383,7 +460,9 @@ impl FunctionBuilder {
     pub fn conv1x1(&mut self, x: ValueId, weight: ValueId) -> Result<ValueId> {
         let w = self.type_of(weight)?;
         if w.rank() != 4 || w.shape[2] != 1 || w.shape[3] != 1 {
-            return Err(MilError::invalid(format!("conv1x1 weight must be [Cout, Cin, 1, 1], is {w}")));
+            return Err(MilError::invalid(format!(
+                "conv1x1 weight must be [Cout, Cin, 1, 1], is {w}"
+            )));
         }
         self.conv(x, weight, &ConvParams::default())
     }
@@ -411,7 +490,13 @@ impl FunctionBuilder {
         self.op1("conv", args)
     }
 
-    pub fn matmul(&mut self, x: ValueId, y: ValueId, transpose_x: bool, transpose_y: bool) -> Result<ValueId> {
+    pub fn matmul(
+        &mut self,
+        x: ValueId,
+        y: ValueId,
+        transpose_x: bool,
+        transpose_y: bool,
+    ) -> Result<ValueId> {
         self.op1(
             "matmul",
             vec![
@@ -423,7 +508,12 @@ impl FunctionBuilder {
         )
     }
 
-    pub fn linear(&mut self, x: ValueId, weight: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
+    pub fn linear(
+        &mut self,
+        x: ValueId,
+        weight: ValueId,
+        bias: Option<ValueId>,
+    ) -> Result<ValueId> {
         let mut args = vec![("x", x.into()), ("weight", weight.into())];
         if let Some(b) = bias {
             args.push(("bias", b.into()));
@@ -475,11 +565,17 @@ impl FunctionBuilder {
     /// `op_type(x, y = c)` with `c` a scalar const of x's dtype (e.g. `mul` by 1/N, `pow` by -0.5).
     pub fn binary_scalar(&mut self, op_type: &str, x: ValueId, c: f32) -> Result<ValueId> {
         let d = self.type_of(x)?.dtype;
-        self.op1(op_type, vec![("x", x.into()), ("y", Literal::float(d, c)?.into())])
+        self.op1(
+            op_type,
+            vec![("x", x.into()), ("y", Literal::float(d, c)?.into())],
+        )
     }
 
     pub fn select(&mut self, cond: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
-        self.op1("select", vec![("cond", cond.into()), ("a", a.into()), ("b", b.into())])
+        self.op1(
+            "select",
+            vec![("cond", cond.into()), ("a", a.into()), ("b", b.into())],
+        )
     }
 
     /// Any one-operand op (`sigmoid`, `tanh`, `exp`, `sqrt`, `relu`, `silu`, `identity`, `gelu`, `rsqrt`, ...).
@@ -516,14 +612,27 @@ impl FunctionBuilder {
     }
 
     pub fn softmax(&mut self, x: ValueId, axis: i32) -> Result<ValueId> {
-        self.op1("softmax", vec![("x", x.into()), ("axis", Literal::i32(axis).into())])
+        self.op1(
+            "softmax",
+            vec![("x", x.into()), ("axis", Literal::i32(axis).into())],
+        )
     }
 
     /// `reduce_sum` / `reduce_max` / `reduce_mean` / ... over `axes`.
-    pub fn reduce(&mut self, op_type: &str, x: ValueId, axes: &[i32], keep_dims: bool) -> Result<ValueId> {
+    pub fn reduce(
+        &mut self,
+        op_type: &str,
+        x: ValueId,
+        axes: &[i32],
+        keep_dims: bool,
+    ) -> Result<ValueId> {
         self.op1(
             op_type,
-            vec![("x", x.into()), ("axes", Literal::i32s(axes.to_vec()).into()), ("keep_dims", Literal::bool(keep_dims).into())],
+            vec![
+                ("x", x.into()),
+                ("axes", Literal::i32s(axes.to_vec()).into()),
+                ("keep_dims", Literal::bool(keep_dims).into()),
+            ],
         )
     }
 
@@ -531,7 +640,11 @@ impl FunctionBuilder {
     pub fn argmax(&mut self, x: ValueId, axis: i32, keep_dims: bool) -> Result<ValueId> {
         self.op1(
             "reduce_argmax",
-            vec![("x", x.into()), ("axis", Literal::i32(axis).into()), ("keep_dims", Literal::bool(keep_dims).into())],
+            vec![
+                ("x", x.into()),
+                ("axis", Literal::i32(axis).into()),
+                ("keep_dims", Literal::bool(keep_dims).into()),
+            ],
         )
     }
 
@@ -559,11 +672,23 @@ impl FunctionBuilder {
     }
 
     pub fn reshape(&mut self, x: ValueId, shape: &[i32]) -> Result<ValueId> {
-        self.op1("reshape", vec![("x", x.into()), ("shape", Literal::i32s(shape.to_vec()).into())])
+        self.op1(
+            "reshape",
+            vec![
+                ("x", x.into()),
+                ("shape", Literal::i32s(shape.to_vec()).into()),
+            ],
+        )
     }
 
     pub fn transpose(&mut self, x: ValueId, perm: &[i32]) -> Result<ValueId> {
-        self.op1("transpose", vec![("x", x.into()), ("perm", Literal::i32s(perm.to_vec()).into())])
+        self.op1(
+            "transpose",
+            vec![
+                ("x", x.into()),
+                ("perm", Literal::i32s(perm.to_vec()).into()),
+            ],
+        )
     }
 
     pub fn concat(&mut self, values: &[ValueId], axis: i32) -> Result<ValueId> {
@@ -579,33 +704,58 @@ impl FunctionBuilder {
 
     /// Splits `x` into `num_splits` equal parts along `axis`.
     pub fn split(&mut self, x: ValueId, axis: i32, num_splits: i32) -> Result<Vec<ValueId>> {
-        self.op("split", vec![("x", x.into()), ("axis", Literal::i32(axis).into()), ("num_splits", Literal::i32(num_splits).into())])
+        self.op(
+            "split",
+            vec![
+                ("x", x.into()),
+                ("axis", Literal::i32(axis).into()),
+                ("num_splits", Literal::i32(num_splits).into()),
+            ],
+        )
     }
 
     /// Splits `x` into parts of the given sizes along `axis`.
     pub fn split_sizes(&mut self, x: ValueId, axis: i32, sizes: &[i32]) -> Result<Vec<ValueId>> {
         self.op(
             "split",
-            vec![("x", x.into()), ("axis", Literal::i32(axis).into()), ("split_sizes", Literal::i32s(sizes.to_vec()).into())],
+            vec![
+                ("x", x.into()),
+                ("axis", Literal::i32(axis).into()),
+                ("split_sizes", Literal::i32s(sizes.to_vec()).into()),
+            ],
         )
     }
 
     pub fn slice_by_size(&mut self, x: ValueId, begin: &[i32], size: &[i32]) -> Result<ValueId> {
         self.op1(
             "slice_by_size",
-            vec![("x", x.into()), ("begin", Literal::i32s(begin.to_vec()).into()), ("size", Literal::i32s(size.to_vec()).into())],
+            vec![
+                ("x", x.into()),
+                ("begin", Literal::i32s(begin.to_vec()).into()),
+                ("size", Literal::i32s(size.to_vec()).into()),
+            ],
         )
     }
 
     pub fn slice_by_index(&mut self, x: ValueId, begin: &[i32], end: &[i32]) -> Result<ValueId> {
         self.op1(
             "slice_by_index",
-            vec![("x", x.into()), ("begin", Literal::i32s(begin.to_vec()).into()), ("end", Literal::i32s(end.to_vec()).into())],
+            vec![
+                ("x", x.into()),
+                ("begin", Literal::i32s(begin.to_vec()).into()),
+                ("end", Literal::i32s(end.to_vec()).into()),
+            ],
         )
     }
 
     /// Writes `update` into `x[begin..end]` (the KV-cache append).
-    pub fn slice_update(&mut self, x: ValueId, update: ValueId, begin: &[i32], end: &[i32]) -> Result<ValueId> {
+    pub fn slice_update(
+        &mut self,
+        x: ValueId,
+        update: ValueId,
+        begin: &[i32],
+        end: &[i32],
+    ) -> Result<ValueId> {
         self.op1(
             "slice_update",
             vec![
@@ -618,35 +768,92 @@ impl FunctionBuilder {
     }
 
     /// `slice_by_size` with a runtime `begin` (int32 `[rank]`, e.g. a position input).
-    pub fn slice_by_size_at(&mut self, x: ValueId, begin: ValueId, size: &[i32]) -> Result<ValueId> {
-        self.op1("slice_by_size", vec![("x", x.into()), ("begin", begin.into()), ("size", Literal::i32s(size.to_vec()).into())])
+    pub fn slice_by_size_at(
+        &mut self,
+        x: ValueId,
+        begin: ValueId,
+        size: &[i32],
+    ) -> Result<ValueId> {
+        self.op1(
+            "slice_by_size",
+            vec![
+                ("x", x.into()),
+                ("begin", begin.into()),
+                ("size", Literal::i32s(size.to_vec()).into()),
+            ],
+        )
     }
 
     /// `slice_update` with runtime `begin`/`end` (int32 `[rank]`): the KV-cache write at the
     /// current position.
-    pub fn slice_update_at(&mut self, x: ValueId, update: ValueId, begin: ValueId, end: ValueId) -> Result<ValueId> {
-        self.op1("slice_update", vec![("x", x.into()), ("update", update.into()), ("begin", begin.into()), ("end", end.into())])
+    pub fn slice_update_at(
+        &mut self,
+        x: ValueId,
+        update: ValueId,
+        begin: ValueId,
+        end: ValueId,
+    ) -> Result<ValueId> {
+        self.op1(
+            "slice_update",
+            vec![
+                ("x", x.into()),
+                ("update", update.into()),
+                ("begin", begin.into()),
+                ("end", end.into()),
+            ],
+        )
     }
 
     pub fn cast(&mut self, x: ValueId, dtype: DType) -> Result<ValueId> {
-        self.op1("cast", vec![("x", x.into()), ("dtype", Literal::string(dtype.name()).into())])
+        self.op1(
+            "cast",
+            vec![
+                ("x", x.into()),
+                ("dtype", Literal::string(dtype.name()).into()),
+            ],
+        )
     }
 
     /// Rows of `x` selected by integer `indices` along `axis` (embedding lookup).
     pub fn gather(&mut self, x: ValueId, indices: ValueId, axis: i32) -> Result<ValueId> {
-        self.op1("gather", vec![("x", x.into()), ("indices", indices.into()), ("axis", Literal::i32(axis).into())])
+        self.op1(
+            "gather",
+            vec![
+                ("x", x.into()),
+                ("indices", indices.into()),
+                ("axis", Literal::i32(axis).into()),
+            ],
+        )
     }
 
     pub fn expand_dims(&mut self, x: ValueId, axes: &[i32]) -> Result<ValueId> {
-        self.op1("expand_dims", vec![("x", x.into()), ("axes", Literal::i32s(axes.to_vec()).into())])
+        self.op1(
+            "expand_dims",
+            vec![
+                ("x", x.into()),
+                ("axes", Literal::i32s(axes.to_vec()).into()),
+            ],
+        )
     }
 
     pub fn squeeze(&mut self, x: ValueId, axes: &[i32]) -> Result<ValueId> {
-        self.op1("squeeze", vec![("x", x.into()), ("axes", Literal::i32s(axes.to_vec()).into())])
+        self.op1(
+            "squeeze",
+            vec![
+                ("x", x.into()),
+                ("axes", Literal::i32s(axes.to_vec()).into()),
+            ],
+        )
     }
 
     pub fn tile(&mut self, x: ValueId, reps: &[i32]) -> Result<ValueId> {
-        self.op1("tile", vec![("x", x.into()), ("reps", Literal::i32s(reps.to_vec()).into())])
+        self.op1(
+            "tile",
+            vec![
+                ("x", x.into()),
+                ("reps", Literal::i32s(reps.to_vec()).into()),
+            ],
+        )
     }
 
     /// int8/uint8 weights with a scalar scale and zero point, in the attribute form of MAD's
@@ -675,7 +882,12 @@ impl FunctionBuilder {
     }
 
     /// `constexpr_blockwise_shift_scale(data, scale[, offset])` over const operands (OMX form, FACTS §5).
-    pub fn blockwise_shift_scale(&mut self, data: ValueId, scale: ValueId, offset: Option<ValueId>) -> Result<ValueId> {
+    pub fn blockwise_shift_scale(
+        &mut self,
+        data: ValueId,
+        scale: ValueId,
+        offset: Option<ValueId>,
+    ) -> Result<ValueId> {
         let mut args = vec![("data", data.into()), ("scale", scale.into())];
         if let Some(o) = offset {
             args.push(("offset", o.into()));
@@ -698,7 +910,13 @@ impl FunctionBuilder {
 
     /// Dequantization of int8/uint8 activations to `dtype` with a scalar scale.
     pub fn dequantize(&mut self, x: ValueId, scale: f32, dtype: DType) -> Result<ValueId> {
-        self.op1("dequantize", vec![("input", x.into()), ("scale", Literal::float(dtype, scale)?.into())])
+        self.op1(
+            "dequantize",
+            vec![
+                ("input", x.into()),
+                ("scale", Literal::float(dtype, scale)?.into()),
+            ],
+        )
     }
 
     pub fn read_state(&mut self, state: ValueId) -> Result<ValueId> {
@@ -707,7 +925,10 @@ impl FunctionBuilder {
 
     /// Writes `value` into `state`; returns the written value (coremltools' `coreml_update_state`).
     pub fn update_state(&mut self, state: ValueId, value: ValueId) -> Result<ValueId> {
-        self.op1("coreml_update_state", vec![("state", state.into()), ("value", value.into())])
+        self.op1(
+            "coreml_update_state",
+            vec![("state", state.into()), ("value", value.into())],
+        )
     }
 
     pub fn scaled_dot_product_attention(
@@ -717,7 +938,11 @@ impl FunctionBuilder {
         value: ValueId,
         attn_mask: Option<ValueId>,
     ) -> Result<ValueId> {
-        let mut args = vec![("query", query.into()), ("key", key.into()), ("value", value.into())];
+        let mut args = vec![
+            ("query", query.into()),
+            ("key", key.into()),
+            ("value", value.into()),
+        ];
         if let Some(m) = attn_mask {
             args.push(("attn_mask", m.into()));
         }
@@ -744,14 +969,33 @@ mod tests {
     fn conv1x1_infers_output_and_binds_named_consts() {
         let mut f = fb();
         let x = f.input("x", TensorType::fp16([1, 64, 1, 32])).unwrap();
-        let w = f.weight("w", TensorType::fp16([128, 64, 1, 1]), WeightData::f16_from_f32(&[0.0; 128 * 64])).unwrap();
+        let w = f
+            .weight(
+                "w",
+                TensorType::fp16([128, 64, 1, 1]),
+                WeightData::f16_from_f32(&[0.0; 128 * 64]),
+            )
+            .unwrap();
         let y = f.name_next("y").conv1x1(x, w).unwrap();
         assert_eq!(f.type_of(y).unwrap(), &TensorType::fp16([1, 128, 1, 32]));
         let func = f.function();
         let conv = func.producer(y).unwrap();
         let names: Vec<_> = conv.inputs.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["dilations", "groups", "pad", "pad_type", "strides", "weight", "x"]);
-        let Argument::Single(Binding::Value(pt)) = conv.input("pad_type").unwrap() else { panic!() };
+        assert_eq!(
+            names,
+            [
+                "dilations",
+                "groups",
+                "pad",
+                "pad_type",
+                "strides",
+                "weight",
+                "x"
+            ]
+        );
+        let Argument::Single(Binding::Value(pt)) = conv.input("pad_type").unwrap() else {
+            panic!()
+        };
         assert_eq!(func.name_of(*pt), "y_pad_type");
         assert_eq!(func.const_value(*pt).unwrap().as_str(), Some("valid"));
     }
@@ -760,7 +1004,13 @@ mod tests {
     fn malformed_ops_are_errors() {
         let mut f = fb();
         let x = f.input("x", TensorType::fp16([1, 64, 1, 32])).unwrap();
-        let w = f.weight("w", TensorType::fp16([128, 32, 1, 1]), WeightData::f16_from_f32(&[0.0; 128 * 32])).unwrap();
+        let w = f
+            .weight(
+                "w",
+                TensorType::fp16([128, 32, 1, 1]),
+                WeightData::f16_from_f32(&[0.0; 128 * 32]),
+            )
+            .unwrap();
         let e = f.conv1x1(x, w).unwrap_err().to_string();
         assert!(e.contains("input channels"), "{e}");
         let y = f.input("y2", TensorType::fp32([1, 64, 1, 32]));
@@ -770,9 +1020,17 @@ mod tests {
         assert!(f.op1("no_such_op", vec![]).is_err());
         let before = (f.function().values().len(), f.function().ops().len());
         assert!(f.softmax(x, 4).is_err());
-        assert_eq!((f.function().values().len(), f.function().ops().len()), before, "failed calls leave no consts behind");
+        assert_eq!(
+            (f.function().values().len(), f.function().ops().len()),
+            before,
+            "failed calls leave no consts behind"
+        );
         let y = f.softmax(x, 3).unwrap();
-        assert_eq!(f.function().name_of(y), "softmax_0", "and no gaps in the names");
+        assert_eq!(
+            f.function().name_of(y),
+            "softmax_0",
+            "and no gaps in the names"
+        );
     }
 
     #[test]
@@ -786,14 +1044,20 @@ mod tests {
         let b = f.relu(x).unwrap();
         assert_ne!(f.function().name_of(a), f.function().name_of(b));
         f.rename(b, "out").unwrap();
-        assert_eq!(f.function().producer(b).unwrap().name.as_deref(), Some("out"));
+        assert_eq!(
+            f.function().producer(b).unwrap().name.as_deref(),
+            Some("out")
+        );
     }
 
     #[test]
     fn opset_gates_newer_ops() {
         let mut f = FunctionBuilder::new("main", Opset::Ios16);
         let s = f.input("x", TensorType::fp16([1, 4])).unwrap();
-        let e = f.op1("slice_update", vec![("x", s.into()), ("update", s.into())]).unwrap_err().to_string();
+        let e = f
+            .op1("slice_update", vec![("x", s.into()), ("update", s.into())])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ios18"), "{e}");
     }
 
@@ -802,7 +1066,10 @@ mod tests {
         let mut f = fb();
         let x = f.input("x", TensorType::fp16([1, 6, 1, 4])).unwrap();
         let parts = f.name_next("p").split(x, 1, 3).unwrap();
-        let names: Vec<_> = parts.iter().map(|&p| f.function().name_of(p).to_string()).collect();
+        let names: Vec<_> = parts
+            .iter()
+            .map(|&p| f.function().name_of(p).to_string())
+            .collect();
         assert_eq!(names, ["p", "p_1", "p_2"]);
         assert_eq!(f.type_of(parts[2]).unwrap().shape, vec![1, 2, 1, 4]);
     }
@@ -810,7 +1077,9 @@ mod tests {
     #[test]
     fn state_round_trip_types() {
         let mut f = fb();
-        let k = f.state_input("k_cache", TensorType::fp16([1, 8, 1, 16])).unwrap();
+        let k = f
+            .state_input("k_cache", TensorType::fp16([1, 8, 1, 16]))
+            .unwrap();
         let x = f.input("x", TensorType::fp16([1, 8, 1, 16])).unwrap();
         assert!(f.relu(k).is_err(), "a state is not a tensor operand");
         let r = f.read_state(k).unwrap();

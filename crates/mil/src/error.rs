@@ -6,7 +6,11 @@ use std::path::{Path, PathBuf};
 pub enum MilError {
     /// MIL text that does not parse or does not type-check, at `line:col` (1-based).
     #[error("{line}:{col}: {msg}")]
-    Parse { line: usize, col: usize, msg: String },
+    Parse {
+        line: usize,
+        col: usize,
+        msg: String,
+    },
     /// A malformed program or an invalid builder call (type errors, unknown names, ...).
     #[error("{0}")]
     Invalid(String),
@@ -14,7 +18,10 @@ pub enum MilError {
     #[error("{path}: {msg}")]
     Format { path: PathBuf, msg: String },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, MilError>;
@@ -25,11 +32,17 @@ impl MilError {
     }
 
     pub fn format(path: impl AsRef<Path>, msg: impl Into<String>) -> MilError {
-        MilError::Format { path: path.as_ref().to_path_buf(), msg: msg.into() }
+        MilError::Format {
+            path: path.as_ref().to_path_buf(),
+            msg: msg.into(),
+        }
     }
 
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> MilError {
-        MilError::Io { path: path.as_ref().to_path_buf(), source }
+        MilError::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
     }
 
     /// Prefixes the message of an `Invalid` error with context (op or function name).

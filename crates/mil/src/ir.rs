@@ -52,15 +52,14 @@ impl Opset {
 
     /// Parses either spelling (`ios18` or `CoreML8`).
     pub fn from_name(s: &str) -> Option<Opset> {
-        Self::TABLE.iter().find(|r| r.1 == s || r.2 == s).map(|r| r.0)
+        Self::TABLE
+            .iter()
+            .find(|r| r.1 == s || r.2 == s)
+            .map(|r| r.0)
     }
 
     pub fn from_coreml_name(s: &str) -> Option<Opset> {
         Self::TABLE.iter().find(|r| r.2 == s).map(|r| r.0)
-    }
-
-    pub fn from_spec_version(v: i32) -> Option<Opset> {
-        Self::TABLE.iter().find(|r| r.3 == v).map(|r| r.0)
     }
 }
 
@@ -134,7 +133,10 @@ impl Dialect {
                 ("coremltools-version", "9.0"),
             ]
         };
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 }
 
@@ -213,7 +215,10 @@ impl Operation {
     }
 
     pub fn attribute(&self, param: &str) -> Option<&Literal> {
-        self.attributes.iter().find(|(k, _)| k == param).map(|(_, l)| l)
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == param)
+            .map(|(_, l)| l)
     }
 
     pub fn is_const(&self) -> bool {
@@ -222,12 +227,15 @@ impl Operation {
 
     /// Every literal this op carries (attributes and literal bindings).
     pub fn literals(&self) -> impl Iterator<Item = &Literal> {
-        self.attributes.iter().map(|(_, l)| l).chain(self.inputs.iter().flat_map(|(_, a)| {
-            a.bindings().iter().filter_map(|b| match b {
-                Binding::Literal(l) => Some(l),
-                Binding::Value(_) => None,
-            })
-        }))
+        self.attributes
+            .iter()
+            .map(|(_, l)| l)
+            .chain(self.inputs.iter().flat_map(|(_, a)| {
+                a.bindings().iter().filter_map(|b| match b {
+                    Binding::Literal(l) => Some(l),
+                    Binding::Value(_) => None,
+                })
+            }))
     }
 }
 
@@ -273,7 +281,10 @@ impl Function {
 
     /// Looks a value up by its SSA name.
     pub fn find(&self, name: &str) -> Option<ValueId> {
-        self.values.iter().position(|v| v.name == name).map(|i| ValueId(i as u32))
+        self.values
+            .iter()
+            .position(|v| v.name == name)
+            .map(|i| ValueId(i as u32))
     }
 
     /// The operation that produces `id` (None for inputs).
@@ -297,16 +308,19 @@ impl Function {
     /// Mutable access to every literal (used to resolve blob references).
     pub(crate) fn literals_mut(&mut self) -> impl Iterator<Item = &mut Literal> {
         self.ops.iter_mut().flat_map(|op| {
-            op.attributes.iter_mut().map(|(_, l)| l).chain(op.inputs.iter_mut().flat_map(|(_, a)| {
-                let bs: &mut [Binding] = match a {
-                    Argument::Single(b) => std::slice::from_mut(b),
-                    Argument::Tuple(v) => v,
-                };
-                bs.iter_mut().filter_map(|b| match b {
-                    Binding::Literal(l) => Some(l),
-                    Binding::Value(_) => None,
-                })
-            }))
+            op.attributes
+                .iter_mut()
+                .map(|(_, l)| l)
+                .chain(op.inputs.iter_mut().flat_map(|(_, a)| {
+                    let bs: &mut [Binding] = match a {
+                        Argument::Single(b) => std::slice::from_mut(b),
+                        Argument::Tuple(v) => v,
+                    };
+                    bs.iter_mut().filter_map(|b| match b {
+                        Binding::Literal(l) => Some(l),
+                        Binding::Value(_) => None,
+                    })
+                }))
         })
     }
 }
@@ -324,13 +338,20 @@ impl Program {
     /// An empty program in `dialect` with that dialect's byte-exact buildInfo.
     pub fn new(dialect: Dialect) -> Program {
         let build_info = dialect.default_build_info();
-        Program { dialect, build_info, functions: Vec::new() }
+        Program {
+            dialect,
+            build_info,
+            functions: Vec::new(),
+        }
     }
 
     /// Adds a finished function; names must be unique in the program.
     pub fn add_function(&mut self, f: Function) -> crate::Result<()> {
         if self.function(&f.name).is_some() {
-            return Err(crate::MilError::invalid(format!("duplicate function name {}", f.name)));
+            return Err(crate::MilError::invalid(format!(
+                "duplicate function name {}",
+                f.name
+            )));
         }
         self.functions.push(f);
         Ok(())
@@ -339,7 +360,11 @@ impl Program {
     /// A program holding one function, in the dialect proven for its opset (A for ios17+,
     /// B for ios16 and older).
     pub fn single(f: Function) -> Program {
-        let dialect = if f.opset <= Opset::Ios16 { Dialect::b() } else { Dialect::a() };
+        let dialect = if f.opset <= Opset::Ios16 {
+            Dialect::b()
+        } else {
+            Dialect::a()
+        };
         let mut p = Program::new(dialect);
         p.functions.push(f);
         p
@@ -398,7 +423,10 @@ impl Program {
 
     /// Total bytes of distinct in-memory weights.
     pub fn weight_bytes(&self) -> u64 {
-        self.weights().iter().map(|w| w.as_bytes().len() as u64).sum()
+        self.weights()
+            .iter()
+            .map(|w| w.as_bytes().len() as u64)
+            .sum()
     }
 
     /// Replaces every `BLOBFILE` reference by the data it points at, reading blob files

@@ -42,7 +42,9 @@ pub mod types;
 pub use builder::{Arg, ConvParams, FunctionBuilder, Pad};
 pub use dtype::DType;
 pub use error::{MilError, Result};
-pub use ir::{Argument, Binding, Dialect, Function, Opset, Operation, Program, ValueDef, ValueId, ValueInfo};
+pub use ir::{
+    Argument, Binding, Dialect, Function, Operation, Opset, Program, ValueDef, ValueId, ValueInfo,
+};
 pub use lint::{LintConfig, LintFinding, Severity};
 pub use literal::{BlobSource, Elements, Literal, WeightData};
 pub use types::{TensorType, ValueType};

@@ -113,7 +113,13 @@ fn elem_bytes(d: DType) -> usize {
 }
 
 impl FnLint<'_> {
-    fn push(&mut self, rule: &'static str, severity: Severity, value: Option<&str>, message: String) {
+    fn push(
+        &mut self,
+        rule: &'static str,
+        severity: Severity,
+        value: Option<&str>,
+        message: String,
+    ) {
         self.out.push(LintFinding {
             rule,
             severity,
@@ -124,7 +130,11 @@ impl FnLint<'_> {
     }
 
     fn op_label<'b>(&'b self, op: &'b Operation) -> &'b str {
-        op.outputs.first().map(|&o| self.f.name_of(o)).or(op.name.as_deref()).unwrap_or("?")
+        op.outputs
+            .first()
+            .map(|&o| self.f.name_of(o))
+            .or(op.name.as_deref())
+            .unwrap_or("?")
     }
 
     fn is_input(&self, id: ValueId) -> bool {
@@ -165,13 +175,26 @@ impl FnLint<'_> {
             // FACTS §1.5 / §4: MPB README — input spatial 14593–14622 fails eval (0x1d) in complex graphs.
             if let Some(&w) = t.shape.last() {
                 if (14593..=14622).contains(&w) {
-                    self.push("input-spatial-window", Severity::Warning, Some(&name), format!("input width {w} is in the 14593-14622 range MPB saw fail with 0x1d"));
+                    self.push(
+                        "input-spatial-window",
+                        Severity::Warning,
+                        Some(&name),
+                        format!(
+                            "input width {w} is in the 14593-14622 range MPB saw fail with 0x1d"
+                        ),
+                    );
                 }
             }
             self.dims(&name, &t, cfg);
             // FACTS §4, C1: fp32 I/O needs an in-graph cast, which fails on M1/M2 (maderix PR #6).
             if t.dtype == DType::Fp32 {
-                self.push("fp32-io", Severity::Info, Some(&name), "fp32 I/O needs cast ops, which fail on M1/M2; fp16 I/O is ~37% faster (MAD)".into());
+                self.push(
+                    "fp32-io",
+                    Severity::Info,
+                    Some(&name),
+                    "fp32 I/O needs cast ops, which fail on M1/M2; fp16 I/O is ~37% faster (MAD)"
+                        .into(),
+                );
             }
         }
     }
@@ -195,10 +218,20 @@ impl FnLint<'_> {
     fn names(&mut self) {
         // FACTS §1.2: every statement's name attribute must be unique.
         let mut seen = std::collections::HashSet::new();
-        let dups: Vec<String> =
-            self.f.ops().iter().filter_map(|op| op.name.clone()).filter(|n| !seen.insert(n.clone())).collect();
+        let dups: Vec<String> = self
+            .f
+            .ops()
+            .iter()
+            .filter_map(|op| op.name.clone())
+            .filter(|n| !seen.insert(n.clone()))
+            .collect();
         for d in dups {
-            self.push("duplicate-op-name", Severity::Warning, Some(&d), format!("op name {d:?} is used more than once"));
+            self.push(
+                "duplicate-op-name",
+                Severity::Warning,
+                Some(&d),
+                format!("op name {d:?} is used more than once"),
+            );
         }
     }
 
@@ -250,7 +283,11 @@ impl FnLint<'_> {
         }
         if !op.op_type.starts_with("constexpr_") && !op.is_const() {
             // FACTS §1.2: no hardware-proven program passes an inline literal as an op argument.
-            let inline = op.inputs.iter().any(|(_, a)| a.bindings().iter().any(|b| matches!(b, Binding::Literal(_))));
+            let inline = op.inputs.iter().any(|(_, a)| {
+                a.bindings()
+                    .iter()
+                    .any(|b| matches!(b, Binding::Literal(_)))
+            });
             if inline {
                 self.push("inline-literal", Severity::Warning, l, "an argument is an inline literal; bind every parameter to a named const (FACTS §1.2)".into());
             }
@@ -259,7 +296,12 @@ impl FnLint<'_> {
             // FACTS §5: no repo uses sub-8-bit weights on this path; Apple's own tool fails int4 (coreai-models #205).
             if let Literal::Blob { ty, .. } = lit {
                 if ty.dtype.is_sub_byte() {
-                    self.push("sub-byte-weights", Severity::Warning, l, format!("{ty} weights: sub-8-bit types are untested on the private path"));
+                    self.push(
+                        "sub-byte-weights",
+                        Severity::Warning,
+                        l,
+                        format!("{ty} weights: sub-8-bit types are untested on the private path"),
+                    );
                 }
             }
         }
@@ -274,17 +316,30 @@ impl FnLint<'_> {
 
     fn softmax(&mut self, op: &Operation, label: &str) {
         // FACTS §1.5/§4: ESP docs (M3 Max) — softmax over a non-power-of-two length → InvalidMILProgram.
-        let Some(x) = Self::value_arg(op, "x") else { return };
+        let Some(x) = Self::value_arg(op, "x") else {
+            return;
+        };
         let t = self.f.type_of(x).tensor();
         let axis = match op.input("axis") {
-            Some(Argument::Single(Binding::Value(a))) => self.f.const_value(*a).and_then(Literal::to_i64),
+            Some(Argument::Single(Binding::Value(a))) => {
+                self.f.const_value(*a).and_then(Literal::to_i64)
+            }
             Some(Argument::Single(Binding::Literal(l))) => l.to_i64(),
             _ => Some(-1),
         };
-        let Some(axis) = axis.and_then(|a| crate::ops::norm_axis(a, t.rank()).ok()) else { return };
+        let Some(axis) = axis.and_then(|a| crate::ops::norm_axis(a, t.rank()).ok()) else {
+            return;
+        };
         let n = t.shape[axis];
         if !n.is_power_of_two() {
-            self.push("softmax-length", Severity::Warning, Some(label), format!("softmax over length {n} (not a power of two) was rejected on M3 Max (ESP)"));
+            self.push(
+                "softmax-length",
+                Severity::Warning,
+                Some(label),
+                format!(
+                    "softmax over length {n} (not a power of two) was rejected on M3 Max (ESP)"
+                ),
+            );
         }
     }
 
@@ -292,18 +347,35 @@ impl FnLint<'_> {
         let l = Some(label);
         if op.input("bias").is_some() {
             // FACTS §1.5: ORI README — conv with bias= fails to compile.
-            self.push("conv-bias", Severity::Error, l, "conv with bias fails to compile (ORI); add the bias with a separate add".into());
+            self.push(
+                "conv-bias",
+                Severity::Error,
+                l,
+                "conv with bias fails to compile (ORI); add the bias with a separate add".into(),
+            );
         }
         if let Some(w) = Self::value_arg(op, "weight") {
             let producer = self.f.producer(w).map(|p| p.op_type.as_str());
-            let is_const = matches!(producer, Some(p) if p == "const" || p.starts_with("constexpr_"));
+            let is_const =
+                matches!(producer, Some(p) if p == "const" || p.starts_with("constexpr_"));
             if !is_const {
                 // FACTS §1.5/§4: FG README (M3 Max) — runtime conv weights compile but are silently ignored.
                 self.push("conv-runtime-weight", Severity::Error, l, "conv weights that are not constants are silently ignored on the ANE (FG); use matmul for runtime weights".into());
             }
-            let cin = self.f.type_of(w).tensor().shape.get(1).copied().unwrap_or(0);
+            let cin = self
+                .f
+                .type_of(w)
+                .tensor()
+                .shape
+                .get(1)
+                .copied()
+                .unwrap_or(0);
             let groups = match op.input("groups") {
-                Some(Argument::Single(Binding::Value(g))) => self.f.const_value(*g).and_then(Literal::to_i64).unwrap_or(1),
+                Some(Argument::Single(Binding::Value(g))) => self
+                    .f
+                    .const_value(*g)
+                    .and_then(Literal::to_i64)
+                    .unwrap_or(1),
                 _ => 1,
             };
             let total = cin * groups.max(1) as usize;
@@ -317,7 +389,13 @@ impl FnLint<'_> {
 
 fn program_rules(program: &Program, cfg: &LintConfig, out: &mut Vec<LintFinding>) {
     let mut push = |rule, severity, message| {
-        out.push(LintFinding { rule, severity, function: "<program>".into(), value: None, message })
+        out.push(LintFinding {
+            rule,
+            severity,
+            function: "<program>".into(),
+            value: None,
+            message,
+        })
     };
     // In-memory weights plus unloaded references, each distinct (path, offset) counted once.
     let files: std::collections::BTreeMap<(&str, u64), u64> = program
@@ -326,9 +404,10 @@ fn program_rules(program: &Program, cfg: &LintConfig, out: &mut Vec<LintFinding>
         .flat_map(|f| f.ops())
         .flat_map(|op| op.literals())
         .filter_map(|l| match l {
-            Literal::Blob { ty, source: crate::BlobSource::File { path, offset } } => {
-                Some(((path.as_str(), *offset), ty.packed_bytes() as u64))
-            }
+            Literal::Blob {
+                ty,
+                source: crate::BlobSource::File { path, offset },
+            } => Some(((path.as_str(), *offset), ty.packed_bytes() as u64)),
             _ => None,
         })
         .collect();
@@ -342,7 +421,17 @@ fn program_rules(program: &Program, cfg: &LintConfig, out: &mut Vec<LintFinding>
         program
             .functions
             .iter()
-            .map(|f| f.ops().iter().filter(|op| matches!(op.op_type.as_str(), "softmax" | "scaled_dot_product_attention")).count())
+            .map(|f| {
+                f.ops()
+                    .iter()
+                    .filter(|op| {
+                        matches!(
+                            op.op_type.as_str(),
+                            "softmax" | "scaled_dot_product_attention"
+                        )
+                    })
+                    .count()
+            })
             .max()
             .unwrap_or(0)
     });
@@ -351,6 +440,13 @@ fn program_rules(program: &Program, cfg: &LintConfig, out: &mut Vec<LintFinding>
     }
     // FACTS §1.2: OMX keeps banks to 112 procedures to stay under ~121 resident handles.
     if program.functions.len() > 112 {
-        push("too-many-procedures", Severity::Warning, format!("{} functions in one program; OMX keeps banks at <= 112 procedures", program.functions.len()));
+        push(
+            "too-many-procedures",
+            Severity::Warning,
+            format!(
+                "{} functions in one program; OMX keeps banks at <= 112 procedures",
+                program.functions.len()
+            ),
+        );
     }
 }

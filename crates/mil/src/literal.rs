@@ -141,11 +141,17 @@ impl Literal {
     }
 
     fn scalar_of(data: Elements) -> Literal {
-        Literal::Immediate { ty: TensorType::scalar(data.dtype()), data }
+        Literal::Immediate {
+            ty: TensorType::scalar(data.dtype()),
+            data,
+        }
     }
 
     fn vector_of(data: Elements) -> Literal {
-        Literal::Immediate { ty: TensorType::new(data.dtype(), [data.len()]), data }
+        Literal::Immediate {
+            ty: TensorType::new(data.dtype(), [data.len()]),
+            data,
+        }
     }
 
     pub fn i32(v: i32) -> Literal {
@@ -204,7 +210,10 @@ impl Literal {
                 data.dtype()
             )));
         }
-        Ok(Literal::Blob { ty, source: BlobSource::Data(data) })
+        Ok(Literal::Blob {
+            ty,
+            source: BlobSource::Data(data),
+        })
     }
 
     pub fn ty(&self) -> &TensorType {
@@ -258,8 +267,13 @@ impl Literal {
     /// simulator reads); None for strings, bools and unloaded blob references.
     pub fn values_f32(&self) -> Option<Vec<f32>> {
         match self {
-            Literal::Immediate { data, .. } => Some(data.to_f64s()?.into_iter().map(|v| v as f32).collect()),
-            Literal::Blob { source: BlobSource::Data(d), .. } => Some(d.to_f32()),
+            Literal::Immediate { data, .. } => {
+                Some(data.to_f64s()?.into_iter().map(|v| v as f32).collect())
+            }
+            Literal::Blob {
+                source: BlobSource::Data(d),
+                ..
+            } => Some(d.to_f32()),
             Literal::Blob { .. } => None,
         }
     }
@@ -267,7 +281,10 @@ impl Literal {
     /// The weight data of a loaded blob constant.
     pub fn weight_data(&self) -> Option<&Arc<WeightData>> {
         match self {
-            Literal::Blob { source: BlobSource::Data(d), .. } => Some(d),
+            Literal::Blob {
+                source: BlobSource::Data(d),
+                ..
+            } => Some(d),
             _ => None,
         }
     }
@@ -288,7 +305,9 @@ impl WeightData {
     /// Raw constructor: `bytes` must hold exactly `len` packed elements of `dtype`.
     pub fn from_bytes(dtype: DType, len: usize, bytes: Vec<u8>) -> Result<WeightData> {
         if dtype.blob_code().is_none() {
-            return Err(MilError::invalid(format!("{dtype} cannot be stored in a weight blob")));
+            return Err(MilError::invalid(format!(
+                "{dtype} cannot be stored in a weight blob"
+            )));
         }
         if bytes.len() != dtype.packed_bytes(len) {
             return Err(MilError::invalid(format!(
@@ -302,48 +321,87 @@ impl WeightData {
 
     pub fn f16(values: &[f16]) -> WeightData {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        WeightData { dtype: DType::Fp16, len: values.len(), bytes }
+        WeightData {
+            dtype: DType::Fp16,
+            len: values.len(),
+            bytes,
+        }
     }
 
     /// fp16 weights rounded from f32 values.
     pub fn f16_from_f32(values: &[f32]) -> WeightData {
-        let bytes = values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
-        WeightData { dtype: DType::Fp16, len: values.len(), bytes }
+        let bytes = values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect();
+        WeightData {
+            dtype: DType::Fp16,
+            len: values.len(),
+            bytes,
+        }
     }
 
     pub fn f32(values: &[f32]) -> WeightData {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        WeightData { dtype: DType::Fp32, len: values.len(), bytes }
+        WeightData {
+            dtype: DType::Fp32,
+            len: values.len(),
+            bytes,
+        }
     }
 
     pub fn i8(values: &[i8]) -> WeightData {
         let bytes = values.iter().map(|&v| v as u8).collect();
-        WeightData { dtype: DType::Int8, len: values.len(), bytes }
+        WeightData {
+            dtype: DType::Int8,
+            len: values.len(),
+            bytes,
+        }
     }
 
     pub fn u8(values: &[u8]) -> WeightData {
-        WeightData { dtype: DType::Uint8, len: values.len(), bytes: values.to_vec() }
+        WeightData {
+            dtype: DType::Uint8,
+            len: values.len(),
+            bytes: values.to_vec(),
+        }
     }
 
     pub fn i32(values: &[i32]) -> WeightData {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        WeightData { dtype: DType::Int32, len: values.len(), bytes }
+        WeightData {
+            dtype: DType::Int32,
+            len: values.len(),
+            bytes,
+        }
     }
 
     /// Packs values in [-8, 7] as int4, two per byte, low nibble first.
     pub fn int4(values: &[i8]) -> Result<WeightData> {
         if let Some(v) = values.iter().find(|v| !(-8..=7).contains(*v)) {
-            return Err(MilError::invalid(format!("int4 value {v} out of range [-8, 7]")));
+            return Err(MilError::invalid(format!(
+                "int4 value {v} out of range [-8, 7]"
+            )));
         }
-        Ok(Self::pack_nibbles(DType::Int4, values.iter().map(|&v| (v as u8) & 0xF), values.len()))
+        Ok(Self::pack_nibbles(
+            DType::Int4,
+            values.iter().map(|&v| (v as u8) & 0xF),
+            values.len(),
+        ))
     }
 
     /// Packs values in [0, 15] as uint4, two per byte, low nibble first.
     pub fn uint4(values: &[u8]) -> Result<WeightData> {
         if let Some(v) = values.iter().find(|v| **v > 15) {
-            return Err(MilError::invalid(format!("uint4 value {v} out of range [0, 15]")));
+            return Err(MilError::invalid(format!(
+                "uint4 value {v} out of range [0, 15]"
+            )));
         }
-        Ok(Self::pack_nibbles(DType::Uint4, values.iter().copied(), values.len()))
+        Ok(Self::pack_nibbles(
+            DType::Uint4,
+            values.iter().copied(),
+            values.len(),
+        ))
     }
 
     fn pack_nibbles(dtype: DType, nibbles: impl Iterator<Item = u8>, len: usize) -> WeightData {
@@ -386,22 +444,36 @@ impl WeightData {
     pub fn to_f32(&self) -> Vec<f32> {
         let b = &self.bytes;
         match self.dtype {
-            DType::Fp16 => b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            DType::Fp16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
             DType::Bf16 => b
                 .chunks_exact(2)
                 .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
-            DType::Fp32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            DType::Fp32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             DType::Int8 => b.iter().map(|&v| v as i8 as f32).collect(),
             DType::Uint8 => b.iter().map(|&v| v as f32).collect(),
-            DType::Int16 => b.chunks_exact(2).map(|c| i16::from_le_bytes([c[0], c[1]]) as f32).collect(),
-            DType::Uint16 => b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as f32).collect(),
-            DType::Int32 => {
-                b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect()
-            }
-            DType::Uint32 => {
-                b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect()
-            }
+            DType::Int16 => b
+                .chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]) as f32)
+                .collect(),
+            DType::Uint16 => b
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) as f32)
+                .collect(),
+            DType::Int32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+                .collect(),
+            DType::Uint32 => b
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+                .collect(),
             DType::Int4 => (0..self.len)
                 .map(|i| {
                     let v = self.bit_field(i, 4) as i32;
@@ -410,7 +482,9 @@ impl WeightData {
                 .collect(),
             d => {
                 let bits = d.bits() as usize;
-                (0..self.len).map(|i| self.bit_field(i, bits) as f32).collect()
+                (0..self.len)
+                    .map(|i| self.bit_field(i, bits) as f32)
+                    .collect()
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
-use crate::ir::{Argument, Binding, Opset, Operation, ValueDef, ValueInfo};
+use crate::ir::{Argument, Binding, Operation, Opset, ValueDef, ValueInfo};
 use crate::literal::Literal;
 use crate::types::{TensorType, ValueType};
 
@@ -17,11 +17,17 @@ pub struct Param {
 }
 
 const fn req(name: &'static str) -> Param {
-    Param { name, required: true }
+    Param {
+        name,
+        required: true,
+    }
 }
 
 const fn opt(name: &'static str) -> Param {
-    Param { name, required: false }
+    Param {
+        name,
+        required: false,
+    }
 }
 
 /// The definition of one op.
@@ -60,16 +66,14 @@ impl<'a> Ctx<'a> {
     fn single(&self, p: &str) -> Result<Option<SingleArg<'a>>> {
         if let Some(a) = self.op.input(p) {
             return match a {
-                Argument::Single(Binding::Value(id)) => Ok(Some(SingleArg::Value(&self.values[id.index()]))),
+                Argument::Single(Binding::Value(id)) => {
+                    Ok(Some(SingleArg::Value(&self.values[id.index()])))
+                }
                 Argument::Single(Binding::Literal(l)) => Ok(Some(SingleArg::Literal(l))),
                 Argument::Tuple(_) => Err(self.err(format!("parameter {p} must not be a tuple"))),
             };
         }
         Ok(self.op.attribute(p).map(SingleArg::Literal))
-    }
-
-    pub fn has(&self, p: &str) -> bool {
-        self.op.input(p).is_some() || self.op.attribute(p).is_some()
     }
 
     /// Type of tensor operand `p`, if given.
@@ -88,13 +92,17 @@ impl<'a> Ctx<'a> {
     }
 
     pub fn tensor(&self, p: &str) -> Result<&'a TensorType> {
-        self.opt_tensor(p)?.ok_or_else(|| self.err(format!("missing parameter {p}")))
+        self.opt_tensor(p)?
+            .ok_or_else(|| self.err(format!("missing parameter {p}")))
     }
 
     /// The wrapped tensor type of state operand `p`.
     pub fn state(&self, p: &str) -> Result<&'a TensorType> {
         match self.single(p)? {
-            Some(SingleArg::Value(ValueInfo { ty: ValueType::State(t), .. })) => Ok(t),
+            Some(SingleArg::Value(ValueInfo {
+                ty: ValueType::State(t),
+                ..
+            })) => Ok(t),
             Some(_) => Err(self.err(format!("parameter {p} must be a state input"))),
             None => Err(self.err(format!("missing parameter {p}"))),
         }
@@ -102,14 +110,19 @@ impl<'a> Ctx<'a> {
 
     /// Types of a tuple operand (`values = (a, b, c)`); a single binding counts as a 1-tuple.
     pub fn tuple(&self, p: &str) -> Result<Vec<&'a TensorType>> {
-        let a = self.op.input(p).ok_or_else(|| self.err(format!("missing parameter {p}")))?;
+        let a = self
+            .op
+            .input(p)
+            .ok_or_else(|| self.err(format!("missing parameter {p}")))?;
         a.bindings()
             .iter()
             .map(|b| match b {
                 Binding::Literal(l) => Ok(l.ty()),
                 Binding::Value(id) => match &self.values[id.index()].ty {
                     ValueType::Tensor(t) => Ok(t),
-                    ValueType::State(_) => Err(self.err(format!("parameter {p}: states are not tensors"))),
+                    ValueType::State(_) => {
+                        Err(self.err(format!("parameter {p}: states are not tensors")))
+                    }
                 },
             })
             .collect()
@@ -121,8 +134,13 @@ impl<'a> Ctx<'a> {
             None => Ok(None),
             Some(SingleArg::Literal(l)) => Ok(Some(l)),
             Some(SingleArg::Value(v)) => match v.def {
-                ValueDef::Op { op, .. } if self.ops[op].is_const() => Ok(self.ops[op].attribute("val")),
-                _ => Err(self.err(format!("parameter {p} must be a constant, {} is computed", v.name))),
+                ValueDef::Op { op, .. } if self.ops[op].is_const() => {
+                    Ok(self.ops[op].attribute("val"))
+                }
+                _ => Err(self.err(format!(
+                    "parameter {p} must be a constant, {} is computed",
+                    v.name
+                ))),
             },
         }
     }
@@ -138,21 +156,25 @@ impl<'a> Ctx<'a> {
     }
 
     fn required_literal(&self, p: &str) -> Result<&'a Literal> {
-        self.literal(p)?.ok_or_else(|| self.err(format!("missing parameter {p}")))
+        self.literal(p)?
+            .ok_or_else(|| self.err(format!("missing parameter {p}")))
     }
 
     pub fn opt_ints(&self, p: &str) -> Result<Option<Vec<i64>>> {
         match self.literal(p)? {
             None => Ok(None),
-            Some(l) => l
-                .to_i64s()
-                .map(Some)
-                .ok_or_else(|| self.err(format!("parameter {p} must be an integer constant, is {}", l.ty()))),
+            Some(l) => l.to_i64s().map(Some).ok_or_else(|| {
+                self.err(format!(
+                    "parameter {p} must be an integer constant, is {}",
+                    l.ty()
+                ))
+            }),
         }
     }
 
     pub fn ints(&self, p: &str) -> Result<Vec<i64>> {
-        self.opt_ints(p)?.ok_or_else(|| self.err(format!("missing parameter {p}")))
+        self.opt_ints(p)?
+            .ok_or_else(|| self.err(format!("missing parameter {p}")))
     }
 
     pub fn opt_int(&self, p: &str) -> Result<Option<i64>> {
@@ -170,7 +192,9 @@ impl<'a> Ctx<'a> {
     pub fn bool_or(&self, p: &str, default: bool) -> Result<bool> {
         match self.literal(p)? {
             None => Ok(default),
-            Some(l) => l.to_bool().ok_or_else(|| self.err(format!("parameter {p} must be a bool constant"))),
+            Some(l) => l
+                .to_bool()
+                .ok_or_else(|| self.err(format!("parameter {p} must be a bool constant"))),
         }
     }
 
@@ -187,12 +211,16 @@ impl<'a> Ctx<'a> {
     pub fn opt_string(&self, p: &str) -> Result<Option<&'a str>> {
         match self.literal(p)? {
             None => Ok(None),
-            Some(l) => l.as_str().map(Some).ok_or_else(|| self.err(format!("parameter {p} must be a string constant"))),
+            Some(l) => l
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("parameter {p} must be a string constant"))),
         }
     }
 
     pub fn string(&self, p: &str) -> Result<&'a str> {
-        self.opt_string(p)?.ok_or_else(|| self.err(format!("missing parameter {p}")))
+        self.opt_string(p)?
+            .ok_or_else(|| self.err(format!("missing parameter {p}")))
     }
 }
 
@@ -203,11 +231,18 @@ enum SingleArg<'a> {
 
 /// Checks that every given operand is a parameter of `def` and every required one is given.
 pub fn check_params(def: &OpDef, op: &Operation) -> Result<()> {
-    let given = op.inputs.iter().map(|(k, _)| k.as_str()).chain(op.attributes.iter().map(|(k, _)| k.as_str()));
+    let given = op
+        .inputs
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .chain(op.attributes.iter().map(|(k, _)| k.as_str()));
     for k in given {
         if !def.params.iter().any(|p| p.name == k) {
             let known: Vec<_> = def.params.iter().map(|p| p.name).collect();
-            return Err(MilError::invalid(format!("unknown parameter {k} (known: {})", known.join(", "))));
+            return Err(MilError::invalid(format!(
+                "unknown parameter {k} (known: {})",
+                known.join(", ")
+            )));
         }
     }
     for p in def.params.iter().filter(|p| p.required) {
@@ -231,11 +266,18 @@ pub fn norm_axis(axis: i64, rank: usize) -> Result<usize> {
     if axis < -r || axis >= r {
         return Err(invalid(format!("axis {axis} out of range for rank {rank}")));
     }
-    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+    Ok(if axis < 0 {
+        (axis + r) as usize
+    } else {
+        axis as usize
+    })
 }
 
 fn norm_axes(axes: &[i64], rank: usize) -> Result<Vec<usize>> {
-    let mut out: Vec<usize> = axes.iter().map(|&a| norm_axis(a, rank)).collect::<Result<_>>()?;
+    let mut out: Vec<usize> = axes
+        .iter()
+        .map(|&a| norm_axis(a, rank))
+        .collect::<Result<_>>()?;
     let n = out.len();
     out.sort_unstable();
     out.dedup();
@@ -250,8 +292,16 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -264,7 +314,10 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 
 fn same_dtype(a: &TensorType, b: &TensorType) -> Result<()> {
     if a.dtype != b.dtype {
-        return Err(invalid(format!("operand dtypes differ: {} vs {}", a.dtype, b.dtype)));
+        return Err(invalid(format!(
+            "operand dtypes differ: {} vs {}",
+            a.dtype, b.dtype
+        )));
     }
     Ok(())
 }
@@ -396,14 +449,19 @@ fn infer_arg_reduce(c: &Ctx) -> Result<Vec<TensorType>> {
         None => DType::Int32,
         Some(s) => DType::from_name(s).ok_or_else(|| invalid(format!("unknown dtype {s:?}")))?,
     };
-    Ok(vec![TensorType::new(dtype, reduced_shape(&x.shape, &[axis], keep))])
+    Ok(vec![TensorType::new(
+        dtype,
+        reduced_shape(&x.shape, &[axis], keep),
+    )])
 }
 
 fn infer_conv(c: &Ctx) -> Result<Vec<TensorType>> {
     let x = c.tensor("x")?;
     let w = c.tensor("weight")?;
     if x.rank() < 3 || w.rank() != x.rank() {
-        return Err(invalid(format!("conv needs x [N, Cin, *spatial] and weight of the same rank, got {x} and {w}")));
+        return Err(invalid(format!(
+            "conv needs x [N, Cin, *spatial] and weight of the same rank, got {x} and {w}"
+        )));
     }
     let spatial = x.rank() - 2;
     let groups = usize_of(c.int_or("groups", 1)?, "groups")?;
@@ -416,7 +474,9 @@ fn infer_conv(c: &Ctx) -> Result<Vec<TensorType>> {
     }
     let cout = w.shape[0];
     if cout % groups != 0 {
-        return Err(invalid(format!("output channels {cout} not divisible by groups {groups}")));
+        return Err(invalid(format!(
+            "output channels {cout} not divisible by groups {groups}"
+        )));
     }
     if let Some(b) = c.opt_tensor("bias")? {
         if b.shape != [cout] {
@@ -426,7 +486,9 @@ fn infer_conv(c: &Ctx) -> Result<Vec<TensorType>> {
     let list = |p: &str| -> Result<Vec<i64>> {
         let v = c.opt_ints(p)?.unwrap_or_else(|| vec![1; spatial]);
         if v.len() != spatial || v.iter().any(|&s| s < 1) {
-            return Err(invalid(format!("{p} must be {spatial} positive integers, got {v:?}")));
+            return Err(invalid(format!(
+                "{p} must be {spatial} positive integers, got {v:?}"
+            )));
         }
         Ok(v)
     };
@@ -438,7 +500,10 @@ fn infer_conv(c: &Ctx) -> Result<Vec<TensorType>> {
         "custom" => {
             let p = c.opt_ints("pad")?.unwrap_or_else(|| vec![0; 2 * spatial]);
             if p.len() != 2 * spatial || p.iter().any(|&v| v < 0) {
-                return Err(invalid(format!("pad must be {} non-negative integers, got {p:?}", 2 * spatial)));
+                return Err(invalid(format!(
+                    "pad must be {} non-negative integers, got {p:?}",
+                    2 * spatial
+                )));
             }
             p
         }
@@ -446,7 +511,10 @@ fn infer_conv(c: &Ctx) -> Result<Vec<TensorType>> {
     };
     if let Some(p) = c.opt_ints("pad")? {
         if p.len() != 2 * spatial {
-            return Err(invalid(format!("pad must have {} entries, got {p:?}", 2 * spatial)));
+            return Err(invalid(format!(
+                "pad must have {} entries, got {p:?}",
+                2 * spatial
+            )));
         }
     }
     let mut out = vec![x.shape[0], cout];
@@ -459,7 +527,9 @@ fn infer_conv(c: &Ctx) -> Result<Vec<TensorType>> {
             let eff = dilations[i] * (k - 1) + 1;
             let padded = input + pads[2 * i] + pads[2 * i + 1];
             if padded < eff {
-                return Err(invalid(format!("kernel {k} (dilated {eff}) larger than padded input {padded}")));
+                return Err(invalid(format!(
+                    "kernel {k} (dilated {eff}) larger than padded input {padded}"
+                )));
             }
             (padded - eff) / strides[i] + 1
         };
@@ -494,7 +564,9 @@ fn infer_matmul(c: &Ctx) -> Result<Vec<TensorType>> {
     let (m, k) = (xs[xs.len() - 2], xs[xs.len() - 1]);
     let (k2, n) = (ys[ys.len() - 2], ys[ys.len() - 1]);
     if k != k2 {
-        return Err(invalid(format!("inner dimensions differ: {x} x {y} (after transposes {k} vs {k2})")));
+        return Err(invalid(format!(
+            "inner dimensions differ: {x} x {y} (after transposes {k} vs {k2})"
+        )));
     }
     let mut out = broadcast(&xs[..xs.len() - 2], &ys[..ys.len() - 2])?;
     if !x_vec {
@@ -511,7 +583,9 @@ fn infer_linear(c: &Ctx) -> Result<Vec<TensorType>> {
     let w = c.tensor("weight")?;
     same_dtype(x, w)?;
     if x.rank() == 0 || w.rank() != 2 || w.shape[1] != x.shape[x.rank() - 1] {
-        return Err(invalid(format!("linear needs x [..., D] and weight [O, D], got {x} and {w}")));
+        return Err(invalid(format!(
+            "linear needs x [..., D] and weight [O, D], got {x} and {w}"
+        )));
     }
     if let Some(b) = c.opt_tensor("bias")? {
         if b.shape != [w.shape[0]] {
@@ -534,7 +608,9 @@ fn infer_layer_norm(c: &Ctx) -> Result<Vec<TensorType>> {
         if let Some(t) = c.opt_tensor(p)? {
             same_dtype(x, t)?;
             if t.shape != want {
-                return Err(invalid(format!("{p} must have shape {want:?} (the normalized axes), is {t}")));
+                return Err(invalid(format!(
+                    "{p} must have shape {want:?} (the normalized axes), is {t}"
+                )));
             }
         }
     }
@@ -552,7 +628,11 @@ fn infer_reshape(c: &Ctx) -> Result<Vec<TensorType>> {
                 infer_at = Some(i);
                 out.push(1);
             }
-            0 => out.push(*x.shape.get(i).ok_or_else(|| invalid(format!("shape entry 0 at {i} has no input dim")))?),
+            0 => out.push(
+                *x.shape
+                    .get(i)
+                    .ok_or_else(|| invalid(format!("shape entry 0 at {i} has no input dim")))?,
+            ),
             d if d > 0 => out.push(d as usize),
             _ => return Err(invalid(format!("bad reshape target {spec:?}"))),
         }
@@ -560,12 +640,17 @@ fn infer_reshape(c: &Ctx) -> Result<Vec<TensorType>> {
     let known: usize = out.iter().fold(1usize, |n, &d| n.saturating_mul(d));
     if let Some(i) = infer_at {
         if known == 0 || x.numel() % known != 0 {
-            return Err(invalid(format!("cannot infer -1 reshaping {x} to {spec:?}")));
+            return Err(invalid(format!(
+                "cannot infer -1 reshaping {x} to {spec:?}"
+            )));
         }
         out[i] = x.numel() / known;
     }
     if x.with_shape(out.clone()).numel() != x.numel() {
-        return Err(invalid(format!("cannot reshape {x} ({} elements) to {out:?}", x.numel())));
+        return Err(invalid(format!(
+            "cannot reshape {x} ({} elements) to {out:?}",
+            x.numel()
+        )));
     }
     Ok(vec![x.with_shape(out)])
 }
@@ -573,13 +658,21 @@ fn infer_reshape(c: &Ctx) -> Result<Vec<TensorType>> {
 fn infer_transpose(c: &Ctx) -> Result<Vec<TensorType>> {
     let x = c.tensor("x")?;
     let perm = c.ints("perm")?;
-    let axes: Vec<usize> = perm.iter().map(|&a| norm_axis(a, x.rank())).collect::<Result<_>>()?;
+    let axes: Vec<usize> = perm
+        .iter()
+        .map(|&a| norm_axis(a, x.rank()))
+        .collect::<Result<_>>()?;
     let mut seen = axes.clone();
     seen.sort_unstable();
     if seen != (0..x.rank()).collect::<Vec<_>>() {
-        return Err(invalid(format!("perm {perm:?} is not a permutation of rank {}", x.rank())));
+        return Err(invalid(format!(
+            "perm {perm:?} is not a permutation of rank {}",
+            x.rank()
+        )));
     }
-    Ok(vec![x.with_shape(axes.iter().map(|&a| x.shape[a]).collect())])
+    Ok(vec![
+        x.with_shape(axes.iter().map(|&a| x.shape[a]).collect())
+    ])
 }
 
 fn infer_concat(c: &Ctx) -> Result<Vec<TensorType>> {
@@ -591,9 +684,14 @@ fn infer_concat(c: &Ctx) -> Result<Vec<TensorType>> {
     for v in &vals[1..] {
         same_dtype(first, v)?;
         if v.rank() != first.rank()
-            || v.shape.iter().enumerate().any(|(i, &d)| i != axis && d != first.shape[i])
+            || v.shape
+                .iter()
+                .enumerate()
+                .any(|(i, &d)| i != axis && d != first.shape[i])
         {
-            return Err(invalid(format!("cannot concat {first} and {v} on axis {axis}")));
+            return Err(invalid(format!(
+                "cannot concat {first} and {v} on axis {axis}"
+            )));
         }
         out[axis] += v.shape[axis];
     }
@@ -612,18 +710,25 @@ fn infer_split(c: &Ctx) -> Result<Vec<TensorType>> {
     let axis = norm_axis(c.ints("axis").and_then(|v| one(&v, "axis"))?, x.rank())?;
     let dim = x.shape[axis];
     let sizes: Vec<usize> = match (c.opt_ints("split_sizes")?, c.opt_int("num_splits")?) {
-        (Some(s), _) => s.iter().map(|&v| usize_of(v, "split size")).collect::<Result<_>>()?,
+        (Some(s), _) => s
+            .iter()
+            .map(|&v| usize_of(v, "split size"))
+            .collect::<Result<_>>()?,
         (None, Some(n)) => {
             let n = usize_of(n, "num_splits")?;
             if n == 0 || dim % n != 0 {
-                return Err(invalid(format!("dimension {dim} does not split into {n} equal parts")));
+                return Err(invalid(format!(
+                    "dimension {dim} does not split into {n} equal parts"
+                )));
             }
             vec![dim / n; n]
         }
         (None, None) => return Err(invalid("split needs num_splits or split_sizes")),
     };
     if sizes.iter().sum::<usize>() != dim {
-        return Err(invalid(format!("split sizes {sizes:?} do not sum to {dim}")));
+        return Err(invalid(format!(
+            "split sizes {sizes:?} do not sum to {dim}"
+        )));
     }
     Ok(sizes
         .into_iter()
@@ -645,12 +750,20 @@ fn infer_slice_by_size(c: &Ctx) -> Result<Vec<TensorType>> {
         // A runtime begin (e.g. the decode position): only the size fixes the shape.
         let b = c.tensor("begin")?;
         if b.dtype != DType::Int32 || b.shape != [x.rank()] {
-            return Err(invalid(format!("begin must be int32 [{}], is {b}", x.rank())));
+            return Err(invalid(format!(
+                "begin must be int32 [{}], is {b}",
+                x.rank()
+            )));
         }
-        let out = size.iter().zip(&x.shape).map(|(&s, &d)| match usize::try_from(s) {
-            Ok(s) if s <= d => Ok(s),
-            _ => Err(invalid(format!("size {size:?} invalid for {x} with a runtime begin"))),
-        });
+        let out = size
+            .iter()
+            .zip(&x.shape)
+            .map(|(&s, &d)| match usize::try_from(s) {
+                Ok(s) if s <= d => Ok(s),
+                _ => Err(invalid(format!(
+                    "size {size:?} invalid for {x} with a runtime begin"
+                ))),
+            });
         return Ok(vec![x.with_shape(out.collect::<Result<_>>()?)]);
     }
     let begin = c.ints("begin")?;
@@ -663,7 +776,9 @@ fn infer_slice_by_size(c: &Ctx) -> Result<Vec<TensorType>> {
         let b = if begin[i] < 0 { begin[i] + d } else { begin[i] };
         let s = if size[i] == -1 { d - b } else { size[i] };
         if b < 0 || s < 0 || b + s > d {
-            return Err(invalid(format!("slice begin {begin:?} size {size:?} out of bounds of {x}")));
+            return Err(invalid(format!(
+                "slice begin {begin:?} size {size:?} out of bounds of {x}"
+            )));
         }
         out.push(s as usize);
     }
@@ -678,8 +793,20 @@ fn index_slice_shape(c: &Ctx, x: &TensorType) -> Result<Vec<usize>> {
     let stride = c.opt_ints("stride")?.unwrap_or_else(|| vec![1; r]);
     let bmask = c.opt_bools("begin_mask")?.unwrap_or_else(|| vec![false; r]);
     let emask = c.opt_bools("end_mask")?.unwrap_or_else(|| vec![false; r]);
-    let squeeze = c.opt_bools("squeeze_mask")?.unwrap_or_else(|| vec![false; r]);
-    if [begin.len(), end.len(), stride.len(), bmask.len(), emask.len(), squeeze.len()].iter().any(|&n| n != r) {
+    let squeeze = c
+        .opt_bools("squeeze_mask")?
+        .unwrap_or_else(|| vec![false; r]);
+    if [
+        begin.len(),
+        end.len(),
+        stride.len(),
+        bmask.len(),
+        emask.len(),
+        squeeze.len(),
+    ]
+    .iter()
+    .any(|&n| n != r)
+    {
         return Err(invalid(format!("slice operands need {r} entries each")));
     }
     let mut out = Vec::new();
@@ -692,13 +819,37 @@ fn index_slice_shape(c: &Ctx, x: &TensorType) -> Result<Vec<usize>> {
         let clamp = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
         let norm = |v: i64| if v < 0 { v + d } else { v };
         let len = if s > 0 {
-            let b = if bmask[i] { 0 } else { clamp(norm(begin[i]), 0, d) };
-            let e = if emask[i] { d } else { clamp(norm(end[i]), 0, d) };
-            if e > b { (e - b + s - 1) / s } else { 0 }
+            let b = if bmask[i] {
+                0
+            } else {
+                clamp(norm(begin[i]), 0, d)
+            };
+            let e = if emask[i] {
+                d
+            } else {
+                clamp(norm(end[i]), 0, d)
+            };
+            if e > b {
+                (e - b + s - 1) / s
+            } else {
+                0
+            }
         } else {
-            let b = if bmask[i] { d - 1 } else { clamp(norm(begin[i]), -1, d - 1) };
-            let e = if emask[i] { -1 } else { clamp(norm(end[i]), -1, d - 1) };
-            if b > e { (b - e + (-s) - 1) / (-s) } else { 0 }
+            let b = if bmask[i] {
+                d - 1
+            } else {
+                clamp(norm(begin[i]), -1, d - 1)
+            };
+            let e = if emask[i] {
+                -1
+            } else {
+                clamp(norm(end[i]), -1, d - 1)
+            };
+            if b > e {
+                (b - e + (-s) - 1) / (-s)
+            } else {
+                0
+            }
         };
         if squeeze[i] {
             if len != 1 {
@@ -735,7 +886,9 @@ fn infer_slice_update(c: &Ctx) -> Result<Vec<TensorType>> {
     }
     let sel = index_slice_shape(c, x)?;
     if sel != u.shape {
-        return Err(invalid(format!("update {u} does not match the selected slice {sel:?}")));
+        return Err(invalid(format!(
+            "update {u} does not match the selected slice {sel:?}"
+        )));
     }
     Ok(vec![x.clone()])
 }
@@ -756,7 +909,9 @@ fn infer_gather(c: &Ctx) -> Result<Vec<TensorType>> {
     let axis = norm_axis(c.int_or("axis", 0)?, x.rank())?;
     let batch = usize_of(c.int_or("batch_dims", 0)?, "batch_dims")?;
     if batch > axis || batch > idx.rank() || idx.shape[..batch] != x.shape[..batch] {
-        return Err(invalid(format!("batch_dims {batch} inconsistent with {x} and {idx}")));
+        return Err(invalid(format!(
+            "batch_dims {batch} inconsistent with {x} and {idx}"
+        )));
     }
     c.bool_or("validate_indices", false)?;
     let mut out = x.shape[..axis].to_vec();
@@ -771,7 +926,15 @@ fn infer_expand_dims(c: &Ctx) -> Result<Vec<TensorType>> {
     let rank = x.rank() + axes.len();
     let axes = norm_axes(&axes, rank)?;
     let mut rest = x.shape.iter();
-    let out = (0..rank).map(|i| if axes.contains(&i) { 1 } else { *rest.next().unwrap_or(&1) }).collect();
+    let out = (0..rank)
+        .map(|i| {
+            if axes.contains(&i) {
+                1
+            } else {
+                *rest.next().unwrap_or(&1)
+            }
+        })
+        .collect();
     Ok(vec![x.with_shape(out)])
 }
 
@@ -800,7 +963,11 @@ fn infer_tile(c: &Ctx) -> Result<Vec<TensorType>> {
         .shape
         .iter()
         .zip(&reps)
-        .map(|(&d, &r)| usize_of(r, "reps")?.checked_mul(d).ok_or_else(|| invalid("tile result too large")))
+        .map(|(&d, &r)| {
+            usize_of(r, "reps")?
+                .checked_mul(d)
+                .ok_or_else(|| invalid("tile result too large"))
+        })
         .collect::<Result<_>>()?;
     Ok(vec![x.with_shape(out)])
 }
@@ -810,7 +977,9 @@ fn infer_affine_dequantize(c: &Ctx) -> Result<Vec<TensorType>> {
     let scale = c.tensor("scale")?;
     let zp = c.tensor("zero_point")?;
     if !matches!(q.dtype, DType::Int8 | DType::Uint8) || zp.dtype != q.dtype {
-        return Err(invalid(format!("quantized_data and zero_point must be int8/uint8 alike, got {q} and {zp}")));
+        return Err(invalid(format!(
+            "quantized_data and zero_point must be int8/uint8 alike, got {q} and {zp}"
+        )));
     }
     if !matches!(scale.dtype, DType::Fp16 | DType::Fp32) {
         return Err(invalid(format!("scale must be fp16/fp32, is {scale}")));
@@ -818,7 +987,10 @@ fn infer_affine_dequantize(c: &Ctx) -> Result<Vec<TensorType>> {
     let axis = norm_axis(c.ints("axis").and_then(|v| one(&v, "axis"))?, q.rank())?;
     for (p, t) in [("scale", scale), ("zero_point", zp)] {
         if !(t.numel() == 1 || t.shape == [q.shape[axis]]) {
-            return Err(invalid(format!("{p} must be a scalar or [{}] along axis {axis}, is {t}", q.shape[axis])));
+            return Err(invalid(format!(
+                "{p} must be a scalar or [{}] along axis {axis}, is {t}",
+                q.shape[axis]
+            )));
         }
     }
     Ok(vec![q.with_dtype(scale.dtype)])
@@ -831,8 +1003,15 @@ fn infer_blockwise_shift_scale(c: &Ctx) -> Result<Vec<TensorType>> {
         return Err(invalid(format!("scale must be fp16/fp32, is {scale}")));
     }
     let blockwise = |t: &TensorType, what: &str| -> Result<()> {
-        if t.rank() != data.rank() || t.shape.iter().zip(&data.shape).any(|(&s, &d)| s == 0 || d % s != 0) {
-            return Err(invalid(format!("{what} {t} must have data's rank with dims dividing {data}")));
+        if t.rank() != data.rank()
+            || t.shape
+                .iter()
+                .zip(&data.shape)
+                .any(|(&s, &d)| s == 0 || d % s != 0)
+        {
+            return Err(invalid(format!(
+                "{what} {t} must have data's rank with dims dividing {data}"
+            )));
         }
         Ok(())
     };
@@ -851,7 +1030,11 @@ fn infer_quantize(c: &Ctx) -> Result<Vec<TensorType>> {
     let d = match name {
         "int8" => DType::Int8,
         "uint8" => DType::Uint8,
-        other => return Err(invalid(format!("output_dtype must be int8 or uint8, got {other:?}"))),
+        other => {
+            return Err(invalid(format!(
+                "output_dtype must be int8 or uint8, got {other:?}"
+            )))
+        }
     };
     if let Some(zp) = c.opt_tensor("zero_point")? {
         if zp.dtype != d {
@@ -891,10 +1074,14 @@ fn infer_sdpa(c: &Ctx) -> Result<Vec<TensorType>> {
     same_dtype(q, v)?;
     let r = q.rank();
     if r < 3 || k.rank() != r || v.rank() != r {
-        return Err(invalid(format!("query/key/value must share a rank >= 3, got {q}, {k}, {v}")));
+        return Err(invalid(format!(
+            "query/key/value must share a rank >= 3, got {q}, {k}, {v}"
+        )));
     }
     if q.shape[r - 1] != k.shape[r - 1] || k.shape[r - 2] != v.shape[r - 2] {
-        return Err(invalid(format!("inconsistent attention shapes {q}, {k}, {v}")));
+        return Err(invalid(format!(
+            "inconsistent attention shapes {q}, {k}, {v}"
+        )));
     }
     let batch = broadcast(&q.shape[..r - 2], &k.shape[..r - 2])?;
     let mut out = broadcast(&batch, &v.shape[..r - 2])?;
@@ -914,8 +1101,15 @@ const X_EPS: &[Param] = &[req("x"), opt("epsilon")];
 const XY: &[Param] = &[req("x"), req("y")];
 const REDUCE: &[Param] = &[req("x"), opt("axes"), opt("keep_dims")];
 const ARG_REDUCE: &[Param] = &[req("x"), opt("axis"), opt("keep_dims"), opt("output_dtype")];
-const SLICE_INDEX: &[Param] =
-    &[req("x"), req("begin"), req("end"), opt("stride"), opt("begin_mask"), opt("end_mask"), opt("squeeze_mask")];
+const SLICE_INDEX: &[Param] = &[
+    req("x"),
+    req("begin"),
+    req("end"),
+    opt("stride"),
+    opt("begin_mask"),
+    opt("end_mask"),
+    opt("squeeze_mask"),
+];
 const SLICE_UPDATE: &[Param] = &[
     req("x"),
     req("update"),
@@ -929,7 +1123,12 @@ const SLICE_UPDATE: &[Param] = &[
 
 macro_rules! op {
     ($name:literal, $since:ident, $params:expr, $infer:ident) => {
-        OpDef { name: $name, since: Opset::$since, params: $params, infer: $infer }
+        OpDef {
+            name: $name,
+            since: Opset::$since,
+            params: $params,
+            infer: $infer,
+        }
     };
 }
 
@@ -959,8 +1158,18 @@ static OPS: &[OpDef] = &[
     op!("rsqrt", Ios15, X_EPS, infer_unary_float),
     op!("inverse", Ios15, X_EPS, infer_unary_float),
     op!("gelu", Ios15, &[req("x"), opt("mode")], infer_unary_float),
-    op!("leaky_relu", Ios15, &[req("x"), opt("alpha")], infer_unary_float),
-    op!("clip", Ios15, &[req("x"), req("alpha"), req("beta")], infer_clip),
+    op!(
+        "leaky_relu",
+        Ios15,
+        &[req("x"), opt("alpha")],
+        infer_unary_float
+    ),
+    op!(
+        "clip",
+        Ios15,
+        &[req("x"), req("alpha"), req("beta")],
+        infer_clip
+    ),
     op!("softmax", Ios15, &[req("x"), opt("axis")], infer_softmax),
     // elementwise binary
     op!("add", Ios15, XY, infer_binary),
@@ -982,7 +1191,12 @@ static OPS: &[OpDef] = &[
     op!("logical_or", Ios15, XY, infer_logical),
     op!("logical_xor", Ios15, XY, infer_logical),
     op!("logical_not", Ios15, X, infer_logical_not),
-    op!("select", Ios15, &[req("cond"), req("a"), req("b")], infer_select),
+    op!(
+        "select",
+        Ios15,
+        &[req("cond"), req("a"), req("b")],
+        infer_select
+    ),
     // reductions
     op!("reduce_sum", Ios15, REDUCE, infer_reduce),
     op!("reduce_mean", Ios15, REDUCE, infer_reduce),
@@ -995,12 +1209,42 @@ static OPS: &[OpDef] = &[
     op!(
         "conv",
         Ios15,
-        &[req("x"), req("weight"), opt("bias"), opt("strides"), opt("pad_type"), opt("pad"), opt("dilations"), opt("groups")],
+        &[
+            req("x"),
+            req("weight"),
+            opt("bias"),
+            opt("strides"),
+            opt("pad_type"),
+            opt("pad"),
+            opt("dilations"),
+            opt("groups")
+        ],
         infer_conv
     ),
-    op!("matmul", Ios15, &[req("x"), req("y"), opt("transpose_x"), opt("transpose_y")], infer_matmul),
-    op!("linear", Ios15, &[req("x"), req("weight"), opt("bias")], infer_linear),
-    op!("layer_norm", Ios15, &[req("x"), opt("axes"), opt("gamma"), opt("beta"), opt("epsilon")], infer_layer_norm),
+    op!(
+        "matmul",
+        Ios15,
+        &[req("x"), req("y"), opt("transpose_x"), opt("transpose_y")],
+        infer_matmul
+    ),
+    op!(
+        "linear",
+        Ios15,
+        &[req("x"), req("weight"), opt("bias")],
+        infer_linear
+    ),
+    op!(
+        "layer_norm",
+        Ios15,
+        &[
+            req("x"),
+            opt("axes"),
+            opt("gamma"),
+            opt("beta"),
+            opt("epsilon")
+        ],
+        infer_layer_norm
+    ),
     op!(
         "scaled_dot_product_attention",
         Ios18,
@@ -1009,35 +1253,97 @@ static OPS: &[OpDef] = &[
     ),
     // shape manipulation
     op!("reshape", Ios15, &[req("x"), req("shape")], infer_reshape),
-    op!("transpose", Ios15, &[req("x"), req("perm")], infer_transpose),
-    op!("concat", Ios15, &[req("values"), req("axis"), opt("interleave")], infer_concat),
-    op!("split", Ios15, &[req("x"), opt("num_splits"), opt("split_sizes"), req("axis")], infer_split),
-    op!("slice_by_size", Ios15, &[req("x"), req("begin"), req("size")], infer_slice_by_size),
+    op!(
+        "transpose",
+        Ios15,
+        &[req("x"), req("perm")],
+        infer_transpose
+    ),
+    op!(
+        "concat",
+        Ios15,
+        &[req("values"), req("axis"), opt("interleave")],
+        infer_concat
+    ),
+    op!(
+        "split",
+        Ios15,
+        &[req("x"), opt("num_splits"), opt("split_sizes"), req("axis")],
+        infer_split
+    ),
+    op!(
+        "slice_by_size",
+        Ios15,
+        &[req("x"), req("begin"), req("size")],
+        infer_slice_by_size
+    ),
     op!("slice_by_index", Ios15, SLICE_INDEX, infer_slice_by_index),
     op!("slice_update", Ios18, SLICE_UPDATE, infer_slice_update),
-    op!("expand_dims", Ios15, &[req("x"), req("axes")], infer_expand_dims),
+    op!(
+        "expand_dims",
+        Ios15,
+        &[req("x"), req("axes")],
+        infer_expand_dims
+    ),
     op!("squeeze", Ios15, &[req("x"), opt("axes")], infer_squeeze),
     op!("tile", Ios15, &[req("x"), req("reps")], infer_tile),
     op!("cast", Ios15, &[req("x"), req("dtype")], infer_cast),
-    op!("gather", Ios15, &[req("x"), req("indices"), opt("axis"), opt("batch_dims"), opt("validate_indices")], infer_gather),
+    op!(
+        "gather",
+        Ios15,
+        &[
+            req("x"),
+            req("indices"),
+            opt("axis"),
+            opt("batch_dims"),
+            opt("validate_indices")
+        ],
+        infer_gather
+    ),
     // quantization
     op!(
         "constexpr_affine_dequantize",
         Ios16,
-        &[req("quantized_data"), req("zero_point"), req("scale"), req("axis")],
+        &[
+            req("quantized_data"),
+            req("zero_point"),
+            req("scale"),
+            req("axis")
+        ],
         infer_affine_dequantize
     ),
-    op!("constexpr_blockwise_shift_scale", Ios18, &[req("data"), req("scale"), opt("offset")], infer_blockwise_shift_scale),
+    op!(
+        "constexpr_blockwise_shift_scale",
+        Ios18,
+        &[req("data"), req("scale"), opt("offset")],
+        infer_blockwise_shift_scale
+    ),
     op!(
         "quantize",
         Ios17,
-        &[req("input"), opt("zero_point"), req("scale"), opt("axis"), req("output_dtype")],
+        &[
+            req("input"),
+            opt("zero_point"),
+            req("scale"),
+            opt("axis"),
+            req("output_dtype")
+        ],
         infer_quantize
     ),
-    op!("dequantize", Ios17, &[req("input"), opt("zero_point"), req("scale"), opt("axis")], infer_dequantize),
+    op!(
+        "dequantize",
+        Ios17,
+        &[req("input"), opt("zero_point"), req("scale"), opt("axis")],
+        infer_dequantize
+    ),
     // state
     op!("read_state", Ios18, &[req("input")], infer_read_state),
-    op!("coreml_update_state", Ios18, &[req("state"), req("value")], infer_update_state),
+    op!(
+        "coreml_update_state",
+        Ios18,
+        &[req("state"), req("value")],
+        infer_update_state
+    ),
 ];
 
 #[cfg(test)]
@@ -1055,7 +1361,10 @@ mod tests {
 
     #[test]
     fn broadcast_rules() {
-        assert_eq!(broadcast(&[1, 64, 1, 8], &[1, 1, 1, 8]).unwrap(), vec![1, 64, 1, 8]);
+        assert_eq!(
+            broadcast(&[1, 64, 1, 8], &[1, 1, 1, 8]).unwrap(),
+            vec![1, 64, 1, 8]
+        );
         assert_eq!(broadcast(&[1, 64, 1, 8], &[]).unwrap(), vec![1, 64, 1, 8]);
         assert_eq!(broadcast(&[4, 1], &[3]).unwrap(), vec![4, 3]);
         assert!(broadcast(&[2, 3], &[4]).is_err());

@@ -12,11 +12,17 @@ pub struct TensorType {
 
 impl TensorType {
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
-        TensorType { dtype, shape: shape.into() }
+        TensorType {
+            dtype,
+            shape: shape.into(),
+        }
     }
 
     pub fn scalar(dtype: DType) -> Self {
-        TensorType { dtype, shape: Vec::new() }
+        TensorType {
+            dtype,
+            shape: Vec::new(),
+        }
     }
 
     pub fn fp16(shape: impl Into<Vec<usize>>) -> Self {
@@ -61,7 +67,9 @@ impl TensorType {
     pub fn check_size(&self) -> crate::Result<()> {
         const MAX_ELEMENTS: usize = 1 << 48;
         if self.numel() > MAX_ELEMENTS {
-            return Err(crate::MilError::invalid(format!("{self} has more than 2^48 elements")));
+            return Err(crate::MilError::invalid(format!(
+                "{self} has more than 2^48 elements"
+            )));
         }
         Ok(())
     }
@@ -72,11 +80,17 @@ impl TensorType {
     }
 
     pub fn with_shape(&self, shape: Vec<usize>) -> Self {
-        TensorType { dtype: self.dtype, shape }
+        TensorType {
+            dtype: self.dtype,
+            shape,
+        }
     }
 
     pub fn with_dtype(&self, dtype: DType) -> Self {
-        TensorType { dtype, shape: self.shape.clone() }
+        TensorType {
+            dtype,
+            shape: self.shape.clone(),
+        }
     }
 }
 

@@ -5,7 +5,10 @@ mod common;
 
 use anelm_mil::blob::BlobPolicy;
 use anelm_mil::package::{read_package, write_package, PackageOptions};
-use anelm_mil::{Arg, ConvParams, DType, FunctionBuilder, Literal, Opset, Pad, Program, Result, TensorType, ValueId, WeightData};
+use anelm_mil::{
+    Arg, ConvParams, DType, FunctionBuilder, Literal, Opset, Pad, Program, Result, TensorType,
+    ValueId, WeightData,
+};
 use common::*;
 use std::collections::BTreeSet;
 
@@ -24,7 +27,12 @@ fn everything() -> Result<Program> {
     let cache = f.state_input("k_cache", TensorType::fp16([1, 64, 1, 64]))?;
 
     // embedding lookup and layout
-    let emb = c(&mut f, "emb", TensorType::fp16([100, 64]), (0..6400).map(|i| (i % 17) as f32 / 32.0).collect())?;
+    let emb = c(
+        &mut f,
+        "emb",
+        TensorType::fp16([100, 64]),
+        (0..6400).map(|i| (i % 17) as f32 / 32.0).collect(),
+    )?;
     let g = f.gather(emb, ids, 0)?; // [1, 32, 64]
     let gt = f.transpose(g, &[0, 2, 1])?; // [1, 64, 32]
     let e4 = f.expand_dims(gt, &[2])?; // [1, 64, 1, 32]
@@ -65,8 +73,20 @@ fn everything() -> Result<Program> {
     let qr = f.add(qc, qs)?;
     let scores = f.matmul(qr, kh, false, true)?; // [1,4,32,32]
     let scaled = f.binary_scalar("mul", scores, 0.25)?;
-    let rows = f.constant("rows", Literal::immediate(TensorType::fp16([32, 1]), anelm_mil::Elements::F16((0..32).map(|i| half::f16::from_f32(i as f32)).collect()))?)?;
-    let cols = f.constant("cols", Literal::immediate(TensorType::fp16([1, 32]), anelm_mil::Elements::F16((0..32).map(|i| half::f16::from_f32(i as f32)).collect()))?)?;
+    let rows = f.constant(
+        "rows",
+        Literal::immediate(
+            TensorType::fp16([32, 1]),
+            anelm_mil::Elements::F16((0..32).map(|i| half::f16::from_f32(i as f32)).collect()),
+        )?,
+    )?;
+    let cols = f.constant(
+        "cols",
+        Literal::immediate(
+            TensorType::fp16([1, 32]),
+            anelm_mil::Elements::F16((0..32).map(|i| half::f16::from_f32(i as f32)).collect()),
+        )?,
+    )?;
     let causal = f.greater(cols, rows)?; // [32, 32] bool
     let fill = f.scalar("fill", DType::Fp16, -30000.0)?;
     let masked = f.select(causal, fill, scaled)?;
@@ -83,19 +103,37 @@ fn everything() -> Result<Program> {
     let res = f.add(o, h)?;
 
     // general conv: 1x3 kernel, custom pad, grouped, with bias
-    let wg = f.weight("wg", TensorType::fp16([64, 32, 1, 3]), weights(64 * 32 * 3, 4))?;
+    let wg = f.weight(
+        "wg",
+        TensorType::fp16([64, 32, 1, 3]),
+        weights(64 * 32 * 3, 4),
+    )?;
     let bias = c(&mut f, "bias", TensorType::fp16([64]), vec![0.125; 64])?;
-    let params = ConvParams { pad: Pad::Custom(vec![0, 0, 1, 1]), groups: 2, bias: Some(bias), ..Default::default() };
+    let params = ConvParams {
+        pad: Pad::Custom(vec![0, 0, 1, 1]),
+        groups: 2,
+        bias: Some(bias),
+        ..Default::default()
+    };
     let cg = f.conv(res, wg, &params)?;
-    let same = ConvParams { pad: Pad::Same, strides: vec![1, 2], ..Default::default() };
-    let wsame = f.weight("ws", TensorType::fp16([64, 64, 1, 3]), weights(64 * 64 * 3, 5))?;
+    let same = ConvParams {
+        pad: Pad::Same,
+        strides: vec![1, 2],
+        ..Default::default()
+    };
+    let wsame = f.weight(
+        "ws",
+        TensorType::fp16([64, 64, 1, 3]),
+        weights(64 * 64 * 3, 5),
+    )?;
     let cs = f.conv(cg, wsame, &same)?; // [1, 64, 1, 16]
 
     // elementwise chain over every unary / binary op
     let mut t = cs;
-    for op in ["abs", "ceil", "floor", "round", "sign", "square", "identity", "relu", "relu6", "sigmoid", "silu", "tanh",
-        "exp", "exp2", "sin", "cos", "erf", "softplus", "gelu"]
-    {
+    for op in [
+        "abs", "ceil", "floor", "round", "sign", "square", "identity", "relu", "relu6", "sigmoid",
+        "silu", "tanh", "exp", "exp2", "sin", "cos", "erf", "softplus", "gelu",
+    ] {
         t = f.unary(op, t)?;
     }
     let pos = f.binary_scalar("add", t, 1.5)?;
@@ -103,19 +141,49 @@ fn everything() -> Result<Program> {
     let lg = f.unary("log", sq)?;
     let rs = f.unary("rsqrt", pos)?;
     let inv = f.unary("inverse", pos)?;
-    let lr = f.op1("leaky_relu", vec![("x", lg.into()), ("alpha", Arg::Const(Literal::f16(0.1)))])?;
-    let cl = f.op1("clip", vec![("x", lr.into()), ("alpha", Arg::Const(Literal::f16(-1.0))), ("beta", Arg::Const(Literal::f16(1.0)))])?;
+    let lr = f.op1(
+        "leaky_relu",
+        vec![("x", lg.into()), ("alpha", Arg::Const(Literal::f16(0.1)))],
+    )?;
+    let cl = f.op1(
+        "clip",
+        vec![
+            ("x", lr.into()),
+            ("alpha", Arg::Const(Literal::f16(-1.0))),
+            ("beta", Arg::Const(Literal::f16(1.0))),
+        ],
+    )?;
     let mut u = cl;
-    for op in ["add", "sub", "mul", "real_div", "floor_div", "mod", "pow", "maximum", "minimum"] {
+    for op in [
+        "add",
+        "sub",
+        "mul",
+        "real_div",
+        "floor_div",
+        "mod",
+        "pow",
+        "maximum",
+        "minimum",
+    ] {
         u = f.binary(op, u, rs)?;
     }
     let u = f.add(u, inv)?;
     let mut flags = Vec::new();
-    for op in ["equal", "not_equal", "greater", "greater_equal", "less", "less_equal"] {
+    for op in [
+        "equal",
+        "not_equal",
+        "greater",
+        "greater_equal",
+        "less",
+        "less_equal",
+    ] {
         flags.push(f.binary(op, u, rs)?);
     }
     let mut b = flags[0];
-    for (op, other) in ["logical_and", "logical_or", "logical_xor"].iter().zip(&flags[1..]) {
+    for (op, other) in ["logical_and", "logical_or", "logical_xor"]
+        .iter()
+        .zip(&flags[1..])
+    {
         b = f.binary(op, b, *other)?;
     }
     let nb = f.unary("logical_not", b)?;
@@ -123,11 +191,20 @@ fn everything() -> Result<Program> {
 
     // reductions
     let mut reds = Vec::new();
-    for op in ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"] {
+    for op in [
+        "reduce_sum",
+        "reduce_mean",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+    ] {
         reds.push(f.reduce(op, sel, &[1], true)?); // [1, 1, 1, 16]
     }
     let amax = f.argmax(sel, 1, false)?; // int32 [1, 1, 16]
-    let amin = f.op1("reduce_argmin", vec![("x", sel.into()), ("axis", Literal::i32(-1).into())])?; // [1, 64, 1]
+    let amin = f.op1(
+        "reduce_argmin",
+        vec![("x", sel.into()), ("axis", Literal::i32(-1).into())],
+    )?; // [1, 64, 1]
 
     // shapes, casts, linear, quantization
     let sq2 = f.squeeze(reds[0], &[1])?; // [1, 1, 16]
@@ -143,12 +220,23 @@ fn everything() -> Result<Program> {
 
     // int8 weights through constexpr_blockwise_shift_scale
     let qd: Vec<i8> = (0..64 * 64).map(|i| (i % 127) as i8).collect();
-    let data = f.constant("q_data", Literal::weight(TensorType::int8([64, 64, 1, 1]), WeightData::i8(&qd).into())?)?;
-    let scale = c(&mut f, "q_scale", TensorType::fp16([64, 1, 1, 1]), vec![0.01; 64])?;
+    let data = f.constant(
+        "q_data",
+        Literal::weight(TensorType::int8([64, 64, 1, 1]), WeightData::i8(&qd).into())?,
+    )?;
+    let scale = c(
+        &mut f,
+        "q_scale",
+        TensorType::fp16([64, 1, 1, 1]),
+        vec![0.01; 64],
+    )?;
     let wdq = f.blockwise_shift_scale(data, scale, None)?;
     let yq = f.conv1x1(res, wdq)?;
 
-    for (i, out) in [yq, dq, amax, amin, reds[4], sizes[0]].into_iter().enumerate() {
+    for (i, out) in [yq, dq, amax, amin, reds[4], sizes[0]]
+        .into_iter()
+        .enumerate()
+    {
         f.rename(out, &format!("out{i}"))?;
         f.output(out)?;
     }
@@ -158,7 +246,11 @@ fn everything() -> Result<Program> {
 #[test]
 fn every_op_type_checks_in_coremltools() {
     let p = everything().unwrap();
-    let used: BTreeSet<&str> = p.functions[0].ops().iter().map(|o| o.op_type.as_str()).collect();
+    let used: BTreeSet<&str> = p.functions[0]
+        .ops()
+        .iter()
+        .map(|o| o.op_type.as_str())
+        .collect();
     let missing: Vec<&str> = anelm_mil::ops::all_ops()
         .iter()
         .map(|d| d.name)

@@ -7,7 +7,9 @@ use anelm_mil::{check_text, Dialect, FunctionBuilder, Opset, Program, TensorType
 
 /// A dialect-A program around `body` with inputs `inputs` and outputs `outs`.
 fn prog(inputs: &str, body: &str, outs: &str) -> String {
-    format!("program(1.3)\n{{\n    func main<ios18>({inputs}) {{\n{body}\n    }} -> ({outs});\n}}\n")
+    format!(
+        "program(1.3)\n{{\n    func main<ios18>({inputs}) {{\n{body}\n    }} -> ({outs});\n}}\n"
+    )
 }
 
 fn rules(src: &str) -> Vec<(&'static str, Severity, Option<String>)> {
@@ -21,7 +23,8 @@ fn rules(src: &str) -> Vec<(&'static str, Severity, Option<String>)> {
 fn fires(src: &str, rule: &str, severity: Severity, at: &str) {
     let r = rules(src);
     assert!(
-        r.iter().any(|(n, s, v)| *n == rule && *s == severity && v.as_deref() == Some(at)),
+        r.iter()
+            .any(|(n, s, v)| *n == rule && *s == severity && v.as_deref() == Some(at)),
         "{rule} ({severity}) at {at} not in {r:?}"
     );
 }
@@ -30,8 +33,16 @@ const X: &str = "tensor<fp16, [1, 64, 1, 32]> x";
 
 #[test]
 fn unsupported_ops() {
-    for (op, sev) in [("gelu", Severity::Error), ("rsqrt", Severity::Error), ("inverse", Severity::Error)] {
-        let src = prog(X, &format!("        tensor<fp16, [1, 64, 1, 32]> y = {op}(x = x);"), "y");
+    for (op, sev) in [
+        ("gelu", Severity::Error),
+        ("rsqrt", Severity::Error),
+        ("inverse", Severity::Error),
+    ] {
+        let src = prog(
+            X,
+            &format!("        tensor<fp16, [1, 64, 1, 32]> y = {op}(x = x);"),
+            "y",
+        );
         fires(&src, op, sev, "y");
     }
     let src = prog(
@@ -61,7 +72,12 @@ fn conv_src(weight_decl: &str, out: &str, extra_args: &str) -> String {
 #[test]
 fn conv_rules() {
     let w = "tensor<fp16, [64, 64, 1, 1]> w = const()[name = string(\"w\"), val = tensor<fp16, [64, 64, 1, 1]>(BLOBFILE(path = string(\"@model_path/weights/w.bin\"), offset = uint64(64)))];";
-    fires(&conv_src(w, "64", ", bias = b"), "conv-bias", Severity::Error, "y");
+    fires(
+        &conv_src(w, "64", ", bias = b"),
+        "conv-bias",
+        Severity::Error,
+        "y",
+    );
     let runtime = prog(
         &format!("{X}, tensor<fp16, [64, 64, 1, 1]> w"),
         "        tensor<fp16, [1, 64, 1, 32]> y = conv(weight = w, x = x);",
@@ -104,10 +120,18 @@ fn attention_rules() {
 
 #[test]
 fn io_and_text_rules() {
-    let odd = prog("tensor<fp16, [1, 64, 1, 17]> x", "        tensor<fp16, [1, 64, 1, 17]> y = relu(x = x);", "y");
+    let odd = prog(
+        "tensor<fp16, [1, 64, 1, 17]> x",
+        "        tensor<fp16, [1, 64, 1, 17]> y = relu(x = x);",
+        "y",
+    );
     fires(&odd, "io-row-padding", Severity::Warning, "x");
     fires(&odd, "io-row-padding", Severity::Warning, "y");
-    let window = prog("tensor<fp16, [1, 8, 1, 14600]> x", "        tensor<fp16, [1, 8, 1, 14600]> y = relu(x = x);", "y");
+    let window = prog(
+        "tensor<fp16, [1, 8, 1, 14600]> x",
+        "        tensor<fp16, [1, 8, 1, 14600]> y = relu(x = x);",
+        "y",
+    );
     fires(&window, "input-spatial-window", Severity::Warning, "x");
     let slice = prog(
         X,
@@ -117,9 +141,17 @@ fn io_and_text_rules() {
     fires(&slice, "slice-input", Severity::Warning, "y");
     let dup = prog(X, "        tensor<fp16, [1, 64, 1, 32]> a = relu(x = x)[name = string(\"r\")];\n        tensor<fp16, [1, 64, 1, 32]> y = relu(x = a)[name = string(\"r\")];", "y");
     fires(&dup, "duplicate-op-name", Severity::Warning, "r");
-    let inline = prog(X, "        tensor<fp16, [1, 64, 1, 32]> y = mul(x = x, y = fp16(2.0));", "y");
+    let inline = prog(
+        X,
+        "        tensor<fp16, [1, 64, 1, 32]> y = mul(x = x, y = fp16(2.0));",
+        "y",
+    );
     fires(&inline, "inline-literal", Severity::Warning, "y");
-    let unknown = prog(X, "        tensor<fp16, [1, 64, 1, 32]> y = fancy_op(x = x);", "y");
+    let unknown = prog(
+        X,
+        "        tensor<fp16, [1, 64, 1, 32]> y = fancy_op(x = x);",
+        "y",
+    );
     fires(&unknown, "unknown-op", Severity::Info, "y");
 }
 
@@ -138,27 +170,48 @@ fn program_size_rules() {
     assert!(!rules(&big(1000)).iter().any(|r| r.0 == "weights-size"));
 
     let p = common::conv1x1(Dialect::a()).unwrap();
-    let cfg = LintConfig { layers: Some(25), ..Default::default() };
-    assert!(lint_with(&p, &cfg).iter().any(|f| f.rule == "too-many-layers"));
+    let cfg = LintConfig {
+        layers: Some(25),
+        ..Default::default()
+    };
+    assert!(lint_with(&p, &cfg)
+        .iter()
+        .any(|f| f.rule == "too-many-layers"));
     assert!(!lint(&p).iter().any(|f| f.rule == "too-many-layers"));
 }
 
 #[test]
 fn state_and_weight_rules() {
     let mut f = FunctionBuilder::new("main", Opset::Ios18);
-    let s = f.state_input("cache", TensorType::fp16([1, 64, 1, 32])).unwrap();
+    let s = f
+        .state_input("cache", TensorType::fp16([1, 64, 1, 32]))
+        .unwrap();
     let x = f.input("x", TensorType::fp16([1, 64, 1, 32])).unwrap();
-    let w = f.weight("w4", TensorType::new(anelm_mil::DType::Int4, [64]), WeightData::int4(&[1; 64]).unwrap()).unwrap();
+    let w = f
+        .weight(
+            "w4",
+            TensorType::new(anelm_mil::DType::Int4, [64]),
+            WeightData::int4(&[1; 64]).unwrap(),
+        )
+        .unwrap();
     let y = f.name_next("y").add(x, x).unwrap();
     f.name_next("u").update_state(s, y).unwrap();
     f.output(y).unwrap();
     f.output(w).unwrap();
     let found = lint(&Program::single(f.finish().unwrap()));
     let has = |rule: &str, sev: Severity, v: &str| {
-        found.iter().any(|f| f.rule == rule && f.severity == sev && f.value.as_deref() == Some(v))
+        found
+            .iter()
+            .any(|f| f.rule == rule && f.severity == sev && f.value.as_deref() == Some(v))
     };
-    assert!(has("output-written-to-state", Severity::Error, "y"), "{found:?}");
-    assert!(has("sub-byte-weights", Severity::Warning, "w4"), "{found:?}");
+    assert!(
+        has("output-written-to-state", Severity::Error, "y"),
+        "{found:?}"
+    );
+    assert!(
+        has("sub-byte-weights", Severity::Warning, "w4"),
+        "{found:?}"
+    );
 }
 
 #[test]
@@ -175,5 +228,8 @@ fn canonical_programs_have_no_errors_or_warnings() {
     assert_eq!(add.iter().filter(|f| f.rule == "cast").count(), 3);
     assert_eq!(add.iter().filter(|f| f.rule == "fp32-io").count(), 2);
     let line = add[0].to_string();
-    assert!(line.starts_with("info[") && line.contains("main/"), "{line}");
+    assert!(
+        line.starts_with("info[") && line.contains("main/"),
+        "{line}"
+    );
 }

@@ -3,7 +3,9 @@
 
 use anelm_mil::blob::{BlobFile, BlobPolicy};
 use anelm_mil::text::{parse_program, print_program, to_artifacts};
-use anelm_mil::{DType, Dialect, FunctionBuilder, Literal, Program, TensorType, ValueId, WeightData};
+use anelm_mil::{
+    DType, Dialect, FunctionBuilder, Literal, Program, TensorType, ValueId, WeightData,
+};
 use half::f16;
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -28,7 +30,8 @@ struct Case {
 
 fn case() -> impl Strategy<Value = Case> {
     let input = (any::<bool>(), prop::collection::vec(1usize..6, 1..=4));
-    let step = (any::<u8>(), any::<usize>(), any::<usize>(), any::<u16>()).prop_map(|(kind, a, b, c)| Step { kind, a, b, c });
+    let step = (any::<u8>(), any::<usize>(), any::<usize>(), any::<u16>())
+        .prop_map(|(kind, a, b, c)| Step { kind, a, b, c });
     (
         any::<bool>(),
         any::<bool>(),
@@ -37,23 +40,42 @@ fn case() -> impl Strategy<Value = Case> {
         prop::collection::vec("[a-z_][a-z0-9_@]{0,6}", 0..6),
         "[ -~\t\n]{0,12}",
     )
-        .prop_map(|(dialect_b, per_tensor, inputs, steps, names, text)| Case { dialect_b, per_tensor, inputs, steps, names, text })
+        .prop_map(|(dialect_b, per_tensor, inputs, steps, names, text)| Case {
+            dialect_b,
+            per_tensor,
+            inputs,
+            steps,
+            names,
+            text,
+        })
 }
 
 /// A finite fp16 from random bits.
 fn finite_f16(bits: u16) -> f32 {
     let v = f16::from_bits(bits);
-    if v.is_nan() { 0.5 } else { v.to_f32() }
+    if v.is_nan() {
+        0.5
+    } else {
+        v.to_f32()
+    }
 }
 
 /// Builds whatever the steps describe; steps the builder rejects are skipped (that is the
 /// builder's type checking at work).
 fn build(case: &Case) -> Program {
-    let dialect = if case.dialect_b { Dialect::b() } else { Dialect::a() };
+    let dialect = if case.dialect_b {
+        Dialect::b()
+    } else {
+        Dialect::a()
+    };
     let mut f = FunctionBuilder::new("main", dialect.proven_opset());
     let mut vals: Vec<ValueId> = Vec::new();
     for (i, (fp32, shape)) in case.inputs.iter().enumerate() {
-        let t = if *fp32 { TensorType::fp32(shape.clone()) } else { TensorType::fp16(shape.clone()) };
+        let t = if *fp32 {
+            TensorType::fp32(shape.clone())
+        } else {
+            TensorType::fp16(shape.clone())
+        };
         vals.push(f.input(&format!("in{i}"), t).unwrap());
     }
     let mut names = case.names.iter();
@@ -68,13 +90,36 @@ fn build(case: &Case) -> Program {
             }
         }
         let r: anelm_mil::Result<Vec<ValueId>> = match s.kind % 16 {
-            0 => f.unary(["relu", "sigmoid", "tanh", "exp", "sqrt", "silu", "identity", "abs"][s.c as usize % 8], x).map(|v| vec![v]),
-            1 => f.binary(["add", "mul", "sub", "maximum", "minimum", "real_div"][s.c as usize % 6], x, y).map(|v| vec![v]),
-            2 => f.binary_scalar(["add", "mul", "pow"][s.b % 3], x, finite_f16(s.c)).map(|v| vec![v]),
+            0 => f
+                .unary(
+                    [
+                        "relu", "sigmoid", "tanh", "exp", "sqrt", "silu", "identity", "abs",
+                    ][s.c as usize % 8],
+                    x,
+                )
+                .map(|v| vec![v]),
+            1 => f
+                .binary(
+                    ["add", "mul", "sub", "maximum", "minimum", "real_div"][s.c as usize % 6],
+                    x,
+                    y,
+                )
+                .map(|v| vec![v]),
+            2 => f
+                .binary_scalar(["add", "mul", "pow"][s.b % 3], x, finite_f16(s.c))
+                .map(|v| vec![v]),
             3 => f.softmax(x, -((s.c % 4) as i32) - 1).map(|v| vec![v]),
             4 => {
-                let axes: Vec<i32> = (0..tx.rank() as i32).filter(|i| s.c & (1 << i) != 0).collect();
-                f.reduce(["reduce_sum", "reduce_max"][s.b % 2], x, &axes, s.c & 0x100 != 0).map(|v| vec![v])
+                let axes: Vec<i32> = (0..tx.rank() as i32)
+                    .filter(|i| s.c & (1 << i) != 0)
+                    .collect();
+                f.reduce(
+                    ["reduce_sum", "reduce_max"][s.b % 2],
+                    x,
+                    &axes,
+                    s.c & 0x100 != 0,
+                )
+                .map(|v| vec![v])
             }
             5 => {
                 let mut perm: Vec<i32> = (0..tx.rank() as i32).collect();
@@ -84,17 +129,35 @@ fn build(case: &Case) -> Program {
             6 => f.reshape(x, &[-1]).map(|v| vec![v]),
             7 => f.concat(&[x, y], (s.c % 4) as i32).map(|v| vec![v]),
             8 => {
-                let size: Vec<i32> = tx.shape.iter().map(|&d| ((s.c as usize % d) + 1) as i32).collect();
-                f.slice_by_size(x, &vec![0; tx.rank()], &size).map(|v| vec![v])
+                let size: Vec<i32> = tx
+                    .shape
+                    .iter()
+                    .map(|&d| ((s.c as usize % d) + 1) as i32)
+                    .collect();
+                f.slice_by_size(x, &vec![0; tx.rank()], &size)
+                    .map(|v| vec![v])
             }
-            9 => f.cast(x, if tx.dtype == DType::Fp16 { DType::Fp32 } else { DType::Fp16 }).map(|v| vec![v]),
+            9 => f
+                .cast(
+                    x,
+                    if tx.dtype == DType::Fp16 {
+                        DType::Fp32
+                    } else {
+                        DType::Fp16
+                    },
+                )
+                .map(|v| vec![v]),
             10 => f.matmul(x, y, s.c & 1 != 0, s.c & 2 != 0).map(|v| vec![v]),
             11 if tx.rank() == 4 && tx.dtype == DType::Fp16 => {
                 let cout = 1 + s.c as usize % 5;
-                let w: Vec<f32> = (0..cout * tx.shape[1]).map(|i| finite_f16(s.c.wrapping_add(i as u16))).collect();
+                let w: Vec<f32> = (0..cout * tx.shape[1])
+                    .map(|i| finite_f16(s.c.wrapping_add(i as u16)))
+                    .collect();
                 let data = Arc::new(WeightData::f16_from_f32(&w));
                 let name = format!("w{}", vals.len());
-                f.weight(&name, TensorType::fp16([cout, tx.shape[1], 1, 1]), data).and_then(|w| f.conv1x1(x, w)).map(|v| vec![v])
+                f.weight(&name, TensorType::fp16([cout, tx.shape[1], 1, 1]), data)
+                    .and_then(|w| f.conv1x1(x, w))
+                    .map(|v| vec![v])
             }
             12 => f.expand_dims(x, &[(s.c % 3) as i32]).map(|v| vec![v]),
             13 => f.split(x, (s.c % 4) as i32, 1 + (s.b % 3) as i32),
@@ -102,7 +165,13 @@ fn build(case: &Case) -> Program {
                 let cond = f.greater(x, y);
                 cond.and_then(|c| f.select(c, x, y)).map(|v| vec![v])
             }
-            _ => f.slice_by_index(x, &vec![0; tx.rank()], &tx.shape.iter().map(|&d| d as i32).collect::<Vec<_>>()).map(|v| vec![v]),
+            _ => f
+                .slice_by_index(
+                    x,
+                    &vec![0; tx.rank()],
+                    &tx.shape.iter().map(|&d| d as i32).collect::<Vec<_>>(),
+                )
+                .map(|v| vec![v]),
         };
         if let Ok(new) = r {
             vals.extend(new);

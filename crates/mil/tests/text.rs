@@ -13,8 +13,12 @@ fn check_golden(name: &str, text: &str) {
     if std::env::var_os("ANELM_BLESS").is_some() {
         std::fs::write(&path, text).unwrap();
     }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with ANELM_BLESS=1 to create it)", path.display()));
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with ANELM_BLESS=1 to create it)",
+            path.display()
+        )
+    });
     assert_eq!(text, want, "{name} differs from its golden file");
 }
 
@@ -55,10 +59,15 @@ fn set_dialect_retargets_a_built_program() {
     p.set_dialect(Dialect::b()).unwrap();
     let want = common::swiglu_ffn(Dialect::b(), 64, 128, 64).unwrap();
     let policy = BlobPolicy::default();
-    assert_eq!(to_artifacts(&p, &policy).unwrap().text, to_artifacts(&want, &policy).unwrap().text);
+    assert_eq!(
+        to_artifacts(&p, &policy).unwrap().text,
+        to_artifacts(&want, &policy).unwrap().text
+    );
 
     let mut f = anelm_mil::FunctionBuilder::new("main", anelm_mil::Opset::Ios18);
-    let s = f.state_input("s", anelm_mil::TensorType::fp16([1, 4])).unwrap();
+    let s = f
+        .state_input("s", anelm_mil::TensorType::fp16([1, 4]))
+        .unwrap();
     let r = f.read_state(s).unwrap();
     f.output(r).unwrap();
     let mut stateful = Program::single(f.finish().unwrap());
@@ -72,17 +81,34 @@ fn set_dialect_retargets_a_built_program() {
 fn per_tensor_policy_references_offset_64_in_separate_files() {
     let p = common::swiglu_ffn(Dialect::a(), 64, 128, 64).unwrap();
     let art = to_artifacts(&p, &BlobPolicy::PerTensor).unwrap();
-    let files: Vec<&str> = art.layout.files().iter().map(|f| f.relative_path.as_str()).collect();
-    assert_eq!(files, ["weights/w_gate.bin", "weights/w_up.bin", "weights/w_down.bin"]);
+    let files: Vec<&str> = art
+        .layout
+        .files()
+        .iter()
+        .map(|f| f.relative_path.as_str())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "weights/w_gate.bin",
+            "weights/w_up.bin",
+            "weights/w_down.bin"
+        ]
+    );
     for f in ["w_gate", "w_up", "w_down"] {
-        let r = format!("BLOBFILE(path = string(\"@model_path/weights/{f}.bin\"), offset = uint64(64))");
+        let r = format!(
+            "BLOBFILE(path = string(\"@model_path/weights/{f}.bin\"), offset = uint64(64))"
+        );
         assert!(art.text.contains(&r), "{r}");
     }
     fixed_point(&art.text);
     let single = to_artifacts(&p, &BlobPolicy::default()).unwrap();
     // w_gate, w_up: 128*64*2 = 16384 bytes each -> metadata at 64, 16512, 32960.
     for off in [64, 16512, 32960] {
-        assert!(single.text.contains(&format!("offset = uint64({off})")), "offset {off}");
+        assert!(
+            single.text.contains(&format!("offset = uint64({off})")),
+            "offset {off}"
+        );
     }
 }
 
@@ -92,11 +118,22 @@ fn directory_round_trip_loads_weights_back() {
     let p = common::swiglu_ffn(Dialect::b(), 64, 128, 64).unwrap();
     let art = anelm_mil::text::write_model_dir(&p, dir.path(), &BlobPolicy::default()).unwrap();
     let back = anelm_mil::text::read_model_dir(dir.path()).unwrap();
-    let orig: Vec<_> = p.weights().into_iter().map(|w| w.as_ref().clone()).collect();
-    let read: Vec<_> = back.weights().into_iter().map(|w| w.as_ref().clone()).collect();
+    let orig: Vec<_> = p
+        .weights()
+        .into_iter()
+        .map(|w| w.as_ref().clone())
+        .collect();
+    let read: Vec<_> = back
+        .weights()
+        .into_iter()
+        .map(|w| w.as_ref().clone())
+        .collect();
     assert_eq!(orig, read);
     // Re-planning the loaded program reproduces the same text.
-    assert_eq!(to_artifacts(&back, &BlobPolicy::default()).unwrap().text, art.text);
+    assert_eq!(
+        to_artifacts(&back, &BlobPolicy::default()).unwrap().text,
+        art.text
+    );
 }
 
 /// Statements as public projects write them (FACTS §1): MAD-style dialect A without name
@@ -143,7 +180,9 @@ fn parses_mad_style_text_and_reaches_a_fixed_point() {
     assert_eq!(w0.attributes.len(), 4);
     let printed = print_program(&p, &Default::default()).unwrap();
     assert!(printed.contains("        tensor<fp16, [1, 64, 1, 32]> sq = mul(x = x, y = x);\n"));
-    assert!(printed.contains("fp16 nhalf = const()[name = string(\"nhalf\"), val = fp16(-0.500000)];"));
+    assert!(
+        printed.contains("fp16 nhalf = const()[name = string(\"nhalf\"), val = fp16(-0.500000)];")
+    );
     fixed_point(&printed);
 }
 
@@ -178,10 +217,17 @@ fn parses_dialect_b_multi_function_bank() {
     assert_eq!(p.functions[1].name, "procedure001");
     let f = &p.functions[1];
     let w = f.producer(f.find("w").unwrap()).unwrap();
-    assert_eq!(w.inputs.len(), 2, "BLOBFILE literals passed inline as arguments");
+    assert_eq!(
+        w.inputs.len(),
+        2,
+        "BLOBFILE literals passed inline as arguments"
+    );
     let printed = print_program(&p, &Default::default()).unwrap();
     assert!(printed.starts_with(HEADER_B));
-    assert!(printed.contains("transpose_x = tensor<bool, []>(false)"), "inline literal kept inline");
+    assert!(
+        printed.contains("transpose_x = tensor<bool, []>(false)"),
+        "inline literal kept inline"
+    );
     fixed_point(&printed);
 }
 
@@ -194,7 +240,9 @@ fn parse_err(src: &str) -> (usize, usize, String) {
 
 #[test]
 fn errors_name_line_and_column() {
-    let body = |stmt: &str| format!("program(1.3)\n{{\n    func main<ios18>(tensor<fp16, [1, 4]> x) {{\n{stmt}\n    }} -> (y);\n}}\n");
+    let body = |stmt: &str| {
+        format!("program(1.3)\n{{\n    func main<ios18>(tensor<fp16, [1, 4]> x) {{\n{stmt}\n    }} -> (y);\n}}\n")
+    };
     let (l, c, m) = parse_err(&body("        tensor<fp16, [1, 5]> y = relu(x = x);"));
     assert_eq!((l, c), (4, 9));
     assert!(m.contains("declared type") && m.contains("[1, 4]"), "{m}");
@@ -206,13 +254,21 @@ fn errors_name_line_and_column() {
     assert!(m.contains("expected `;`"), "{m}");
     let (_, _, m) = parse_err(&body("        tensor<fp16, [1, 4]> x = relu(x = x);"));
     assert!(m.contains("already defined"), "{m}");
-    let (l, c, m) = parse_err(&body("        tensor<fp16, [4294967296, 4294967296, 65536]> y = relu(x = x);"));
+    let (l, c, m) = parse_err(&body(
+        "        tensor<fp16, [4294967296, 4294967296, 65536]> y = relu(x = x);",
+    ));
     assert_eq!((l, c), (4, 9));
-    assert!(m.contains("2^48"), "absurd shapes are errors, not overflows: {m}");
+    assert!(
+        m.contains("2^48"),
+        "absurd shapes are errors, not overflows: {m}"
+    );
     let (_, _, m) = parse_err("program(1.3)\n{\n    func main<ios99>() {\n    } -> ();\n}\n");
     assert!(m.contains("ios99"), "{m}");
     let (_, _, m) = parse_err(&body("        tensor<fp16, [1, 4]> y = frobnicate(x = x);\n        tensor<fp16, [1, 4]> q = relu(x = y, alpha = x);"));
-    assert!(m.contains("unknown parameter alpha"), "unknown ops pass, bad params on known ones fail: {m}");
+    assert!(
+        m.contains("unknown parameter alpha"),
+        "unknown ops pass, bad params on known ones fail: {m}"
+    );
 }
 
 #[test]
@@ -221,7 +277,10 @@ fn unknown_ops_keep_their_declared_types() {
     let p = parse_program(src).unwrap();
     assert_eq!(p.build_info, vec![]);
     let printed = print_program(&p, &Default::default()).unwrap();
-    assert_eq!(printed, src, "no buildInfo, CoreML8 tag and unknown op all preserved");
+    assert_eq!(
+        printed, src,
+        "no buildInfo, CoreML8 tag and unknown op all preserved"
+    );
 }
 
 mod never_panics {

@@ -12,7 +12,9 @@ pub const WEIGHTS_DIR: &str = "weights";
 /// packages, which the compiled-program cache relies on). Version-4 / RFC 4122 variant bits set.
 fn identifier(seed: &[u8], salt: u64) -> String {
     let fnv = |basis: u64| {
-        seed.iter().fold(basis ^ salt, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+        seed.iter().fold(basis ^ salt, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        })
     };
     let hi = fnv(0xcbf2_9ce4_8422_2325);
     let lo = fnv(0x8422_2325_cbf2_9ce4).rotate_left(29) ^ hi.rotate_right(17);
@@ -22,7 +24,14 @@ fn identifier(seed: &[u8], salt: u64) -> String {
     b[6] = (b[6] & 0x0F) | 0x40;
     b[8] = (b[8] & 0x3F) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02X}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// The manifest for a package whose model bytes are `model` (and a weights dir if `weights`).
@@ -56,15 +65,27 @@ pub fn read_manifest(path: &Path) -> Result<ManifestItems> {
     let fail = |msg: String| MilError::format(path, msg);
     let text = std::fs::read_to_string(path).map_err(|e| MilError::io(path, e))?;
     let m: Value = serde_json::from_str(&text).map_err(|e| fail(format!("not JSON: {e}")))?;
-    let version = m["fileFormatVersion"].as_str().ok_or_else(|| fail("no fileFormatVersion".into()))?;
-    let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap_or(u32::MAX)).collect();
+    let version = m["fileFormatVersion"]
+        .as_str()
+        .ok_or_else(|| fail("no fileFormatVersion".into()))?;
+    let parts: Vec<u32> = version
+        .split('.')
+        .map(|p| p.parse().unwrap_or(u32::MAX))
+        .collect();
     if parts.len() != 3 || parts > vec![1, 0, 0] {
         return Err(fail(format!("unsupported fileFormatVersion {version}")));
     }
-    let entries = m["itemInfoEntries"].as_object().ok_or_else(|| fail("no itemInfoEntries".into()))?;
-    let root = m["rootModelIdentifier"].as_str().ok_or_else(|| fail("no rootModelIdentifier".into()))?;
+    let entries = m["itemInfoEntries"]
+        .as_object()
+        .ok_or_else(|| fail("no itemInfoEntries".into()))?;
+    let root = m["rootModelIdentifier"]
+        .as_str()
+        .ok_or_else(|| fail("no rootModelIdentifier".into()))?;
     let path_of = |e: &Value| e["path"].as_str().map(str::to_string);
-    let model = entries.get(root).and_then(path_of).ok_or_else(|| fail(format!("root item {root} has no path")))?;
+    let model = entries
+        .get(root)
+        .and_then(path_of)
+        .ok_or_else(|| fail(format!("root item {root} has no path")))?;
     let weights = entries
         .values()
         .find(|e| e["name"] == WEIGHTS_DIR && e["author"] == AUTHOR)

@@ -29,7 +29,12 @@ use std::path::Path;
 
 /// Writes `program` as a `.mlpackage` directory at `path` (replacing nothing: `path` must not
 /// exist yet). Weights go to `Data/com.apple.CoreML/weights/` per `policy`.
-pub fn write_package(program: &Program, path: &Path, opts: &PackageOptions, policy: &BlobPolicy) -> Result<()> {
+pub fn write_package(
+    program: &Program,
+    path: &Path,
+    opts: &PackageOptions,
+    policy: &BlobPolicy,
+) -> Result<()> {
     if path.exists() {
         return Err(MilError::format(path, "already exists"));
     }
@@ -54,10 +59,18 @@ pub fn write_package(program: &Program, path: &Path, opts: &PackageOptions, poli
 
 /// The first `BLOBFILE` reference whose data is not in memory (a package must carry its weights).
 fn unloaded_blob(program: &Program) -> Option<(String, u64)> {
-    program.functions.iter().flat_map(|f| f.ops()).flat_map(|op| op.literals()).find_map(|l| match l {
-        Literal::Blob { source: BlobSource::File { path, offset }, .. } => Some((path.clone(), *offset)),
-        _ => None,
-    })
+    program
+        .functions
+        .iter()
+        .flat_map(|f| f.ops())
+        .flat_map(|op| op.literals())
+        .find_map(|l| match l {
+            Literal::Blob {
+                source: BlobSource::File { path, offset },
+                ..
+            } => Some((path.clone(), *offset)),
+            _ => None,
+        })
 }
 
 /// Reads a `.mlpackage` written by [`write_package`] (or within its subset) back into a
@@ -77,7 +90,10 @@ pub fn read_package(path: &Path) -> Result<Program> {
     if let Some(w) = &items.weights {
         let expected = path.join("Data").join(w);
         if expected != model_dir.join("weights") {
-            return Err(MilError::format(path, format!("weights item at Data/{w}, expected beside the model")));
+            return Err(MilError::format(
+                path,
+                format!("weights item at Data/{w}, expected beside the model"),
+            ));
         }
     }
     load_blobs(&mut program, model_dir)?;

@@ -372,7 +372,9 @@ mod tests {
                     data_type: 10,
                     rank: 1,
                     dimensions: vec![Dimension {
-                        dimension: Some(dimension::Dimension::Constant(ConstantDimension { size: 16 })),
+                        dimension: Some(dimension::Dimension::Constant(ConstantDimension {
+                            size: 16,
+                        })),
                     }],
                 })),
             }),
@@ -381,7 +383,9 @@ mod tests {
                 offset: 64,
             })),
         };
-        let mut want = vec![0x12, 0x0c, 0x0a, 0x0a, 0x08, 0x0a, 0x10, 0x01, 0x1a, 0x04, 0x0a, 0x02, 0x08, 0x10];
+        let mut want = vec![
+            0x12, 0x0c, 0x0a, 0x0a, 0x08, 0x0a, 0x10, 0x01, 0x1a, 0x04, 0x0a, 0x02, 0x08, 0x10,
+        ];
         want.extend_from_slice(&[0x2a, 0x22, 0x0a, 0x1e]);
         want.extend_from_slice(b"@model_path/weights/weight.bin");
         want.extend_from_slice(&[0x10, 0x40]);

@@ -7,7 +7,7 @@ use super::proto as pb;
 use crate::blob::{blob_location, BlobLayout};
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
-use crate::ir::{Argument, Binding, Function, Opset, Operation, Program};
+use crate::ir::{Argument, Binding, Function, Operation, Opset, Program};
 use crate::literal::{Elements, Literal};
 use crate::types::{TensorType, ValueType};
 use std::collections::BTreeMap;
@@ -32,7 +32,9 @@ pub(crate) fn tensor_type(t: &TensorType) -> pb::TensorType {
             .shape
             .iter()
             .map(|&d| pb::Dimension {
-                dimension: Some(pb::dimension::Dimension::Constant(pb::ConstantDimension { size: d as u64 })),
+                dimension: Some(pb::dimension::Dimension::Constant(pb::ConstantDimension {
+                    size: d as u64,
+                })),
             })
             .collect(),
     }
@@ -42,14 +44,21 @@ fn value_type(t: &ValueType) -> pb::ValueType {
     let inner = match t {
         ValueType::Tensor(t) => pb::value_type::Type::TensorType(tensor_type(t)),
         ValueType::State(t) => pb::value_type::Type::StateType(Box::new(pb::StateType {
-            wrapped_type: Some(Box::new(pb::ValueType { r#type: Some(pb::value_type::Type::TensorType(tensor_type(t))) })),
+            wrapped_type: Some(Box::new(pb::ValueType {
+                r#type: Some(pb::value_type::Type::TensorType(tensor_type(t))),
+            })),
         })),
     };
-    pb::ValueType { r#type: Some(inner) }
+    pb::ValueType {
+        r#type: Some(inner),
+    }
 }
 
 fn named(name: &str, t: &ValueType) -> pb::NamedValueType {
-    pb::NamedValueType { name: name.to_string(), r#type: Some(value_type(t)) }
+    pb::NamedValueType {
+        name: name.to_string(),
+        r#type: Some(value_type(t)),
+    }
 }
 
 fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
@@ -64,10 +73,16 @@ fn tensor_value(e: &Elements) -> pb::TensorValue {
         Elements::F32(v) => V::Floats(pb::RepeatedFloats { values: v.clone() }),
         Elements::F64(v) => V::Doubles(pb::RepeatedDoubles { values: v.clone() }),
         Elements::I32(v) => V::Ints(pb::RepeatedInts { values: v.clone() }),
-        Elements::I16(v) => V::Ints(pb::RepeatedInts { values: v.iter().map(|&x| x as i32).collect() }),
-        Elements::U16(v) => V::Ints(pb::RepeatedInts { values: v.iter().map(|&x| x as i32).collect() }),
+        Elements::I16(v) => V::Ints(pb::RepeatedInts {
+            values: v.iter().map(|&x| x as i32).collect(),
+        }),
+        Elements::U16(v) => V::Ints(pb::RepeatedInts {
+            values: v.iter().map(|&x| x as i32).collect(),
+        }),
         Elements::I64(v) => V::LongInts(pb::RepeatedLongInts { values: v.clone() }),
-        Elements::U64(v) => V::LongInts(pb::RepeatedLongInts { values: v.iter().map(|&x| x as i64).collect() }),
+        Elements::U64(v) => V::LongInts(pb::RepeatedLongInts {
+            values: v.iter().map(|&x| x as i64).collect(),
+        }),
         Elements::Bool(v) => V::Bools(pb::RepeatedBools { values: v.clone() }),
         Elements::Str(v) => V::Strings(pb::RepeatedStrings { values: v.clone() }),
         Elements::F16(v) => bytes(le_bytes(v, |x| x.to_le_bytes())),
@@ -81,15 +96,19 @@ fn tensor_value(e: &Elements) -> pb::TensorValue {
 fn value(l: &Literal, layout: &BlobLayout) -> Result<pb::Value> {
     let ty = Some(value_type(&ValueType::Tensor(l.ty().clone())));
     let v = match l {
-        Literal::Immediate { data, .. } => {
-            pb::value::Value::ImmediateValue(pb::ImmediateValue { tensor: Some(tensor_value(data)) })
-        }
+        Literal::Immediate { data, .. } => pb::value::Value::ImmediateValue(pb::ImmediateValue {
+            tensor: Some(tensor_value(data)),
+        }),
         Literal::Blob { .. } => {
             let (file_name, offset) = blob_location(l, layout)?;
             pb::value::Value::BlobFileValue(pb::BlobFileValue { file_name, offset })
         }
     };
-    Ok(pb::Value { doc_string: String::new(), r#type: ty, value: Some(v) })
+    Ok(pb::Value {
+        doc_string: String::new(),
+        r#type: ty,
+        value: Some(v),
+    })
 }
 
 fn name_attr(name: &str) -> BTreeMap<String, pb::Value> {
@@ -103,7 +122,12 @@ fn name_attr(name: &str) -> BTreeMap<String, pb::Value> {
 }
 
 fn op_name(f: &Function, op: &Operation) -> String {
-    op.name.clone().unwrap_or_else(|| op.outputs.first().map(|&o| f.name_of(o).to_string()).unwrap_or_default())
+    op.name.clone().unwrap_or_else(|| {
+        op.outputs
+            .first()
+            .map(|&o| f.name_of(o).to_string())
+            .unwrap_or_default()
+    })
 }
 
 fn name_binding(f: &Function, b: &Binding, layout: &BlobLayout) -> Result<pb::Binding> {
@@ -111,22 +135,39 @@ fn name_binding(f: &Function, b: &Binding, layout: &BlobLayout) -> Result<pb::Bi
         Binding::Value(id) => pb::binding::Binding::Name(f.name_of(*id).to_string()),
         Binding::Literal(l) => pb::binding::Binding::Value(value(l, layout)?),
     };
-    Ok(pb::Binding { binding: Some(inner) })
+    Ok(pb::Binding {
+        binding: Some(inner),
+    })
 }
 
 fn operations(f: &Function, op: &Operation, layout: &BlobLayout) -> Result<Vec<pb::Operation>> {
-    let outputs: Vec<pb::NamedValueType> = op.outputs.iter().map(|&o| named(f.name_of(o), f.type_of(o))).collect();
+    let outputs: Vec<pb::NamedValueType> = op
+        .outputs
+        .iter()
+        .map(|&o| named(f.name_of(o), f.type_of(o)))
+        .collect();
     let name = op_name(f, op);
     let mut attributes = name_attr(&name);
     let mut inputs = BTreeMap::new();
     if op.op_type == "coreml_update_state" {
         let arg = |p: &str| -> Result<pb::Argument> {
-            let a = op.input(p).ok_or_else(|| MilError::invalid(format!("{name}: missing {p}")))?;
-            Ok(pb::Argument { arguments: a.bindings().iter().map(|b| name_binding(f, b, layout)).collect::<Result<_>>()? })
+            let a = op
+                .input(p)
+                .ok_or_else(|| MilError::invalid(format!("{name}: missing {p}")))?;
+            Ok(pb::Argument {
+                arguments: a
+                    .bindings()
+                    .iter()
+                    .map(|b| name_binding(f, b, layout))
+                    .collect::<Result<_>>()?,
+            })
         };
         let write = pb::Operation {
             r#type: "write_state".into(),
-            inputs: BTreeMap::from([("input".to_string(), arg("state")?), ("data".to_string(), arg("value")?)]),
+            inputs: BTreeMap::from([
+                ("input".to_string(), arg("state")?),
+                ("data".to_string(), arg("value")?),
+            ]),
             outputs: Vec::new(),
             blocks: Vec::new(),
             attributes: name_attr(&format!("{name}_write_state")),
@@ -156,33 +197,57 @@ fn operations(f: &Function, op: &Operation, layout: &BlobLayout) -> Result<Vec<p
             let lit = match a {
                 Argument::Single(Binding::Literal(l)) => l,
                 Argument::Single(Binding::Value(id)) => f.const_value(*id).ok_or_else(|| {
-                    MilError::invalid(format!("{name}: operand {k} of a constexpr op must be a constant"))
+                    MilError::invalid(format!(
+                        "{name}: operand {k} of a constexpr op must be a constant"
+                    ))
                 })?,
-                Argument::Tuple(_) => return Err(MilError::invalid(format!("{name}: tuple operand {k}"))),
+                Argument::Tuple(_) => {
+                    return Err(MilError::invalid(format!("{name}: tuple operand {k}")))
+                }
             };
             attributes.insert(k.clone(), value(lit, layout)?);
             continue;
         }
-        let arguments = a.bindings().iter().map(|b| name_binding(f, b, layout)).collect::<Result<_>>()?;
+        let arguments = a
+            .bindings()
+            .iter()
+            .map(|b| name_binding(f, b, layout))
+            .collect::<Result<_>>()?;
         inputs.insert(k.clone(), pb::Argument { arguments });
     }
-    Ok(vec![pb::Operation { r#type: op.op_type.clone(), inputs, outputs, blocks: Vec::new(), attributes }])
+    Ok(vec![pb::Operation {
+        r#type: op.op_type.clone(),
+        inputs,
+        outputs,
+        blocks: Vec::new(),
+        attributes,
+    }])
 }
 
 fn function(f: &Function, layout: &BlobLayout) -> Result<pb::Function> {
     let opset = f.opset.coreml_name().to_string();
     let mut ops = Vec::with_capacity(f.ops().len());
     for op in f.ops() {
-        ops.extend(operations(f, op, layout).map_err(|e| e.context(format!("function {}", f.name)))?);
+        ops.extend(
+            operations(f, op, layout).map_err(|e| e.context(format!("function {}", f.name)))?,
+        );
     }
     let block = pb::Block {
         inputs: Vec::new(),
-        outputs: f.outputs().iter().map(|&o| f.name_of(o).to_string()).collect(),
+        outputs: f
+            .outputs()
+            .iter()
+            .map(|&o| f.name_of(o).to_string())
+            .collect(),
         operations: ops,
         attributes: BTreeMap::new(),
     };
     Ok(pb::Function {
-        inputs: f.inputs().iter().map(|&i| named(f.name_of(i), f.type_of(i))).collect(),
+        inputs: f
+            .inputs()
+            .iter()
+            .map(|&i| named(f.name_of(i), f.type_of(i)))
+            .collect(),
         opset: opset.clone(),
         block_specializations: BTreeMap::from([(opset, block)]),
         attributes: BTreeMap::new(),
@@ -197,27 +262,40 @@ fn array_type(t: &TensorType, what: &str) -> Result<pb::ArrayFeatureType> {
         DType::Fp64 => a::DOUBLE,
         DType::Int32 => a::INT32,
         DType::Int8 => a::INT8,
-        d => return Err(MilError::invalid(format!("{what}: Core ML multiarrays cannot be {d}"))),
+        d => {
+            return Err(MilError::invalid(format!(
+                "{what}: Core ML multiarrays cannot be {d}"
+            )))
+        }
     };
-    Ok(pb::ArrayFeatureType { shape: t.shape.iter().map(|&d| d as i64).collect(), data_type })
+    Ok(pb::ArrayFeatureType {
+        shape: t.shape.iter().map(|&d| d as i64).collect(),
+        data_type,
+    })
 }
 
 fn feature(name: &str, t: &ValueType) -> Result<pb::FeatureDescription> {
     let ty = match t {
         ValueType::Tensor(t) => pb::feature_type::Type::MultiArrayType(array_type(t, name)?),
-        ValueType::State(t) => {
-            pb::feature_type::Type::StateType(pb::StateFeatureType { array_type: Some(array_type(t, name)?) })
-        }
+        ValueType::State(t) => pb::feature_type::Type::StateType(pb::StateFeatureType {
+            array_type: Some(array_type(t, name)?),
+        }),
     };
     Ok(pb::FeatureDescription {
         name: name.to_string(),
         short_description: String::new(),
-        r#type: Some(pb::FeatureType { r#type: Some(ty), is_optional: false }),
+        r#type: Some(pb::FeatureType {
+            r#type: Some(ty),
+            is_optional: false,
+        }),
     })
 }
 
 fn describe(f: &Function) -> Result<pb::FunctionDescription> {
-    let mut d = pb::FunctionDescription { name: f.name.clone(), ..Default::default() };
+    let mut d = pb::FunctionDescription {
+        name: f.name.clone(),
+        ..Default::default()
+    };
     for &i in f.inputs() {
         let fd = feature(f.name_of(i), f.type_of(i))?;
         if f.type_of(i).is_state() {
@@ -233,24 +311,45 @@ fn describe(f: &Function) -> Result<pb::FunctionDescription> {
 }
 
 /// Builds the model protobuf; blob-backed consts reference `layout`.
-pub fn model_proto(program: &Program, layout: &BlobLayout, opts: &PackageOptions) -> Result<pb::Model> {
-    let first = program.functions.first().ok_or_else(|| MilError::invalid("program has no functions"))?;
+pub fn model_proto(
+    program: &Program,
+    layout: &BlobLayout,
+    opts: &PackageOptions,
+) -> Result<pb::Model> {
+    let first = program
+        .functions
+        .first()
+        .ok_or_else(|| MilError::invalid("program has no functions"))?;
     let multi = opts.force_multifunction || program.functions.len() > 1 || first.name != "main";
-    let stateful = program.functions.iter().any(|f| f.inputs().iter().any(|&i| f.type_of(i).is_state()));
-    let mut needed = program.functions.iter().map(|f| f.opset.spec_version()).max().unwrap_or(7).max(7);
+    let stateful = program
+        .functions
+        .iter()
+        .any(|f| f.inputs().iter().any(|&i| f.type_of(i).is_state()));
+    let mut needed = program
+        .functions
+        .iter()
+        .map(|f| f.opset.spec_version())
+        .max()
+        .unwrap_or(7)
+        .max(7);
     if multi || stateful {
         needed = needed.max(9);
     }
     // INT8 multiarray I/O arrived with iOS26 (COREML.md §3, ArrayDataType INT8 spec >= 10).
     let int8_io = program.functions.iter().any(|f| {
-        f.inputs().iter().chain(f.outputs()).any(|&v| !f.type_of(v).is_state() && f.type_of(v).tensor().dtype == DType::Int8)
+        f.inputs()
+            .iter()
+            .chain(f.outputs())
+            .any(|&v| !f.type_of(v).is_state() && f.type_of(v).tensor().dtype == DType::Int8)
     });
     if int8_io {
         needed = needed.max(10);
     }
     let spec = opts.spec_version.unwrap_or(needed);
     if spec < needed {
-        return Err(MilError::invalid(format!("specificationVersion {spec} is too old; this program needs {needed}")));
+        return Err(MilError::invalid(format!(
+            "specificationVersion {spec} is too old; this program needs {needed}"
+        )));
     }
     let mut functions = BTreeMap::new();
     for f in &program.functions {
@@ -261,9 +360,14 @@ pub fn model_proto(program: &Program, layout: &BlobLayout, opts: &PackageOptions
         for f in &program.functions {
             description.functions.push(describe(f)?);
         }
-        let default = opts.default_function.clone().unwrap_or_else(|| first.name.clone());
+        let default = opts
+            .default_function
+            .clone()
+            .unwrap_or_else(|| first.name.clone());
         if program.function(&default).is_none() {
-            return Err(MilError::invalid(format!("default function {default} is not in the program")));
+            return Err(MilError::invalid(format!(
+                "default function {default} is not in the program"
+            )));
         }
         description.default_function_name = default;
     } else {
@@ -275,6 +379,11 @@ pub fn model_proto(program: &Program, layout: &BlobLayout, opts: &PackageOptions
     Ok(pb::Model {
         specification_version: spec,
         description: Some(description),
-        ml_program: Some(pb::Program { version: 1, functions, doc_string: String::new(), attributes: BTreeMap::new() }),
+        ml_program: Some(pb::Program {
+            version: 1,
+            functions,
+            doc_string: String::new(),
+            attributes: BTreeMap::new(),
+        }),
     })
 }

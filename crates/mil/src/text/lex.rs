@@ -54,16 +54,35 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>> {
             advance(&mut i, &mut line, &mut col, 2);
             Tok::Arrow
         } else if c.is_ascii_alphabetic() || c == '_' {
-            let n = chars[i..].iter().take_while(|ch| ch.is_ascii_alphanumeric() || **ch == '_' || **ch == '@').count();
+            let n = chars[i..]
+                .iter()
+                .take_while(|ch| ch.is_ascii_alphanumeric() || **ch == '_' || **ch == '@')
+                .count();
             let s: String = chars[i..i + n].iter().collect();
             advance(&mut i, &mut line, &mut col, n);
             Tok::Ident(s)
-        } else if c.is_ascii_digit() || c == '.' || ((c == '-' || c == '+') && chars.get(i + 1).is_some_and(|d| d.is_ascii_alphanumeric() || *d == '.')) {
+        } else if c.is_ascii_digit()
+            || c == '.'
+            || ((c == '-' || c == '+')
+                && chars
+                    .get(i + 1)
+                    .is_some_and(|d| d.is_ascii_alphanumeric() || *d == '.'))
+        {
             let mut n = 1;
-            let hex = chars[i..].iter().skip_while(|c| **c == '-' || **c == '+').take(2).collect::<String>().eq_ignore_ascii_case("0x");
+            let hex = chars[i..]
+                .iter()
+                .skip_while(|c| **c == '-' || **c == '+')
+                .take(2)
+                .collect::<String>()
+                .eq_ignore_ascii_case("0x");
             while let Some(&d) = chars.get(i + n) {
                 let prev = chars[i + n - 1];
-                let exp_sign = (d == '-' || d == '+') && (if hex { matches!(prev, 'p' | 'P') } else { matches!(prev, 'e' | 'E') });
+                let exp_sign = (d == '-' || d == '+')
+                    && (if hex {
+                        matches!(prev, 'p' | 'P')
+                    } else {
+                        matches!(prev, 'e' | 'E')
+                    });
                 if d.is_ascii_alphanumeric() || d == '.' || exp_sign {
                     n += 1;
                 } else {
@@ -81,7 +100,9 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>> {
                     None | Some('\n') => return Err(err(tl, tc, "unterminated string".into())),
                     Some('"') => break,
                     Some('\\') => {
-                        let esc = chars.get(i + n + 1).ok_or_else(|| err(tl, tc, "unterminated string".into()))?;
+                        let esc = chars
+                            .get(i + n + 1)
+                            .ok_or_else(|| err(tl, tc, "unterminated string".into()))?;
                         s.push(match esc {
                             'n' => '\n',
                             't' => '\t',
@@ -103,9 +124,17 @@ pub fn tokenize(src: &str) -> Result<Vec<Token>> {
         } else {
             return Err(err(tl, tc, format!("unexpected character {c:?}")));
         };
-        out.push(Token { tok, line: tl, col: tc });
+        out.push(Token {
+            tok,
+            line: tl,
+            col: tc,
+        });
     }
-    out.push(Token { tok: Tok::Eof, line, col });
+    out.push(Token {
+        tok: Tok::Eof,
+        line,
+        col,
+    });
     Ok(out)
 }
 

@@ -44,7 +44,9 @@ pub fn read_model_dir(dir: &Path) -> Result<Program> {
     let path = dir.join(MODEL_FILE);
     let src = std::fs::read_to_string(&path).map_err(|e| MilError::io(&path, e))?;
     let mut program = parse_program(&src).map_err(|e| match e {
-        MilError::Parse { line, col, msg } => MilError::format(&path, format!("{line}:{col}: {msg}")),
+        MilError::Parse { line, col, msg } => {
+            MilError::format(&path, format!("{line}:{col}: {msg}"))
+        }
         other => other,
     })?;
     crate::blob::load_blobs(&mut program, dir)?;

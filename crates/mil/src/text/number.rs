@@ -23,7 +23,9 @@ fn fixed(v: f64, same: impl Fn(f64) -> bool) -> String {
 }
 
 pub fn format_f16(v: half::f16) -> String {
-    fixed(v.to_f64(), |p| half::f16::from_f64(p).to_bits() == v.to_bits())
+    fixed(v.to_f64(), |p| {
+        half::f16::from_f64(p).to_bits() == v.to_bits()
+    })
 }
 
 pub fn format_f32(v: f32) -> String {

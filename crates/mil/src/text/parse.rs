@@ -12,7 +12,10 @@ use super::number::parse_float;
 use crate::builder::{FunctionBuilder, Outputs};
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
-use crate::ir::{Argument, Binding, Dialect, Function, Opset, OpsetSpelling, Operation, Program, ScalarSpelling, ValueId};
+use crate::ir::{
+    Argument, Binding, Dialect, Function, Operation, Opset, OpsetSpelling, Program, ScalarSpelling,
+    ValueId,
+};
 use crate::literal::{BlobSource, Elements, Literal};
 use crate::types::{TensorType, ValueType};
 use half::f16;
@@ -21,7 +24,12 @@ use std::collections::HashMap;
 /// Parses MIL text into a [`Program`].
 pub fn parse_program(src: &str) -> Result<Program> {
     let toks = tokenize(src)?;
-    let mut p = Parser { toks, pos: 0, scalars: None, dict: None };
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        scalars: None,
+        dict: None,
+    };
     p.program()
 }
 
@@ -61,7 +69,11 @@ impl Parser {
     }
 
     fn err_at(&self, (line, col): (usize, usize), msg: impl Into<String>) -> MilError {
-        MilError::Parse { line, col, msg: msg.into() }
+        MilError::Parse {
+            line,
+            col,
+            msg: msg.into(),
+        }
     }
 
     fn err(&self, msg: impl Into<String>) -> MilError {
@@ -92,7 +104,10 @@ impl Parser {
             self.next();
             Ok(())
         } else {
-            Err(self.err(format!("expected `{c}`, found {}", Self::describe(self.peek()))))
+            Err(self.err(format!(
+                "expected `{c}`, found {}",
+                Self::describe(self.peek())
+            )))
         }
     }
 
@@ -140,7 +155,12 @@ impl Parser {
         self.expect('(')?;
         let version = match self.next() {
             Tok::Num(v) => v,
-            t => return Err(self.err(format!("expected a program version, found {}", Self::describe(&t)))),
+            t => {
+                return Err(self.err(format!(
+                    "expected a program version, found {}",
+                    Self::describe(&t)
+                )))
+            }
         };
         self.expect(')')?;
         let mut build_info = Vec::new();
@@ -160,9 +180,16 @@ impl Parser {
         }
         self.expect('}')?;
         if *self.peek() != Tok::Eof {
-            return Err(self.err(format!("unexpected {} after the program", Self::describe(self.peek()))));
+            return Err(self.err(format!(
+                "unexpected {} after the program",
+                Self::describe(self.peek())
+            )));
         }
-        let scalars = self.scalars.or(self.dict).unwrap_or(if version == "1.0" { ScalarSpelling::Tensor } else { ScalarSpelling::Short });
+        let scalars = self.scalars.or(self.dict).unwrap_or(if version == "1.0" {
+            ScalarSpelling::Tensor
+        } else {
+            ScalarSpelling::Short
+        });
         let dialect = Dialect {
             version,
             scalars,
@@ -172,7 +199,9 @@ impl Parser {
         let mut program = Program::new(dialect);
         program.build_info = build_info;
         for f in functions {
-            program.add_function(f.function).map_err(|e| self.err_at(f.at, e.to_string()))?;
+            program
+                .add_function(f.function)
+                .map_err(|e| self.err_at(f.at, e.to_string()))?;
         }
         Ok(program)
     }
@@ -185,7 +214,11 @@ impl Parser {
         self.expect(',')?;
         self.parse_type()?;
         self.expect('>')?;
-        self.dict = Some(if k.spelled_as_tensor { ScalarSpelling::Tensor } else { ScalarSpelling::Short });
+        self.dict = Some(if k.spelled_as_tensor {
+            ScalarSpelling::Tensor
+        } else {
+            ScalarSpelling::Short
+        });
         self.expect('(')?;
         self.expect('{')?;
         let mut pairs = Vec::new();
@@ -214,7 +247,8 @@ impl Parser {
             "tensor" => {
                 self.expect('<')?;
                 let d = self.ident()?;
-                let dtype = DType::from_name(&d).ok_or_else(|| self.err_at(at, format!("unknown dtype {d}")))?;
+                let dtype = DType::from_name(&d)
+                    .ok_or_else(|| self.err_at(at, format!("unknown dtype {d}")))?;
                 self.expect(',')?;
                 self.expect('[')?;
                 let mut shape = Vec::new();
@@ -242,27 +276,41 @@ impl Parser {
                 let scalar = shape.is_empty();
                 let t = TensorType::new(dtype, shape);
                 t.check_size().map_err(|e| self.err_at(at, e.to_string()))?;
-                Ok(ParsedType { ty: ValueType::Tensor(t), spelled_as_tensor: scalar })
+                Ok(ParsedType {
+                    ty: ValueType::Tensor(t),
+                    spelled_as_tensor: scalar,
+                })
             }
             "state" => {
                 self.expect('<')?;
                 let inner = self.parse_type()?;
                 self.expect('>')?;
                 match inner.ty {
-                    ValueType::Tensor(t) => Ok(ParsedType { ty: ValueType::State(t), spelled_as_tensor: false }),
+                    ValueType::Tensor(t) => Ok(ParsedType {
+                        ty: ValueType::State(t),
+                        spelled_as_tensor: false,
+                    }),
                     ValueType::State(_) => Err(self.err_at(at, "nested state type")),
                 }
             }
             d => {
-                let dtype = DType::from_name(d).ok_or_else(|| self.err_at(at, format!("unknown type {d}")))?;
-                Ok(ParsedType { ty: ValueType::Tensor(TensorType::scalar(dtype)), spelled_as_tensor: false })
+                let dtype = DType::from_name(d)
+                    .ok_or_else(|| self.err_at(at, format!("unknown type {d}")))?;
+                Ok(ParsedType {
+                    ty: ValueType::Tensor(TensorType::scalar(dtype)),
+                    spelled_as_tensor: false,
+                })
             }
         }
     }
 
     fn note_scalar_spelling(&mut self, t: &ParsedType) {
         if t.ty.tensor().is_scalar() && self.scalars.is_none() {
-            self.scalars = Some(if t.spelled_as_tensor { ScalarSpelling::Tensor } else { ScalarSpelling::Short });
+            self.scalars = Some(if t.spelled_as_tensor {
+                ScalarSpelling::Tensor
+            } else {
+                ScalarSpelling::Short
+            });
         }
     }
 
@@ -274,8 +322,13 @@ impl Parser {
         self.expect('<')?;
         let tag_at = self.here();
         let tag = self.ident()?;
-        let opset = Opset::from_name(&tag).ok_or_else(|| self.err_at(tag_at, format!("unknown deployment target {tag}")))?;
-        let spelling = if tag.starts_with("CoreML") { OpsetSpelling::CoreMl } else { OpsetSpelling::Ios };
+        let opset = Opset::from_name(&tag)
+            .ok_or_else(|| self.err_at(tag_at, format!("unknown deployment target {tag}")))?;
+        let spelling = if tag.starts_with("CoreML") {
+            OpsetSpelling::CoreMl
+        } else {
+            OpsetSpelling::Ios
+        };
         self.expect('>')?;
         let mut b = FunctionBuilder::new(name, opset);
         let mut scope: HashMap<String, ValueId> = HashMap::new();
@@ -286,7 +339,9 @@ impl Parser {
                 let t = self.parse_type()?;
                 self.note_scalar_spelling(&t);
                 let n = self.ident()?;
-                let id = b.add_input(&n, t.ty).map_err(|e| self.err_at(at, e.to_string()))?;
+                let id = b
+                    .add_input(&n, t.ty)
+                    .map_err(|e| self.err_at(at, e.to_string()))?;
                 scope.insert(n, id);
                 if self.eat(')') {
                     break;
@@ -300,7 +355,10 @@ impl Parser {
         }
         self.expect('}')?;
         if *self.peek() != Tok::Arrow {
-            return Err(self.err(format!("expected `->`, found {}", Self::describe(self.peek()))));
+            return Err(self.err(format!(
+                "expected `->`, found {}",
+                Self::describe(self.peek())
+            )));
         }
         self.next();
         self.expect('(')?;
@@ -308,7 +366,9 @@ impl Parser {
             loop {
                 let at = self.here();
                 let n = self.ident()?;
-                let id = *scope.get(&n).ok_or_else(|| self.err_at(at, format!("output {n} is not defined")))?;
+                let id = *scope
+                    .get(&n)
+                    .ok_or_else(|| self.err_at(at, format!("output {n} is not defined")))?;
                 b.output(id).map_err(|e| self.err_at(at, e.to_string()))?;
                 if self.eat(')') {
                     break;
@@ -318,11 +378,19 @@ impl Parser {
         }
         self.expect(';')?;
         let f = b.finish().map_err(|e| self.err_at(start, e.to_string()))?;
-        Ok(ParsedFunction { function: f, at: start, spelling })
+        Ok(ParsedFunction {
+            function: f,
+            at: start,
+            spelling,
+        })
     }
 
     /// `T a[, T b] = op(args)[attrs];`
-    fn statement(&mut self, b: &mut FunctionBuilder, scope: &mut HashMap<String, ValueId>) -> Result<()> {
+    fn statement(
+        &mut self,
+        b: &mut FunctionBuilder,
+        scope: &mut HashMap<String, ValueId>,
+    ) -> Result<()> {
         let start = self.here();
         let mut outs = Vec::new();
         loop {
@@ -376,7 +444,11 @@ impl Parser {
                 self.expect('=')?;
                 let l = self.literal()?;
                 if k == "name" {
-                    name = Some(l.as_str().ok_or_else(|| self.err("the name attribute must be a string"))?.to_string());
+                    name = Some(
+                        l.as_str()
+                            .ok_or_else(|| self.err("the name attribute must be a string"))?
+                            .to_string(),
+                    );
                 } else {
                     attributes.push((k, l));
                 }
@@ -388,8 +460,16 @@ impl Parser {
         }
         self.expect(';')?;
         let names: Vec<String> = outs.iter().map(|(n, _)| n.clone()).collect();
-        let op = Operation { op_type, inputs, attributes, name, outputs: Vec::new() };
-        let ids = b.push(op, Outputs::Declared(outs)).map_err(|e| self.err_at(start, e.to_string()))?;
+        let op = Operation {
+            op_type,
+            inputs,
+            attributes,
+            name,
+            outputs: Vec::new(),
+        };
+        let ids = b
+            .push(op, Outputs::Declared(outs))
+            .map_err(|e| self.err_at(start, e.to_string()))?;
         for (n, id) in names.into_iter().zip(ids) {
             scope.insert(n, id);
         }
@@ -407,7 +487,10 @@ impl Parser {
             };
             if !literal_follows {
                 self.next();
-                return scope.get(&n).map(|&id| Binding::Value(id)).ok_or_else(|| self.err_at(at, format!("{n} is not defined")));
+                return scope
+                    .get(&n)
+                    .map(|&id| Binding::Value(id))
+                    .ok_or_else(|| self.err_at(at, format!("{n} is not defined")));
             }
         }
         Ok(Binding::Literal(self.literal()?))
@@ -434,9 +517,21 @@ impl Parser {
                 self.expect('=')?;
                 let v = self.literal()?;
                 match k.as_str() {
-                    "path" => path = Some(v.as_str().ok_or_else(|| self.err_at(k_at, "BLOBFILE path must be a string"))?.to_string()),
-                    "offset" => offset = Some(v.to_i64().filter(|&o| o >= 0).ok_or_else(|| self.err_at(k_at, "BLOBFILE offset must be a non-negative integer"))? as u64),
-                    other => return Err(self.err_at(k_at, format!("unknown BLOBFILE field {other}"))),
+                    "path" => {
+                        path = Some(
+                            v.as_str()
+                                .ok_or_else(|| self.err_at(k_at, "BLOBFILE path must be a string"))?
+                                .to_string(),
+                        )
+                    }
+                    "offset" => {
+                        offset = Some(v.to_i64().filter(|&o| o >= 0).ok_or_else(|| {
+                            self.err_at(k_at, "BLOBFILE offset must be a non-negative integer")
+                        })? as u64)
+                    }
+                    other => {
+                        return Err(self.err_at(k_at, format!("unknown BLOBFILE field {other}")))
+                    }
                 }
                 if self.eat(')') {
                     break;
@@ -446,7 +541,10 @@ impl Parser {
             let (Some(path), Some(offset)) = (path, offset) else {
                 return Err(self.err_at(at, "BLOBFILE needs path and offset"));
             };
-            Literal::Blob { ty, source: BlobSource::File { path, offset } }
+            Literal::Blob {
+                ty,
+                source: BlobSource::File { path, offset },
+            }
         } else {
             let mut raw = Vec::new();
             if ty.is_scalar() && *self.peek() != Tok::Punct('[') {
@@ -465,7 +563,10 @@ impl Parser {
         let at = self.here();
         match self.next() {
             t @ (Tok::Num(_) | Tok::Str(_) | Tok::Ident(_)) => Ok((t, at)),
-            t => Err(self.err_at(at, format!("expected a value, found {}", Self::describe(&t)))),
+            t => Err(self.err_at(
+                at,
+                format!("expected a value, found {}", Self::describe(&t)),
+            )),
         }
     }
 
@@ -489,7 +590,11 @@ impl Parser {
     }
 
     fn elements(&self, dtype: DType, raw: Vec<(Tok, (usize, usize))>) -> Result<Elements> {
-        fn ints<T: TryFrom<i128>>(p: &Parser, raw: &[(Tok, (usize, usize))], d: DType) -> Result<Vec<T>> {
+        fn ints<T: TryFrom<i128>>(
+            p: &Parser,
+            raw: &[(Tok, (usize, usize))],
+            d: DType,
+        ) -> Result<Vec<T>> {
             raw.iter()
                 .map(|(t, at)| match t {
                     Tok::Num(s) => s
@@ -497,7 +602,10 @@ impl Parser {
                         .ok()
                         .and_then(|v| T::try_from(v).ok())
                         .ok_or_else(|| p.err_at(*at, format!("{s} is not a valid {d}"))),
-                    t => Err(p.err_at(*at, format!("expected a {d} number, found {}", Parser::describe(t)))),
+                    t => Err(p.err_at(
+                        *at,
+                        format!("expected a {d} number, found {}", Parser::describe(t)),
+                    )),
                 })
                 .collect()
         }
@@ -506,7 +614,12 @@ impl Parser {
                 .map(|(t, at)| {
                     let s = match t {
                         Tok::Num(s) | Tok::Ident(s) => s,
-                        t => return Err(self.err_at(*at, format!("expected a number, found {}", Self::describe(t)))),
+                        t => {
+                            return Err(self.err_at(
+                                *at,
+                                format!("expected a number, found {}", Self::describe(t)),
+                            ))
+                        }
                     };
                     parse_float(s).ok_or_else(|| self.err_at(*at, format!("{s} is not a number")))
                 })
@@ -529,7 +642,10 @@ impl Parser {
                     .map(|(t, at)| match t {
                         Tok::Ident(s) if s == "true" => Ok(true),
                         Tok::Ident(s) if s == "false" => Ok(false),
-                        t => Err(self.err_at(*at, format!("expected true or false, found {}", Self::describe(t)))),
+                        t => Err(self.err_at(
+                            *at,
+                            format!("expected true or false, found {}", Self::describe(t)),
+                        )),
                     })
                     .collect::<Result<_>>()?,
             ),
@@ -537,13 +653,19 @@ impl Parser {
                 raw.into_iter()
                     .map(|(t, at)| match t {
                         Tok::Str(s) => Ok(s),
-                        t => Err(self.err_at(at, format!("expected a string, found {}", Self::describe(&t)))),
+                        t => Err(self.err_at(
+                            at,
+                            format!("expected a string, found {}", Self::describe(&t)),
+                        )),
                     })
                     .collect::<Result<_>>()?,
             ),
             other => {
                 let at = raw.first().map(|r| r.1).unwrap_or_else(|| self.here());
-                return Err(self.err_at(at, format!("inline {other} literals are not supported; store them in a blob")));
+                return Err(self.err_at(
+                    at,
+                    format!("inline {other} literals are not supported; store them in a blob"),
+                ));
             }
         })
     }

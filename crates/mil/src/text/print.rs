@@ -10,7 +10,9 @@
 use super::number::{format_f16, format_f32, format_f64};
 use crate::blob::{blob_location, BlobLayout};
 use crate::error::Result;
-use crate::ir::{Argument, Binding, Dialect, Function, OpsetSpelling, Operation, Program, ScalarSpelling};
+use crate::ir::{
+    Argument, Binding, Dialect, Function, Operation, OpsetSpelling, Program, ScalarSpelling,
+};
 use crate::literal::{Elements, Literal};
 use crate::types::{TensorType, ValueType};
 use std::fmt::Write;
@@ -30,7 +32,11 @@ pub const HEADER_B: &str = r#"program(1.0)
 
 /// Prints `program`; in-memory weights get their `BLOBFILE` references from `layout`.
 pub fn print_program(program: &Program, layout: &BlobLayout) -> Result<String> {
-    let mut p = Printer { out: String::new(), dialect: &program.dialect, layout };
+    let mut p = Printer {
+        out: String::new(),
+        dialect: &program.dialect,
+        layout,
+    };
     p.header(program);
     for (i, f) in program.functions.iter().enumerate() {
         if i > 0 {
@@ -80,9 +86,16 @@ impl Printer<'_> {
         let _ = writeln!(self.out, "program({})", d.version);
         if !program.build_info.is_empty() {
             let s = self.scalar_type_name(d.dict, "string");
-            let pairs: Vec<String> =
-                program.build_info.iter().map(|(k, v)| format!("{{{}, {}}}", quote(k), quote(v))).collect();
-            let _ = writeln!(self.out, "[buildInfo = dict<{s}, {s}>({{{}}})]", pairs.join(", "));
+            let pairs: Vec<String> = program
+                .build_info
+                .iter()
+                .map(|(k, v)| format!("{{{}, {}}}", quote(k), quote(v)))
+                .collect();
+            let _ = writeln!(
+                self.out,
+                "[buildInfo = dict<{s}, {s}>({{{}}})]",
+                pairs.join(", ")
+            );
         }
         self.out.push_str("{\n");
     }
@@ -113,9 +126,17 @@ impl Printer<'_> {
             OpsetSpelling::Ios => f.opset.ios_name(),
             OpsetSpelling::CoreMl => f.opset.coreml_name(),
         };
-        let inputs: Vec<String> =
-            f.inputs().iter().map(|&id| format!("{} {}", self.value_type(f.type_of(id)), f.name_of(id))).collect();
-        let _ = writeln!(self.out, "    func {}<{tag}>({}) {{", f.name, inputs.join(", "));
+        let inputs: Vec<String> = f
+            .inputs()
+            .iter()
+            .map(|&id| format!("{} {}", self.value_type(f.type_of(id)), f.name_of(id)))
+            .collect();
+        let _ = writeln!(
+            self.out,
+            "    func {}<{tag}>({}) {{",
+            f.name,
+            inputs.join(", ")
+        );
         for op in f.ops() {
             self.statement(f, op)?;
         }
@@ -125,28 +146,46 @@ impl Printer<'_> {
     }
 
     fn statement(&mut self, f: &Function, op: &Operation) -> Result<()> {
-        let outs: Vec<String> =
-            op.outputs.iter().map(|&id| format!("{} {}", self.value_type(f.type_of(id)), f.name_of(id))).collect();
+        let outs: Vec<String> = op
+            .outputs
+            .iter()
+            .map(|&id| format!("{} {}", self.value_type(f.type_of(id)), f.name_of(id)))
+            .collect();
         let mut args = Vec::with_capacity(op.inputs.len());
         for (k, a) in &op.inputs {
             let v = match a {
                 Argument::Single(b) => self.binding(f, b)?,
                 Argument::Tuple(bs) => {
-                    let items: Vec<String> = bs.iter().map(|b| self.binding(f, b)).collect::<Result<_>>()?;
+                    let items: Vec<String> = bs
+                        .iter()
+                        .map(|b| self.binding(f, b))
+                        .collect::<Result<_>>()?;
                     format!("({})", items.join(", "))
                 }
             };
             args.push(format!("{k} = {v}"));
         }
-        let mut attrs: Vec<(String, String)> =
-            op.attributes.iter().map(|(k, l)| Ok((k.clone(), self.literal(l)?))).collect::<Result<_>>()?;
+        let mut attrs: Vec<(String, String)> = op
+            .attributes
+            .iter()
+            .map(|(k, l)| Ok((k.clone(), self.literal(l)?)))
+            .collect::<Result<_>>()?;
         if let Some(n) = &op.name {
             attrs.push(("name".into(), self.literal(&Literal::string(n.as_str()))?));
         }
         attrs.sort_by(|a, b| a.0.cmp(&b.0));
-        let _ = write!(self.out, "        {} = {}({})", outs.join(", "), op.op_type, args.join(", "));
+        let _ = write!(
+            self.out,
+            "        {} = {}({})",
+            outs.join(", "),
+            op.op_type,
+            args.join(", ")
+        );
         if !attrs.is_empty() {
-            let list: Vec<String> = attrs.into_iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            let list: Vec<String> = attrs
+                .into_iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
             let _ = write!(self.out, "[{}]", list.join(", "));
         }
         self.out.push_str(";\n");
@@ -230,7 +269,11 @@ mod tests {
             let mut p = Program::new(d.clone());
             p.dialect.opset_names = OpsetSpelling::CoreMl; // defeats the raw-literal shortcut
             let layout = BlobLayout::default();
-            let mut pr = Printer { out: String::new(), dialect: &p.dialect, layout: &layout };
+            let mut pr = Printer {
+                out: String::new(),
+                dialect: &p.dialect,
+                layout: &layout,
+            };
             pr.header(&p);
             assert_eq!(pr.out, raw);
         }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 /// Deterministic small weights (multiples of 1/16 in [-0.375, 0.375], exact in fp16).
 pub fn weights(n: usize, seed: usize) -> Arc<WeightData> {
-    let v: Vec<f32> = (0..n).map(|i| (((i * 7 + seed * 3) % 13) as f32 - 6.0) / 16.0).collect();
+    let v: Vec<f32> = (0..n)
+        .map(|i| (((i * 7 + seed * 3) % 13) as f32 - 6.0) / 16.0)
+        .collect();
     Arc::new(WeightData::f16_from_f32(&v))
 }
 
@@ -47,7 +49,11 @@ pub fn swiglu_body(
     shared: Option<[Arc<WeightData>; 3]>,
 ) -> Result<()> {
     let [wg, wu, wd] = shared.unwrap_or_else(|| {
-        [weights(hidden * dim, 2), weights(hidden * dim, 3), weights(dim * hidden, 4)]
+        [
+            weights(hidden * dim, 2),
+            weights(hidden * dim, 3),
+            weights(dim * hidden, 4),
+        ]
     });
     let x = f.input("x", TensorType::fp16([1, dim, 1, width]))?;
     let w1 = f.weight("w_gate", TensorType::fp16([hidden, dim, 1, 1]), wg)?;
@@ -77,7 +83,10 @@ pub fn add_fp32_io(dialect: Dialect) -> Result<Program> {
 
 /// `<crate>/tests/golden/<name>`.
 pub fn golden_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("golden")
+        .join(name)
 }
 
 /// `<workspace root>` = two levels above this crate (symlinks resolved).
@@ -90,7 +99,11 @@ pub fn workspace_root() -> PathBuf {
 /// `../shared` beside the repository (CI lays it out the same way).
 pub fn shared_dir() -> PathBuf {
     let d = workspace_root().join("..").join("shared");
-    assert!(d.join("tools").is_dir(), "shared dir not found at {} (expected ../shared beside the repository)", d.display());
+    assert!(
+        d.join("tools").is_dir(),
+        "shared dir not found at {} (expected ../shared beside the repository)",
+        d.display()
+    );
     d
 }
 
@@ -119,8 +132,17 @@ pub fn validate(pkg: &std::path::Path) -> (i32, serde_json::Value) {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", python().display()));
     let code = out.status.code().unwrap_or(-1);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(code != 2, "validator setup problem: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
-    let report = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("validator output is not JSON ({e}): {stdout}{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(
+        code != 2,
+        "validator setup problem: {}{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "validator output is not JSON ({e}): {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     (code, report)
 }
