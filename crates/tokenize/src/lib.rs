@@ -1,0 +1,20 @@
+//! Tokenizers for anelm.
+//!
+//! GGUF vocabularies are tokenized exactly as llama.cpp does it: byte-level BPE (`gpt2`, with the
+//! pre-tokenizer named by `tokenizer.ggml.pre`) and SentencePiece BPE (`llama`), special tokens
+//! cut out of the text only when asked, BOS/EOS per the model's flags. Hugging Face directories
+//! go through the `tokenizers` crate. [`Tokenizer`] is the one public type over both.
+
+mod bpe;
+mod error;
+mod gguf;
+mod hf;
+mod pretokenize;
+mod special;
+mod spm;
+mod tokenizer;
+mod unicode;
+mod vocab;
+
+pub use error::{Result, TokenizeError};
+pub use tokenizer::Tokenizer;
