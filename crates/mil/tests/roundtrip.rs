@@ -4,7 +4,7 @@
 use anelm_mil::blob::{BlobFile, BlobPolicy};
 use anelm_mil::text::{parse_program, print_program, to_artifacts};
 use anelm_mil::{
-    DType, Dialect, FunctionBuilder, Literal, Program, TensorType, ValueId, WeightData,
+    DType, Dialect, Elements, FunctionBuilder, Literal, Program, TensorType, ValueId, WeightData,
 };
 use half::f16;
 use proptest::prelude::*;
@@ -89,7 +89,7 @@ fn build(case: &Case) -> Program {
                 f.name_next(n);
             }
         }
-        let r: anelm_mil::Result<Vec<ValueId>> = match s.kind % 16 {
+        let r: anelm_mil::Result<Vec<ValueId>> = match s.kind % 17 {
             0 => f
                 .unary(
                     [
@@ -164,6 +164,24 @@ fn build(case: &Case) -> Program {
             14 => {
                 let cond = f.greater(x, y);
                 cond.and_then(|c| f.select(c, x, y)).map(|v| vec![v])
+            }
+            15 => {
+                // A small inline matrix const (printed nested), broadcast against x.
+                let (r, c) = (1 + s.c as usize % 3, 1 + s.b % 4);
+                let v = (0..r * c)
+                    .map(|i| f16::from_f32(finite_f16(s.c.wrapping_mul(31).wrapping_add(i as u16))))
+                    .collect();
+                let t = TensorType::new(tx.dtype, [r, c]);
+                let data = if tx.dtype == DType::Fp16 {
+                    Elements::F16(v)
+                } else {
+                    Elements::F32(v.iter().map(|h| h.to_f32()).collect())
+                };
+                let name = format!("m{}", vals.len());
+                Literal::immediate(t, data)
+                    .and_then(|l| f.constant(&name, l))
+                    .and_then(|m| f.add(x, m))
+                    .map(|v| vec![v])
             }
             _ => f
                 .slice_by_index(

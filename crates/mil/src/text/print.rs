@@ -214,9 +214,24 @@ impl Printer<'_> {
                 if t.is_scalar() {
                     Ok(format!("{ty}({})", items.join(", ")))
                 } else {
-                    Ok(format!("{ty}([{}])", items.join(", ")))
+                    Ok(format!("{ty}({})", nested(&items, &t.shape)))
                 }
             }
+        }
+    }
+}
+
+/// Row-major items bracketed per dimension: `[[1, 2], [3, 4]]` for `[2, 2]` (the form of
+/// compiled `model.mil` constants; the parser also reads flat lists).
+fn nested(items: &[String], shape: &[usize]) -> String {
+    match shape {
+        [] | [_] => format!("[{}]", items.join(", ")),
+        [d, rest @ ..] => {
+            let chunk = rest.iter().product::<usize>();
+            let rows: Vec<String> = (0..*d)
+                .map(|i| nested(&items[i * chunk..(i + 1) * chunk], rest))
+                .collect();
+            format!("[{}]", rows.join(", "))
         }
     }
 }
@@ -246,6 +261,19 @@ fn elements(e: &Elements) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensors_of_rank_two_and_more_are_nested() {
+        let items: Vec<String> = (1..=8).map(|i| i.to_string()).collect();
+        assert_eq!(nested(&items[..3], &[3]), "[1, 2, 3]");
+        assert_eq!(
+            nested(&items, &[2, 2, 2]),
+            "[[[1, 2], [3, 4]], [[5, 6], [7, 8]]]"
+        );
+        assert_eq!(nested(&items[..6], &[2, 3]), "[[1, 2, 3], [4, 5, 6]]");
+        assert_eq!(nested(&[], &[0, 3]), "[]");
+        assert_eq!(nested(&[], &[2, 0]), "[[], []]");
+    }
 
     #[test]
     fn headers_are_balanced_and_exact() {
