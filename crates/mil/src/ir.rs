@@ -214,6 +214,14 @@ impl Operation {
         self.inputs.iter().find(|(k, _)| k == param).map(|(_, a)| a)
     }
 
+    /// The value bound to single operand `param`, when it is a reference.
+    pub fn value_input(&self, param: &str) -> Option<ValueId> {
+        match self.input(param)? {
+            Argument::Single(Binding::Value(id)) => Some(*id),
+            _ => None,
+        }
+    }
+
     pub fn attribute(&self, param: &str) -> Option<&Literal> {
         self.attributes
             .iter()
@@ -302,6 +310,17 @@ impl Function {
             op.attribute("val")
         } else {
             None
+        }
+    }
+
+    /// The constant value of operand `param` of `op`, however it is written: a reference to a
+    /// `const`, a literal in place, or a bracket attribute (constexpr ops).
+    pub fn operand_literal<'a>(&'a self, op: &'a Operation, param: &str) -> Option<&'a Literal> {
+        match op.input(param) {
+            Some(Argument::Single(Binding::Value(id))) => self.const_value(*id),
+            Some(Argument::Single(Binding::Literal(l))) => Some(l),
+            Some(Argument::Tuple(_)) => None,
+            None => op.attribute(param),
         }
     }
 

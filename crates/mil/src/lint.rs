@@ -3,7 +3,7 @@
 //! the hardware verdict is the compiler's — so nothing here rejects a program.
 
 use crate::dtype::DType;
-use crate::ir::{Argument, Binding, Function, Operation, Program, ValueDef, ValueId};
+use crate::ir::{Binding, Function, Operation, Program, ValueDef, ValueId};
 use crate::literal::Literal;
 use std::fmt;
 
@@ -141,13 +141,6 @@ impl FnLint<'_> {
         matches!(self.f.value(id).def, ValueDef::Input(_))
     }
 
-    fn value_arg(op: &Operation, p: &str) -> Option<ValueId> {
-        match op.input(p)? {
-            Argument::Single(Binding::Value(id)) => Some(*id),
-            _ => None,
-        }
-    }
-
     fn io_row(&mut self, name: &str, t: &crate::TensorType, what: &str) {
         // FACTS §4 [HW H3, M3 Ultra]: each channel row is padded to 64 bytes; packed data is
         // wrong unless the row (last dim x element size) is a multiple of 64 B.
@@ -207,7 +200,7 @@ impl FnLint<'_> {
             // COREML.md §8: a function output that is also the source of a state write crashes the
             // runtime proxy (apple/coremltools PR #2713).
             let feeds_state = self.f.ops().iter().any(|op| {
-                op.op_type == "coreml_update_state" && Self::value_arg(op, "value") == Some(id)
+                op.op_type == "coreml_update_state" && op.value_input("value") == Some(id)
             });
             if feeds_state {
                 self.push("output-written-to-state", Severity::Error, Some(&name), "an output that is also written to a state crashes the Core ML runtime proxy (coremltools PR #2713); output the coreml_update_state result instead".into());
@@ -273,7 +266,7 @@ impl FnLint<'_> {
             "softmax" => self.softmax(op, &label),
             "conv" => self.conv(op, &label),
             // FACTS §1.5: ESP blog — slice_by_index on a function input in a complex graph → InvalidMILProgram.
-            "slice_by_index" if Self::value_arg(op, "x").is_some_and(|x| self.is_input(x)) => {
+            "slice_by_index" if op.value_input("x").is_some_and(|x| self.is_input(x)) => {
                 self.push("slice-input", Severity::Warning, l, "slice_by_index on a function input failed with InvalidMILProgram (ESP); slice_by_size is proven".into());
             }
             t if crate::ops::lookup(t).is_none() => {
@@ -316,16 +309,13 @@ impl FnLint<'_> {
 
     fn softmax(&mut self, op: &Operation, label: &str) {
         // FACTS §1.5/§4: ESP docs (M3 Max) — softmax over a non-power-of-two length → InvalidMILProgram.
-        let Some(x) = Self::value_arg(op, "x") else {
+        let Some(x) = op.value_input("x") else {
             return;
         };
         let t = self.f.type_of(x).tensor();
-        let axis = match op.input("axis") {
-            Some(Argument::Single(Binding::Value(a))) => {
-                self.f.const_value(*a).and_then(Literal::to_i64)
-            }
-            Some(Argument::Single(Binding::Literal(l))) => l.to_i64(),
-            _ => Some(-1),
+        let axis = match self.f.operand_literal(op, "axis") {
+            Some(l) => l.to_i64(),
+            None => Some(-1),
         };
         let Some(axis) = axis.and_then(|a| crate::ops::norm_axis(a, t.rank()).ok()) else {
             return;
@@ -354,7 +344,7 @@ impl FnLint<'_> {
                 "conv with bias fails to compile (ORI); add the bias with a separate add".into(),
             );
         }
-        if let Some(w) = Self::value_arg(op, "weight") {
+        if let Some(w) = op.value_input("weight") {
             let producer = self.f.producer(w).map(|p| p.op_type.as_str());
             let is_const =
                 matches!(producer, Some(p) if p == "const" || p.starts_with("constexpr_"));
@@ -370,14 +360,11 @@ impl FnLint<'_> {
                 .get(1)
                 .copied()
                 .unwrap_or(0);
-            let groups = match op.input("groups") {
-                Some(Argument::Single(Binding::Value(g))) => self
-                    .f
-                    .const_value(*g)
-                    .and_then(Literal::to_i64)
-                    .unwrap_or(1),
-                _ => 1,
-            };
+            let groups = self
+                .f
+                .operand_literal(op, "groups")
+                .and_then(Literal::to_i64)
+                .unwrap_or(1);
             let total = cin * groups.max(1) as usize;
             if total >= 32000 {
                 // FACTS §1.5/§4: MAD training/ane_classifier.h — "ANE rejects conv with 32000 input channels".

@@ -178,6 +178,18 @@ fn parses_mad_style_text_and_reaches_a_fixed_point() {
     assert_eq!(nhalf.to_f64(), Some(-0.5));
     let w0 = f.producer(f.find("W0").unwrap()).unwrap();
     assert_eq!(w0.attributes.len(), 4);
+    // Operands read the same whether bound to a const, in place, or as attributes.
+    assert_eq!(
+        f.operand_literal(w0, "scale").unwrap().to_f64(),
+        Some(0.125)
+    );
+    let conv = f.producer(f.find("h").unwrap()).unwrap();
+    assert_eq!(f.operand_literal(conv, "groups").unwrap().to_i64(), Some(1));
+    assert_eq!(conv.value_input("weight"), f.find("W0"));
+    assert!(
+        f.operand_literal(conv, "x").is_none(),
+        "computed operands are not constants"
+    );
     let printed = print_program(&p, &Default::default()).unwrap();
     assert!(printed.contains("        tensor<fp16, [1, 64, 1, 32]> sq = mul(x = x, y = x);\n"));
     assert!(
