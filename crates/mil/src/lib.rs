@@ -13,6 +13,33 @@
 //! - walked by the simulator: [`Function::ops`], [`Operation::inputs`], [`Function::const_value`],
 //!   [`Literal::weight_data`] / [`WeightData::to_f32`].
 //!
+//! One program, both back ends:
+//!
+//! ```
+//! use anelm_mil::blob::BlobPolicy;
+//! use anelm_mil::package::{write_package, PackageOptions};
+//! use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, WeightData};
+//! # fn main() -> anelm_mil::Result<()> {
+//! let mut f = FunctionBuilder::new("main", Opset::Ios18);
+//! let x = f.input("x", TensorType::fp16([1, 64, 1, 64]))?;
+//! let w = f.weight("w", TensorType::fp16([64, 64, 1, 1]), WeightData::f16_from_f32(&[0.25; 64 * 64]))?;
+//! let y = f.name_next("y").conv1x1(x, w)?;
+//! f.output(y)?;
+//! let program = Program::single(f.finish()?);
+//!
+//! // (a) private path: MIL text + blob files (one per matrix here)
+//! let art = anelm_mil::text::to_artifacts(&program, &BlobPolicy::PerTensor)?;
+//! assert!(art.text.contains("offset = uint64(64)"));
+//! let (key, bytes) = (art.layout.files()[0].mil_path(), art.layout.files()[0].to_bytes());
+//! assert_eq!((key.as_str(), bytes.len()), ("@model_path/weights/w.bin", 128 + 64 * 64 * 2));
+//!
+//! // (b) Core ML package
+//! let dir = std::env::temp_dir().join(format!("anelm-mil-doc-{}", std::process::id()));
+//! write_package(&program, &dir.join("conv.mlpackage"), &PackageOptions::default(), &BlobPolicy::default())?;
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok(()) }
+//! ```
+//!
 //! Entry points for the CLI (`anelm mil print FILE`, `anelm mil check FILE`):
 //! - [`print_text`]: parse MIL text and print it in canonical form;
 //! - [`check_text`]: parse and lint; a parse error is an `Err` carrying line and column
