@@ -263,6 +263,7 @@ fn every_op_type_checks_in_coremltools() {
     write_package(&p, &pkg, &PackageOptions::default(), &BlobPolicy::default()).unwrap();
     let (code, report) = validate(&pkg);
     assert_eq!(code, 0, "{:#}", report["errors"]);
+    assert_eq!(report["warnings"], serde_json::json!([]));
     assert_eq!(report["summary"]["states"], serde_json::json!(["k_cache"]));
     let back = read_package(&pkg).unwrap();
     assert_eq!(back.functions[0].ops().len(), p.functions[0].ops().len());
