@@ -36,15 +36,17 @@ fn align_up(v: u64) -> u64 {
     v.div_ceil(ALIGN) * ALIGN
 }
 
-/// Metadata offsets of records of the given data sizes, in order, and the file size.
+/// Metadata offsets of records of the given data sizes, in order, and the file size. Like
+/// coremltools' `StorageWriter`, padding goes before each record, none after the last.
 pub fn record_offsets(sizes: &[u64]) -> (Vec<u64>, u64) {
-    let mut off = HEADER_BYTES;
+    let mut end = HEADER_BYTES;
     let mut out = Vec::with_capacity(sizes.len());
     for &s in sizes {
-        out.push(off);
-        off = align_up(off + METADATA_BYTES + s);
+        let meta = align_up(end);
+        out.push(meta);
+        end = meta + METADATA_BYTES + s;
     }
-    (out, off)
+    (out, end)
 }
 
 /// Padding bits of the last byte of a sub-byte tensor (coremltools `padding_size_in_bits`).
@@ -86,7 +88,6 @@ pub fn write_blob_file<W: Write>(
         out.write_all(r.as_bytes())?;
         pos = meta + METADATA_BYTES + r.as_bytes().len() as u64;
     }
-    out.write_all(&vec![0u8; (align_up(pos) - pos) as usize])?;
     Ok(offsets)
 }
 
@@ -466,7 +467,7 @@ mod tests {
         // which is not 64-aligned and was never run (FACTS §2); coremltools pads to 0xC0.
         let (offs, size) = record_offsets(&[48, 48]);
         assert_eq!(offs, vec![0x40, 0xC0]);
-        assert_eq!(size, 0x140);
+        assert_eq!(size, 0x130, "no padding after the last record");
         let (offs, _) = record_offsets(&[64, 1, 0]);
         assert_eq!(offs, vec![64, 192, 320]);
     }
@@ -491,7 +492,7 @@ mod tests {
         let mut buf = Vec::new();
         let offs = write_blob_file(&mut buf, &[&a, &b, &c]).unwrap();
         assert_eq!(offs, vec![64, 192, 320]);
-        assert_eq!(buf.len(), 448);
+        assert_eq!(buf.len(), 386);
         let f = BlobFile::parse("mixed".into(), buf).unwrap();
         let codes: Vec<DType> = f.records().iter().map(|r| r.dtype).collect();
         assert_eq!(codes, [DType::Fp32, DType::Uint8, DType::Int8]);

@@ -28,7 +28,12 @@ fn assert_valid(pkg: &Path, spec: i64) -> serde_json::Value {
         report["errors"]
     );
     assert_eq!(report["ok"], true);
-    assert_eq!(report["warnings"], serde_json::json!([]), "{}", pkg.display());
+    assert_eq!(
+        report["warnings"],
+        serde_json::json!([]),
+        "{}",
+        pkg.display()
+    );
     assert_eq!(
         report["summary"]["specificationVersion"], spec,
         "{report:#}"
