@@ -278,11 +278,17 @@ mod tests {
     #[test]
     fn headers_are_balanced_and_exact() {
         // FACTS §1.1: exactly `({{` ... `}})` around the list, single braces around pairs.
+        let a = concat!(
+            "program(1.3)\n",
+            "[buildInfo = dict<string, string>({{\"coremlc-component-MIL\", \"3510.2.1\"}, ",
+            "{\"coremlc-version\", \"3505.4.1\"}, {\"coremltools-component-milinternal\", \"\"}, ",
+            "{\"coremltools-version\", \"9.0\"}})]\n{\n"
+        );
+        assert_eq!(HEADER_A, a);
         let line = HEADER_A.lines().nth(1).unwrap();
-        assert!(line.starts_with("[buildInfo = dict<string, string>({{\"coremlc-component-MIL\""));
-        assert!(line.ends_with("{\"coremltools-version\", \"9.0\"}})]"));
         assert_eq!(line.matches('{').count(), line.matches('}').count());
         assert_eq!(line.matches("{{").count(), 1);
+        assert_eq!(line.matches("}}").count(), 1);
         assert_eq!(
             HEADER_B,
             "program(1.0)\n[buildInfo = dict<tensor<string, []>, tensor<string, []>>({{\"coremlc-version\", \"3505.4.1\"}})]\n{\n"
