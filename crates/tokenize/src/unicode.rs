@@ -48,6 +48,13 @@ pub(crate) fn category(cp: u32) -> Category {
     if (0xD800..=0xDFFF).contains(&cp) {
         return Category::Control; // surrogates (Cs)
     }
+    // llama.cpp's tables are Unicode 15.1; the category crate is pinned to 15.0, so the 627
+    // codepoints 15.1 added are listed here (CJK Extension I, ideographic description chars).
+    match cp {
+        0x2EBF0..=0x2EE5D => return Category::Letter,
+        0x2FFC..=0x2FFF | 0x31EF => return Category::Symbol,
+        _ => {}
+    }
     let Some(c) = char::from_u32(cp) else { return Category::Undefined };
     match get_general_category(c) {
         Gc::Unassigned => Category::Undefined,
@@ -68,8 +75,6 @@ pub(crate) fn category(cp: u32) -> Category {
         | Gc::OtherPunctuation => Category::Punctuation,
         Gc::MathSymbol | Gc::CurrencySymbol | Gc::ModifierSymbol | Gc::OtherSymbol => Category::Symbol,
         Gc::SpaceSeparator | Gc::LineSeparator | Gc::ParagraphSeparator => Category::Separator,
-        // The enum is non-exhaustive; nothing else exists in the Unicode version it tracks.
-        _ => Category::Undefined,
     }
 }
 
@@ -214,6 +219,9 @@ mod tests {
         assert_eq!(category('$' as u32), Category::Symbol);
         assert_eq!(category('\u{200D}' as u32), Category::Control);
         assert_eq!(category(0x0378), Category::Undefined);
+        // Unicode 15.1 (CJK Extension I) is known; Unicode 16 additions are not, as in llama.cpp.
+        assert_eq!(category(0x2EBF0), Category::Letter);
+        assert_eq!(category(0x1C89), Category::Undefined);
         assert!(flags(0x3000).whitespace && !flags('x' as u32).whitespace);
     }
 }
