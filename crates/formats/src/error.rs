@@ -23,8 +23,6 @@ pub enum FormatError {
     MissingKey { path: PathBuf, key: String },
     #[error("{path}: metadata key '{key}': {msg}")]
     BadValue { path: PathBuf, key: String, msg: String },
-    #[error("dequantisation of {dtype} is not supported")]
-    UnsupportedDequant { dtype: GgmlType },
     #[error("{dtype}: {len} bytes is not a whole number of blocks for {n} elements")]
     BadQuantLength { dtype: GgmlType, len: usize, n: usize },
 }

@@ -318,7 +318,7 @@ impl<'a> Cursor<'a> {
         let n = self.u64()?;
         let remaining = (self.buf.len() - self.pos) as u64;
         if n.saturating_mul(min_elem_bytes.max(1) as u64) > remaining {
-            return Err(self.err(format!("{what} count {n} does not fit in the rest of the file")));
+            return Err(self.err(format!("truncated or corrupt: {what} count {n} does not fit in the rest of the file")));
         }
         Ok(n as usize)
     }

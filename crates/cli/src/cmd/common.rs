@@ -1,0 +1,65 @@
+//! Arguments and steps shared by the subcommands that run a model.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use anelm_engine::LoadedModel;
+use anelm_tokenize::Tokenizer;
+
+use crate::models;
+
+#[derive(clap::Args, Clone)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct Q4_1 from
+    /// the model cache).
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    /// CPU threads (default: one per core).
+    #[arg(short, long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<LoadedModel> {
+        let path = models::resolve(self.model.as_deref())?;
+        let loaded = models::with_spinner(&format!("loading {}", path.display()), || LoadedModel::load(&path))?;
+        tracing::info!(
+            family = loaded.model.config.family.name(),
+            layers = loaded.model.n_layers(),
+            vocab = loaded.model.config.vocab_size,
+            "loaded {}",
+            loaded.model.config.name
+        );
+        Ok(loaded)
+    }
+}
+
+/// The prompt as ids: `--ids` as given, or `--prompt` tokenized as llama.cpp tokenizes a prompt
+/// (special tokens added and parsed). Every id is checked against the vocabulary.
+pub fn prompt_ids(loaded: &LoadedModel, prompt: Option<&str>, ids: Option<&str>) -> Result<Vec<u32>> {
+    let out = match (prompt, ids) {
+        (Some(_), Some(_)) => bail!("give --prompt or --ids, not both"),
+        (None, None) => bail!("give a --prompt or --ids"),
+        (None, Some(ids)) => models::parse_ids(ids)?,
+        (Some(text), None) => tokenizer(loaded)?.encode(text, true, true)?,
+    };
+    let vocab = loaded.model.config.vocab_size;
+    if let Some(bad) = out.iter().find(|&&id| id as usize >= vocab) {
+        bail!(
+            "{}: token id {bad} is outside the vocabulary (size {vocab})",
+            loaded.model.source.path().display()
+        );
+    }
+    if out.is_empty() {
+        bail!("the prompt is empty");
+    }
+    Ok(out)
+}
+
+pub fn tokenizer(loaded: &LoadedModel) -> Result<&Arc<Tokenizer>> {
+    match &loaded.tokenizer {
+        Some(t) => Ok(t),
+        None => bail!("{} has no tokenizer (no tokenizer.json); pass token ids with --ids", loaded.model.source.path().display()),
+    }
+}

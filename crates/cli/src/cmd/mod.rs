@@ -1,0 +1,8 @@
+//! One module per subcommand.
+
+pub mod common;
+pub mod eval;
+pub mod mil;
+pub mod perplexity;
+pub mod run;
+pub mod tokenize;

@@ -1,0 +1,57 @@
+//! The `anelm` command line.
+
+mod cmd;
+mod models;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "anelm", version, about = "Run decoder LLMs on the Apple Neural Engine, with a fast CPU engine beside it")]
+struct Cli {
+    /// More log output (-v info, -vv debug); ANELM_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation of a prompt.
+    Run(cmd::run::Args),
+    /// Evaluate a prompt: argmax at every position, the last logits, greedy tokens (JSON).
+    Eval(cmd::eval::Args),
+    /// Tokenize text with the model's tokenizer.
+    Tokenize(cmd::tokenize::Args),
+    /// Perplexity of a text file, computed as llama.cpp's llama-perplexity does.
+    Perplexity(cmd::perplexity::Args),
+    /// Inspect MIL programs: print (canonical form) or check (parse + ANE lint).
+    Mil(cmd::mil::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ANELM_LOG").unwrap_or_else(|_| level.into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let result = match cli.command {
+        Command::Run(a) => cmd::run::run(a),
+        Command::Eval(a) => cmd::eval::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Mil(a) => cmd::mil::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
