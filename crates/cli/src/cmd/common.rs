@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
+use anelm_cpu::CpuExecutor;
 use anelm_engine::LoadedModel;
+use anelm_model::Executor;
 use anelm_tokenize::Tokenizer;
 
 use crate::models;
@@ -18,9 +20,31 @@ pub struct ModelArgs {
     /// CPU threads (default: one per core).
     #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU engine.
+    Cpu,
+    /// The ANE programs, executed by the simulator on the CPU.
+    Sim,
+    /// The Apple Neural Engine.
+    Ane,
 }
 
 impl ModelArgs {
+    /// The executor for `--device`.
+    pub fn executor(&self, loaded: &LoadedModel) -> Result<Box<dyn Executor>> {
+        match self.device {
+            Device::Cpu => Ok(Box::new(CpuExecutor::new(loaded.model.clone(), self.threads))),
+            Device::Sim => bail!("--device sim: the ANE simulator path is not built yet"),
+            Device::Ane => bail!("--device ane: the ANE drivers are not built yet"),
+        }
+    }
+
     pub fn load(&self) -> Result<LoadedModel> {
         let path = models::resolve(self.model.as_deref())?;
         let loaded = models::with_spinner(&format!("loading {}", path.display()), || LoadedModel::load(&path))?;

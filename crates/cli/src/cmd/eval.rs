@@ -2,9 +2,8 @@
 //! position and the last logits; `--greedy N` then decodes exactly N tokens (no EOS stop).
 
 use anyhow::Result;
-use anelm_cpu::CpuExecutor;
 use anelm_engine::{argmax, Session};
-use anelm_model::{Executor, Logits};
+use anelm_model::Logits;
 use serde::Serialize;
 
 use super::common::{prompt_ids, ModelArgs};
@@ -36,15 +35,15 @@ struct EvalJson {
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let prompt = prompt_ids(&loaded, a.prompt.as_deref(), a.ids.as_deref())?;
-    let mut exec = CpuExecutor::new(loaded.model.clone(), a.model.threads);
+    let mut exec = a.model.executor(&loaded)?;
     let vocab = exec.vocab_size();
     let capacity = prompt.len() + a.greedy;
     if capacity > loaded.model.max_positions() {
         anyhow::bail!("prompt ({}) + greedy ({}) tokens exceed the context ({})", prompt.len(), a.greedy, loaded.model.max_positions());
     }
-    let mut session = Session::new(&exec, capacity)?;
+    let mut session = Session::new(exec.as_ref(), capacity)?;
     let mut logits = Vec::new();
-    session.run(&mut exec, &prompt, Logits::All, &mut logits)?;
+    session.run(exec.as_mut(), &prompt, Logits::All, &mut logits)?;
     let per_position: Vec<u32> = logits.chunks_exact(vocab).map(argmax).collect();
     let last_logits = logits[(prompt.len() - 1) * vocab..].to_vec();
     let mut greedy = Vec::with_capacity(a.greedy);
@@ -52,7 +51,7 @@ pub fn run(a: Args) -> Result<()> {
     for i in 0..a.greedy {
         greedy.push(next);
         if i + 1 < a.greedy {
-            session.run(&mut exec, &[next], Logits::Last, &mut logits)?;
+            session.run(exec.as_mut(), &[next], Logits::Last, &mut logits)?;
             next = argmax(&logits);
         }
     }

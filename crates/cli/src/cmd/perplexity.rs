@@ -5,8 +5,7 @@
 //! ctx/2 .. ctx-2 predicting the next token.
 
 use anyhow::{bail, Context, Result};
-use anelm_cpu::CpuExecutor;
-use anelm_model::{Executor, Logits};
+use anelm_model::Logits;
 use serde::Serialize;
 
 use super::common::{tokenizer, ModelArgs};
@@ -54,7 +53,7 @@ pub fn run(a: Args) -> Result<()> {
     if n_chunks == 0 {
         bail!("{}: {} tokens is less than one chunk of {}", a.file.display(), tokens.len(), a.ctx);
     }
-    let mut exec = CpuExecutor::new(loaded.model.clone(), a.model.threads);
+    let mut exec = a.model.executor(&loaded)?;
     let vocab = exec.vocab_size();
     let first = a.ctx / 2;
     let (mut sum, mut n_scored) = (0f64, 0usize);

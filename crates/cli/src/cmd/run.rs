@@ -3,7 +3,6 @@
 use std::io::Write;
 
 use anyhow::Result;
-use anelm_cpu::CpuExecutor;
 use anelm_engine::{generate_greedy, Session, Utf8Stream};
 use serde::Serialize;
 
@@ -40,13 +39,13 @@ pub fn run(a: Args) -> Result<()> {
     let prompt = prompt_ids(&loaded, a.prompt.as_deref(), a.ids.as_deref())?;
     let tokenizer = loaded.tokenizer.clone();
     let stop: Vec<u32> = tokenizer.as_ref().map(|t| t.eog_ids()).unwrap_or_default();
-    let mut exec = CpuExecutor::new(loaded.model.clone(), a.model.threads);
+    let mut exec = a.model.executor(&loaded)?;
     let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
-    let mut session = Session::new(&exec, capacity)?;
+    let mut session = Session::new(exec.as_ref(), capacity)?;
     let max_new = capacity.saturating_sub(prompt.len()).min(a.max_tokens);
     let mut stream = Utf8Stream::new();
     let mut stdout = std::io::stdout().lock();
-    let ids = generate_greedy(&mut exec, &mut session, &prompt, max_new, &stop, |id| {
+    let ids = generate_greedy(exec.as_mut(), &mut session, &prompt, max_new, &stop, |id| {
         if a.json || stop.contains(&id) {
             return;
         }
