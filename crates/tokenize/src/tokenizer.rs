@@ -13,6 +13,16 @@ pub struct Tokenizer {
     inner: Inner,
 }
 
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match self.inner {
+            Inner::Gguf(_) => "gguf",
+            Inner::Hf(_) => "hf",
+        };
+        f.debug_struct("Tokenizer").field("source", &source).field("vocab_size", &self.vocab_size()).finish()
+    }
+}
+
 enum Inner {
     Gguf(Box<GgufTokenizer>),
     Hf(Box<HfTokenizer>),
@@ -140,5 +150,15 @@ impl Tokenizer {
             Inner::Gguf(t) => t.vocab.token_id(text.as_bytes()),
             Inner::Hf(t) => t.token_id(text),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Sessions on several threads share one tokenizer.
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::Tokenizer>();
     }
 }

@@ -90,14 +90,14 @@ fn post_processor_decides_without_explicit_flags() {
 #[test]
 fn bad_hf_dirs_are_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let msg = Tokenizer::from_hf_dir(dir.path()).err().expect("no tokenizer.json").to_string();
+    let msg = Tokenizer::from_hf_dir(dir.path()).expect_err("no tokenizer.json").to_string();
     assert!(msg.contains("tokenizer.json"), "{msg}");
     std::fs::write(dir.path().join("tokenizer.json"), "{not json").unwrap();
-    let msg = Tokenizer::from_hf_dir(dir.path()).err().expect("bad json").to_string();
+    let msg = Tokenizer::from_hf_dir(dir.path()).expect_err("bad json").to_string();
     assert!(msg.contains("tokenizer.json"), "{msg}");
     write(dir.path(), "tokenizer.json", &tiny_tokenizer_json());
     write(dir.path(), "tokenizer_config.json", &json!({"add_bos_token": "yes"}));
-    let msg = Tokenizer::from_hf_dir(dir.path()).err().expect("bad flag").to_string();
+    let msg = Tokenizer::from_hf_dir(dir.path()).expect_err("bad flag").to_string();
     assert!(msg.contains("tokenizer_config.json") && msg.contains("add_bos_token"), "{msg}");
 }
 
