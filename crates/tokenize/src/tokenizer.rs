@@ -19,7 +19,10 @@ impl std::fmt::Debug for Tokenizer {
             Inner::Gguf(_) => "gguf",
             Inner::Hf(_) => "hf",
         };
-        f.debug_struct("Tokenizer").field("source", &source).field("vocab_size", &self.vocab_size()).finish()
+        f.debug_struct("Tokenizer")
+            .field("source", &source)
+            .field("vocab_size", &self.vocab_size())
+            .finish()
     }
 }
 
@@ -31,13 +34,17 @@ enum Inner {
 impl Tokenizer {
     /// The tokenizer embedded in GGUF metadata (`tokenizer.ggml.*`).
     pub fn from_gguf(meta: &Metadata) -> Result<Tokenizer> {
-        Ok(Tokenizer { inner: Inner::Gguf(Box::new(GgufTokenizer::from_metadata(meta)?)) })
+        Ok(Tokenizer {
+            inner: Inner::Gguf(Box::new(GgufTokenizer::from_metadata(meta)?)),
+        })
     }
 
     /// The tokenizer of a Hugging Face model directory: `tokenizer.json`, with
     /// `tokenizer_config.json` (and `generation_config.json`) where present.
     pub fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
-        Ok(Tokenizer { inner: Inner::Hf(Box::new(HfTokenizer::from_dir(dir)?)) })
+        Ok(Tokenizer {
+            inner: Inner::Hf(Box::new(HfTokenizer::from_dir(dir)?)),
+        })
     }
 
     /// Token ids of `text`. `add_special` adds BOS/EOS as the model's flags say;

@@ -13,7 +13,11 @@ fn with_pre(meta: &Metadata, pre: &str) -> Metadata {
     let entries = meta
         .entries()
         .map(|(k, v)| {
-            let v = if k == "tokenizer.ggml.pre" { MetaValue::Str(pre.as_bytes().to_vec()) } else { v.clone() };
+            let v = if k == "tokenizer.ggml.pre" {
+                MetaValue::Str(pre.as_bytes().to_vec())
+            } else {
+                v.clone()
+            };
             (k.to_string(), v)
         })
         .collect();
@@ -22,16 +26,23 @@ fn with_pre(meta: &Metadata, pre: &str) -> Metadata {
 
 #[test]
 fn every_pre_tokenizer_family_matches_llama_cpp() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llamacpp_pre_tokenizers.json");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/llamacpp_pre_tokenizers.json");
     let data: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let texts: Vec<&str> = data["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let texts: Vec<&str> = data["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
     let gguf = Gguf::open(model(SMOLLM2)).unwrap();
     let pres = data["pre"].as_object().unwrap();
     assert!(pres.len() >= 20);
     let mut failures = Vec::new();
     let mut distinct = std::collections::HashSet::new();
     for (pre, expected) in pres {
-        let tok = Tokenizer::from_gguf(&with_pre(&gguf.metadata, pre)).unwrap_or_else(|e| panic!("{pre}: {e}"));
+        let tok = Tokenizer::from_gguf(&with_pre(&gguf.metadata, pre))
+            .unwrap_or_else(|e| panic!("{pre}: {e}"));
         let want_ids = expected["ids"].as_array().unwrap();
         let decoded = expected["decoded"].as_object().unwrap();
         let mut all = Vec::new();
@@ -39,9 +50,14 @@ fn every_pre_tokenizer_family_matches_llama_cpp() {
             let got = tok.encode(text, false, false).unwrap();
             let got_str = got.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
             if got_str != want_ids[i].as_str().unwrap() {
-                failures.push(format!("{pre} {text:?}:\n  ours      {got_str}\n  llama.cpp {}", want_ids[i]));
+                failures.push(format!(
+                    "{pre} {text:?}:\n  ours      {got_str}\n  llama.cpp {}",
+                    want_ids[i]
+                ));
             }
-            let want_decoded = decoded.get(&i.to_string()).map_or_else(|| hex(text.as_bytes()), |d| d.as_str().unwrap().into());
+            let want_decoded = decoded
+                .get(&i.to_string())
+                .map_or_else(|| hex(text.as_bytes()), |d| d.as_str().unwrap().into());
             if hex(&tok.decode(&got)) != want_decoded {
                 failures.push(format!("{pre} {text:?}: decode differs"));
             }
@@ -49,7 +65,20 @@ fn every_pre_tokenizer_family_matches_llama_cpp() {
         }
         distinct.insert(all);
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
-    assert!(distinct.len() >= 15, "the pre-tokenizers should not all split alike ({} distinct)", distinct.len());
-    println!("{} pre-tokenizers x {} texts identical to llama.cpp", pres.len(), texts.len());
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(
+        distinct.len() >= 15,
+        "the pre-tokenizers should not all split alike ({} distinct)",
+        distinct.len()
+    );
+    println!(
+        "{} pre-tokenizers x {} texts identical to llama.cpp",
+        pres.len(),
+        texts.len()
+    );
 }
