@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::error::{Result, TokenizeError};
 use crate::special::{self, RoleVocab};
-use crate::spm::SPACE_MARK;
+use crate::spm::SPACE_MARK_STR;
 use crate::unicode;
 use crate::vocab::{Attr, SpecialIds};
 
@@ -259,7 +259,7 @@ impl HfTokenizer {
                         return vec![v];
                     }
                 }
-                text.replace(std::str::from_utf8(SPACE_MARK).unwrap_or(" "), " ")
+                text.replace(SPACE_MARK_STR, " ")
                     .into_bytes()
             }
         }

@@ -10,7 +10,8 @@ use crate::unicode;
 use crate::vocab::Vocab;
 
 /// U+2581, SentencePiece's visible space.
-pub(crate) const SPACE_MARK: &[u8] = "\u{2581}".as_bytes();
+pub(crate) const SPACE_MARK_STR: &str = "\u{2581}";
+pub(crate) const SPACE_MARK: &[u8] = SPACE_MARK_STR.as_bytes();
 
 pub(crate) struct Spm {
     /// Token for each byte value, for byte fallback: `<0xXX>`, else the one-byte text, else
