@@ -6,6 +6,7 @@
 //! out blocks dynamically. All buffers live in [`Buffers`], sized for the largest batch seen (at
 //! most [`MAX_BATCH`] tokens; longer batches run in chunks), so a token allocates nothing.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,8 @@ use anelm_model::{ExecError, Executor, KvState, Logits, Model, Weight};
 use crate::attention::{attend_head, Cache};
 use crate::kernels::select;
 use crate::kv::{CpuKv, KvData, KvDtype, Layers};
-use crate::matmul::{matmul, Input};
+use crate::kernels::packed::Packed;
+use crate::matmul::{matmul, pack_for, Input};
 use crate::ops::{norm_row, rope_head, softcap};
 use crate::pool::{physical_cores, Ctx, Pool};
 use crate::q8::{ActKind, Q8Buf};
@@ -50,6 +52,8 @@ pub struct CpuExecutor {
     kv: KvDtype,
     id: usize,
     bufs: Buffers,
+    /// Repacked copies of weights, by the address of their `Weight` in the model.
+    packed: HashMap<usize, Packed>,
 }
 
 impl CpuExecutor {
@@ -63,7 +67,8 @@ impl CpuExecutor {
         let isa = opts.isa.filter(|i| Isa::available().contains(i)).unwrap_or_else(Isa::detect);
         let kv = opts.kv.unwrap_or_else(|| if all_quantized(&model) { KvDtype::F16 } else { KvDtype::F32 });
         let bufs = Buffers::new(&Dims::of(&model), 0, threads);
-        CpuExecutor { model, pool: Pool::new(threads), isa, kv, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), bufs }
+        let packed = pack_all(&model, isa);
+        CpuExecutor { model, pool: Pool::new(threads), isa, kv, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), bufs, packed }
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -91,6 +96,22 @@ fn linears(l: &Layer) -> Vec<&Linear> {
         Ffn::Plain { up, down, .. } => v.extend([up, down]),
     }
     v
+}
+
+/// Packs every matrix that has a packed kernel on `isa`, giving back the mapped pages of each as
+/// it goes (the token embedding stays mapped: lookups read a row at a time).
+fn pack_all(m: &Model, isa: Isa) -> HashMap<usize, Packed> {
+    let maps = crate::mem::file_mappings();
+    let mut out = HashMap::new();
+    let weights = m.layers.iter().flat_map(linears).map(|l| &l.weight).chain(std::iter::once(&m.lm_head));
+    for w in weights {
+        let all = w.bytes();
+        let rb = all.len() / w.rows.max(1);
+        if let Some(p) = pack_for(w, isa, |rows| crate::mem::release(&all[..rows * rb], &maps)) {
+            out.insert(w as *const Weight as usize, p);
+        }
+    }
+    out
 }
 
 fn all_quantized(m: &Model) -> bool {
@@ -233,10 +254,10 @@ impl Executor for CpuExecutor {
             let (rows, out_rows) = if lo < hi { (lo - done..hi - done, lo - want.start..hi - want.start) } else { (0..0, 0..0) };
             let chunk = Chunk { tokens: &tokens[done..done + len], p0: kv.len, rows };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
-            let (m, pool, isa) = (&*self.model, &self.pool, self.isa);
+            let env = Env { m: &self.model, pool: &self.pool, isa: self.isa, packed: &self.packed };
             match &mut kv.data {
-                KvData::F32(l) => run_chunk(m, pool, isa, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
-                KvData::F16(l) => run_chunk(m, pool, isa, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
+                KvData::F32(l) => run_chunk(&env, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
+                KvData::F16(l) => run_chunk(&env, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
             }
             kv.len += len;
             done += len;
@@ -273,8 +294,16 @@ struct Views<'a, E> {
     out: SharedSlice<'a, f32>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_chunk<E: KvElem>(m: &Model, pool: &Pool, isa: Isa, b: &mut Buffers, cache: &mut Layers<E>, capacity: usize, c: &Chunk<'_>, out: &mut [f32]) {
+/// What a forward pass reads and never changes.
+struct Env<'a> {
+    m: &'a Model,
+    pool: &'a Pool,
+    isa: Isa,
+    packed: &'a HashMap<usize, Packed>,
+}
+
+fn run_chunk<E: KvElem>(env: &Env<'_>, b: &mut Buffers, cache: &mut Layers<E>, capacity: usize, c: &Chunk<'_>, out: &mut [f32]) {
+    let (m, isa) = (env.m, env.isa);
     let views = Views {
         q: SharedSlice::new(&mut b.q),
         k: SharedSlice::new(&mut b.k),
@@ -289,9 +318,9 @@ fn run_chunk<E: KvElem>(m: &Model, pool: &Pool, isa: Isa, b: &mut Buffers, cache
     };
     let own = &b.own;
     let offsets = &cache.offset;
-    pool.run(|ctx| {
+    env.pool.run(|ctx| {
         let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
-        let mut f = Forward { m, isa, ctx, v: &views, c, n: c.tokens.len(), capacity, p: &mut p };
+        let mut f = Forward { m, isa, packed: env.packed, ctx, v: &views, c, n: c.tokens.len(), capacity, p: &mut p };
         // SAFETY (for every step): each step writes only the shared rows or elements its thread
         // claimed, and a barrier separates it from the steps that read them.
         unsafe {
@@ -309,6 +338,7 @@ fn run_chunk<E: KvElem>(m: &Model, pool: &Pool, isa: Isa, b: &mut Buffers, cache
 struct Forward<'a, E> {
     m: &'a Model,
     isa: Isa,
+    packed: &'a HashMap<usize, Packed>,
     ctx: &'a Ctx<'a>,
     v: &'a Views<'a, E>,
     c: &'a Chunk<'a>,
@@ -357,7 +387,8 @@ impl<E: KvElem> Forward<'_, E> {
             ActKind::Q8B32 => Input::Q8(&p.q8b),
             ActKind::Q8K => Input::Q8(&p.q8k),
         };
-        matmul(self.ctx, self.isa, w, bias, input, n, out, &mut p.scratch, align, done);
+        let packed = self.packed.get(&(w as *const Weight as usize));
+        matmul(self.ctx, self.isa, w, bias, input, n, out, &mut p.scratch, packed, align, done);
     }
 
     fn linear(&mut self, lin: &Linear, out: &SharedSlice<'_, f32>) {

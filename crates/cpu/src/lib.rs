@@ -6,6 +6,7 @@ mod forward;
 pub mod kernels;
 mod kv;
 pub mod matmul;
+mod mem;
 pub mod ops;
 pub mod pool;
 pub mod q8;

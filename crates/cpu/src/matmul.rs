@@ -5,6 +5,7 @@
 
 use anelm_model::Weight;
 
+use crate::kernels::packed::{Layout, Packed, ROWS};
 use crate::kernels::{select, Kernel, MAX_ROWS};
 use crate::pool::Ctx;
 use crate::q8::{Q8Buf, Q8Row};
@@ -41,6 +42,7 @@ pub fn matmul(
     n: usize,
     out: &SharedSlice<f32>,
     scratch: &mut Vec<f32>,
+    packed: Option<&Packed>,
     align: usize,
     mut done: impl FnMut(std::ops::Range<usize>),
 ) {
@@ -64,6 +66,28 @@ pub fn matmul(
                 }
             };
             match (kernel, input) {
+                (Kernel::Q8 { .. }, Input::Q8(q)) if packed.is_some() => {
+                    let p = packed.expect("checked");
+                    let lay = Layout::of(p.dtype).expect("packed types have a layout");
+                    let group_bytes = p.blocks * lay.column();
+                    let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+                    let mut res4 = [[0f32; ROWS]; MAX_ROWS];
+                    for g in r0 / ROWS..r1.div_ceil(ROWS) {
+                        let group = &p.data[g * group_bytes..(g + 1) * group_bytes];
+                        // SAFETY: weights are packed only when the CPU has AVX-512 (see `pack_for`).
+                        #[cfg(target_arch = "x86_64")]
+                        unsafe {
+                            crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
+                        };
+                        for lane in 0..ROWS.min(r1 - g * ROWS) {
+                            let mut res = [0f32; MAX_ROWS];
+                            for t in 0..tn {
+                                res[t] = res4[t][lane];
+                            }
+                            emit(g * ROWS + lane, &res[..tn]);
+                        }
+                    }
+                }
                 (Kernel::Q8 { f, .. }, Input::Q8(q)) => {
                     let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
                     for r in r0..r1 {
@@ -96,6 +120,17 @@ pub fn matmul(
         }
         done(r0..r1);
     });
+}
+
+/// The packed copy of `w` for `isa`, when one pays: the 32-value types on AVX-512. `done(r)`
+/// hears when rows `..r` of the original are no longer needed.
+pub fn pack_for(w: &Weight, isa: Isa, done: impl FnMut(usize)) -> Option<Packed> {
+    if isa != Isa::Avx512 || w.rows == 0 {
+        return None;
+    }
+    let all = w.bytes();
+    let rb = all.len() / w.rows;
+    crate::kernels::packed::pack(w.dtype, w.rows, w.cols / 32, |r| &all[r * rb..(r + 1) * rb], done)
 }
 
 /// Input rows `t0..t0 + tn` of `x` (the unused slots repeat the last row and are not read).

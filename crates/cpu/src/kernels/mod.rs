@@ -14,6 +14,7 @@ use anelm_formats::GgmlType;
 use crate::q8::{ActKind, Q8Row};
 use crate::simd::Isa;
 
+pub mod packed;
 pub mod scalar;
 #[cfg(test)]
 mod tests;

@@ -149,3 +149,44 @@ fn every_other_type_falls_back_to_dequantising() {
         assert!(matches!(select(ty, Isa::detect()), Kernel::Q8 { .. }), "{ty}");
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn packed_rows_agree_with_the_reference(seed in any::<u64>(), ti in 0usize..5, blocks in 1usize..12, rows in 1usize..10, t in 1usize..=MAX_ROWS) {
+        prop_assume!(Isa::available().contains(&Isa::Avx512));
+        let ty = QUANT[ti];
+        let n = 32 * blocks;
+        let mut rng = Rng(seed | 1);
+        let w: Vec<Vec<u8>> = (0..rows).map(|_| weight_row(ty, n, &mut rng)).collect();
+        let mut q = Q8Buf::new(ActKind::Q8B32, t, n);
+        for i in 0..t {
+            q.quantize_row(i, &activations(n, &mut rng));
+        }
+        let mut released = 0;
+        let p = packed::pack(ty, rows, blocks, |r| &w[r][..], |r| released = r).unwrap();
+        prop_assert_eq!(released, rows);
+        let lay = packed::Layout::of(ty).unwrap();
+        let xs: Vec<_> = (0..t).map(|i| q.row(i)).collect();
+        let group_bytes = blocks * lay.column();
+        for g in 0..rows.div_ceil(packed::ROWS) {
+            let mut out = vec![[0f32; 4]; t];
+            // SAFETY: AVX-512 is available.
+            unsafe { x86::packed_dot(&p.data[g * group_bytes..(g + 1) * group_bytes], lay, &xs, &mut out) };
+            for lane in 0..packed::ROWS.min(rows - g * packed::ROWS) {
+                let r = g * packed::ROWS + lane;
+                let want = run_q8(select(ty, Isa::Scalar), &w[r], &q, t);
+                let mut deq = vec![0f32; n];
+                anelm_formats::quant::dequantize(ty, &w[r], &mut deq).unwrap();
+                for i in 0..t {
+                    let row = q.row(i);
+                    let mag: f32 = deq.iter().zip(row.qs).enumerate().map(|(j, (a, &b))| (a * f32::from(b) * row.d[j / 32]).abs()).sum();
+                    // Q8_0's bias of 128 adds a cancellation of at most 255/127 to the bound.
+                    prop_assert!((out[i][lane] - want[i]).abs() <= 6e-6 * mag + 1e-9, "{ty} row {r} token {i}: {} vs {}", out[i][lane], want[i]);
+                }
+            }
+        }
+    }
+}
