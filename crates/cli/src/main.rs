@@ -29,6 +29,8 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Inspect MIL programs: print (canonical form) or check (parse + ANE lint).
     Mil(cmd::mil::Args),
+    /// Prompt-processing and generation speed (tok/s), weight bandwidth and peak RSS.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Mil(a) => cmd::mil::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

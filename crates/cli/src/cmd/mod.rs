@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod common;
 pub mod eval;
 pub mod mil;

@@ -1,0 +1,158 @@
+//! `anelm bench`: prompt-processing and generation speed, as llama.cpp's llama-bench measures
+//! them: `pp N` runs an N-token prompt through a fresh state in one forward pass, `tg N` decodes
+//! N tokens one at a time from an empty state; each is repeated and reported as median, min and
+//! max tokens/s, with the weight bandwidth generation achieves and the process's peak RSS.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use anelm_model::{Executor, Logits};
+use serde_json::json;
+
+use super::common::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens of the prompt-processing test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub prompt: usize,
+    /// Tokens of the generation test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repetitions: usize,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Deterministic token ids spread over the vocabulary (the content does not change the cost).
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Seconds of one prompt-processing run.
+fn prompt_run(exec: &mut dyn Executor, ids: &[u32], logits: &mut Vec<f32>) -> Result<f64> {
+    let mut state = exec.new_state(ids.len())?;
+    let start = Instant::now();
+    exec.forward(state.as_mut(), ids, Logits::Last, logits)?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Seconds of one generation run: each token is fed alone, as in decoding.
+fn gen_run(exec: &mut dyn Executor, ids: &[u32], logits: &mut Vec<f32>) -> Result<f64> {
+    let mut state = exec.new_state(ids.len())?;
+    let start = Instant::now();
+    for id in ids {
+        exec.forward(state.as_mut(), std::slice::from_ref(id), Logits::Last, logits)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// The process's peak resident set (VmHWM), where /proc tells it.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn stats(v: &[f64]) -> Option<Stats> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = match n {
+        0 => return None,
+        _ if n % 2 == 1 => s[n / 2],
+        _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    };
+    Some(Stats { median, min: s[0], max: s[n - 1] })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
+    if a.prompt == 0 && a.gen == 0 {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
+    let loaded = a.model.load()?;
+    let model = loaded.model.clone();
+    let max = model.max_positions();
+    if a.prompt.max(a.gen) > max {
+        bail!("{}: the model holds {max} positions; -p {} / -n {} do not fit", model.source.path().display(), a.prompt, a.gen);
+    }
+    let mut exec = a.model.executor(&loaded)?;
+    let vocab = exec.vocab_size();
+    let mut logits = Vec::new();
+
+    // Warm-up, as llama-bench does: page in the weights, size the buffers.
+    if a.prompt > 0 {
+        prompt_run(exec.as_mut(), &tokens(a.prompt, vocab, 1), &mut logits).context("warm-up prompt run")?;
+    }
+    if a.gen > 0 {
+        gen_run(exec.as_mut(), &tokens(1, vocab, 2), &mut logits).context("warm-up generation run")?;
+    }
+
+    let (mut pp, mut tg, mut runs) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..a.repetitions {
+        if a.prompt > 0 {
+            let s = prompt_run(exec.as_mut(), &tokens(a.prompt, vocab, 10 + r as u64), &mut logits)?;
+            pp.push(a.prompt as f64 / s);
+            runs.push(json!({"test": format!("pp{}", a.prompt), "seconds": s, "tok_s": a.prompt as f64 / s}));
+        }
+        if a.gen > 0 {
+            let s = gen_run(exec.as_mut(), &tokens(a.gen, vocab, 100 + r as u64), &mut logits)?;
+            tg.push(a.gen as f64 / s);
+            runs.push(json!({"test": format!("tg{}", a.gen), "seconds": s, "tok_s": a.gen as f64 / s}));
+        }
+    }
+    let bytes = model.bytes_per_token() as f64;
+    let (pp_s, tg_s) = (stats(&pp), stats(&tg));
+    let rss = peak_rss();
+
+    if a.json {
+        let out = json!({
+            "pp_tok_s": pp_s.as_ref().map(|s| s.median),
+            "tg_tok_s": tg_s.as_ref().map(|s| s.median),
+            "tg_gb_s": tg_s.as_ref().map(|s| s.median * bytes / 1e9),
+            "peak_rss_bytes": rss,
+            "runs": runs,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    let name = model.source.path().file_name().map_or_else(|| model.config.name.clone(), |f| f.to_string_lossy().into_owned());
+    let threads = if a.model.threads == 0 { "auto".to_string() } else { a.model.threads.to_string() };
+    println!("| {:<40} | {:>9} | {:>7} | {:>6} | {:>9} | {:>9} | {:>9} | {:>6} |", "model", "weights", "threads", "test", "t/s", "min", "max", "GB/s");
+    println!("| {:-<40} | {:->9} | {:->7} | {:->6} | {:->9} | {:->9} | {:->9} | {:->6} |", "", "", "", "", "", "", "", "");
+    let size = format!("{:.1} MiB", bytes / (1u64 << 20) as f64);
+    for (test, s, gbs) in [(format!("pp{}", a.prompt), pp_s, false), (format!("tg{}", a.gen), tg_s, true)] {
+        if let Some(s) = s {
+            let bw = if gbs { format!("{:.1}", s.median * bytes / 1e9) } else { String::new() };
+            println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>6} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
+        }
+    }
+    match rss {
+        Some(b) => println!("\npeak RSS {:.1} MiB; weights read per generated token {size}", b as f64 / (1u64 << 20) as f64),
+        None => println!("\npeak RSS unknown (no /proc/self/status); weights read per generated token {size}"),
+    }
+    Ok(())
+}
