@@ -5,11 +5,15 @@
 
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context, Result};
+use anelm_engine::LoadedModel;
 use anelm_model::{Executor, Logits};
 use serde_json::json;
 
 use super::common::ModelArgs;
+use crate::models;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -93,8 +97,10 @@ pub fn run(a: Args) -> Result<()> {
     if a.prompt == 0 && a.gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
     }
-    let loaded = a.model.load()?;
-    let model = loaded.model.clone();
+    // The weights only: the benchmark feeds token ids, so the tokenizer would only add memory.
+    let path = models::resolve(a.model.model.as_deref())?;
+    let model = Arc::new(anelm_model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let loaded = LoadedModel { model: model.clone(), tokenizer: None };
     let max = model.max_positions();
     if a.prompt.max(a.gen) > max {
         bail!("{}: the model holds {max} positions; -p {} / -n {} do not fit", model.source.path().display(), a.prompt, a.gen);
