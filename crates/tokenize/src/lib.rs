@@ -6,6 +6,7 @@
 //! go through the `tokenizers` crate. [`Tokenizer`] is the one public type over both.
 
 mod bpe;
+mod chat_template;
 mod error;
 mod gguf;
 mod hf;
@@ -16,5 +17,9 @@ mod tokenizer;
 mod unicode;
 mod vocab;
 
+pub use chat_template::{
+    builtin_template, gguf_chat_template, hf_chat_template, BuiltinTemplate, ChatTemplate, ChatTemplateError, Message,
+    RenderOptions, TemplateOrigin,
+};
 pub use error::{Result, TokenizeError};
 pub use tokenizer::Tokenizer;

@@ -6,8 +6,10 @@
 
 mod builtin;
 mod pyjson;
+mod pystr;
 mod source;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use minijinja::syntax::SyntaxConfig;
@@ -151,6 +153,9 @@ impl ChatTemplate {
             Ok(Value::from(text))
         });
         env.add_filter("tojson", pyjson::tojson);
+        env.add_filter("trim", pystr::trim);
+        env.add_filter("string", pystr::string);
+        env.set_formatter(pystr::format);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| ChatTemplateError::Syntax { origin: origin.clone(), msg: describe(&e) })?;
         Ok(ChatTemplate { env, origin, bos_token, eos_token })
@@ -187,19 +192,19 @@ impl ChatTemplate {
             Some(t) => to_value(serde_json::Value::Array(t.clone()))?,
             None => Value::from(()),
         };
-        let mut ctx = vec![
+        let mut ctx = BTreeMap::from([
             ("messages", messages),
             ("tools", tools),
             ("documents", Value::from(())),
             ("add_generation_prompt", Value::from(opts.add_generation_prompt)),
-        ];
+        ]);
         if let Some(b) = &self.bos_token {
-            ctx.push(("bos_token", Value::from(b.as_str())));
+            ctx.insert("bos_token", Value::from(b.as_str()));
         }
         if let Some(e) = &self.eos_token {
-            ctx.push(("eos_token", Value::from(e.as_str())));
+            ctx.insert("eos_token", Value::from(e.as_str()));
         }
-        let ctx: Value = ctx.into_iter().collect();
+        let ctx = Value::from_object(ctx);
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| self.render_error(&e))?;
         tmpl.render(ctx).map_err(|e| self.render_error(&e))
     }

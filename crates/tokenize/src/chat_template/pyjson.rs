@@ -73,7 +73,7 @@ fn write_value(out: &mut String, v: &Value, style: &Style, depth: usize) -> Resu
                 entries.push((key, val));
             }
             if style.sort_keys {
-                entries.sort_by(|a, b| a.0.to_string().cmp(&b.0.to_string()));
+                entries.sort_by_key(|e| e.0.to_string());
             }
             write_container(out, style, depth, '{', '}', &entries, |out, (key, val), depth| {
                 match key.as_str() {
@@ -117,14 +117,12 @@ fn write_container<T>(
 }
 
 fn write_number(out: &mut String, v: &Value) -> Result<(), Error> {
-    if let Ok(i) = i64::try_from(v.clone()) {
-        if v.as_i64().is_some() {
-            out.push_str(&i.to_string());
-            return Ok(());
-        }
+    if v.is_integer() {
+        out.push_str(&v.to_string());
+    } else {
+        let f = f64::try_from(v.clone()).map_err(|_| bad("unsupported number"))?;
+        out.push_str(&python_float_repr(f));
     }
-    let f = f64::try_from(v.clone()).map_err(|_| bad("unsupported number"))?;
-    out.push_str(&python_float_repr(f));
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! Where a model keeps its chat template: GGUF metadata, or one of the files transformers
 //! writes beside a Hugging Face model.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anelm_formats::Metadata;
 use serde_json::Value;
@@ -49,8 +49,8 @@ fn read(path: &Path) -> Result<Option<String>, ChatTemplateError> {
     }
 }
 
-fn template_field(path: &PathBuf, v: Option<&Value>) -> Result<Option<String>, ChatTemplateError> {
-    let bad = |msg: &str| ChatTemplateError::File { path: path.clone(), msg: format!("chat_template: {msg}") };
+fn template_field(path: &Path, v: Option<&Value>) -> Result<Option<String>, ChatTemplateError> {
+    let bad = |msg: &str| ChatTemplateError::File { path: path.to_path_buf(), msg: format!("chat_template: {msg}") };
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
