@@ -16,23 +16,23 @@ pub struct Cache<'a, E> {
     pub kv_dim: usize,
 }
 
-/// `out` = attention of `q` (query head `head`, at position `pos`) over the cached positions
-/// `0..=pos`, or the window ending there. `scores` is scratch of at least `pos + 1` values.
-pub fn attend_head<E: KvElem>(isa: Isa, a: &Attention, head: usize, q: &[f32], pos: usize, cache: &Cache<'_, E>, scores: &mut [f32], out: &mut [f32]) {
+/// `out` = attention of the query heads of KV head `kvh` (`q`: their `g × head_dim` values, at
+/// position `pos`) over the cached positions `0..=pos`, or the window ending there. `scores` is
+/// scratch of at least `g × (pos + 1)` values.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group<E: KvElem>(isa: Isa, a: &Attention, kvh: usize, q: &[f32], pos: usize, cache: &Cache<'_, E>, scores: &mut [f32], out: &mut [f32]) {
     let hd = a.head_dim;
-    let kvh = head / (a.n_heads / a.n_kv_heads);
+    let g = a.n_heads / a.n_kv_heads;
     let start = a.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let scores = &mut scores[..pos + 1 - start];
-    let at = |j: usize| j * cache.kv_dim + kvh * hd;
-    for (s, j) in scores.iter_mut().zip(start..=pos) {
-        *s = E::dot(isa, q, &cache.k[at(j)..at(j) + hd]) * a.scale;
+    let n = pos + 1 - start;
+    let at = start * cache.kv_dim + kvh * hd;
+    let scores = &mut scores[..g * n];
+    E::scores(isa, q, g, hd, &cache.k[at..], cache.kv_dim, n, a.scale, scores);
+    for row in scores.chunks_exact_mut(n) {
+        if let Some(cap) = a.softcap {
+            softcap(row, cap);
+        }
+        softmax(isa, row);
     }
-    if let Some(cap) = a.softcap {
-        softcap(scores, cap);
-    }
-    softmax(isa, scores);
-    out.fill(0.0);
-    for (&p, j) in scores.iter().zip(start..=pos) {
-        E::axpy(isa, out, p, &cache.v[at(j)..at(j) + hd]);
-    }
+    E::mix(isa, scores, g, hd, &cache.v[at..], cache.kv_dim, n, out);
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use anelm_model::plan::{Activation, Ffn, Layer, Linear};
 use anelm_model::{ExecError, Executor, KvState, Logits, Model, Weight};
 
-use crate::attention::{attend_head, Cache};
+use crate::attention::{attend_group, Cache};
 use crate::kernels::select;
 use crate::kv::{CpuKv, KvData, KvDtype, Layers};
 use crate::kernels::packed::Packed;
@@ -237,11 +237,12 @@ impl Executor for CpuExecutor {
         if self.bufs.cap < cap {
             self.bufs = Buffers::new(&Dims::of(&self.model), cap, self.pool.threads());
         }
-        // Attention scores span the whole cache.
+        // Attention scores span the whole cache, for a group of heads.
+        let group = self.model.layers.iter().map(|l| l.attention().n_heads / l.attention().n_kv_heads).max().unwrap_or(1);
         for p in &self.bufs.own {
             let s = &mut p.lock().unwrap_or_else(|e| e.into_inner()).scratch;
-            if s.len() < kv.capacity {
-                s.resize(kv.capacity, 0.0);
+            if s.len() < kv.capacity * group {
+                s.resize(kv.capacity * group, 0.0);
             }
         }
 
@@ -493,15 +494,17 @@ impl<E: KvElem> Forward<'_, E> {
         self.p.scratch = angles;
         ctx.barrier();
 
-        // Attention: (block of query tokens, head) pairs.
+        // Attention: (block of query tokens, KV head) pairs; a KV head serves a group of query
+        // heads, which are adjacent in a row of q.
         let block = if n > 1 { ATTN_BLOCK } else { 1 };
+        let gw = qd / a.n_kv_heads;
         let cache = Cache { k: v.kc.range(cache_at..cache_at + self.capacity * kvd), v: v.vc.range(cache_at..cache_at + self.capacity * kvd), kv_dim: kvd };
         let scores = &mut self.p.scratch;
-        ctx.chunks(n.div_ceil(block) * a.n_heads, |item| {
-            let (blk, head) = (item / a.n_heads, item % a.n_heads);
+        ctx.chunks(n.div_ceil(block) * a.n_kv_heads, |item| {
+            let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
             for t in blk * block..((blk + 1) * block).min(n) {
-                let at = t * qd + head * hd;
-                attend_head(isa, a, head, v.q.range(at..at + hd), p0 + t, &cache, scores, v.att.range_mut(at..at + hd));
+                let at = t * qd + kvh * gw;
+                attend_group(isa, a, kvh, v.q.range(at..at + gw), p0 + t, &cache, scores, v.att.range_mut(at..at + gw));
             }
         });
         ctx.barrier();

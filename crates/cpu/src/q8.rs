@@ -8,6 +8,7 @@
 //! any vectorised quantiser produces the same bytes. Scales stay f32 (ggml rounds Q8_0's to f16).
 
 use crate::kernels::QK;
+use crate::simd::Isa;
 
 /// How a kernel wants its input rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,6 +115,16 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
 
 /// Q8B32: per 32 values, `d` and `s = d * Σq`.
 pub fn quantize_b32(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect_cached().has_avx2() {
+        // SAFETY: AVX2 is available.
+        unsafe { x86::quantize_b32(x, qs, d, s) };
+        return;
+    }
+    quantize_b32_scalar(x, qs, d, s);
+}
+
+pub fn quantize_b32_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     for (((x, q), d), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(s.iter_mut()) {
         *d = quantize_block(x, q);
         *s = *d * q.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
@@ -122,11 +133,85 @@ pub fn quantize_b32(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 
 /// Q8K: per 256 values `d`, and the sum of every 16 quants.
 pub fn quantize_k(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect_cached().has_avx2() {
+        // SAFETY: AVX2 is available.
+        unsafe { x86::quantize_k(x, qs, d, sums) };
+        return;
+    }
+    quantize_k_scalar(x, qs, d, sums);
+}
+
+pub fn quantize_k_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
     for ((x, q), d) in x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut()) {
         *d = quantize_block(x, q);
     }
     for (s, q) in sums.iter_mut().zip(qs.chunks_exact(16)) {
         *s = q.iter().map(|&v| i16::from(v)).sum();
+    }
+}
+
+/// The same quantisers with AVX2: the same f32 operations and rounding, so the same bytes.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{QK, QK_K};
+
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
+    }
+
+    /// Quantises `x` (a multiple of 32 values) with one scale; returns the scale and, per 16
+    /// values, the sum of the quants.
+    #[inline(always)]
+    unsafe fn block(x: &[f32], q: &mut [i8], sums16: &mut [i32]) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut vmax = _mm256_setzero_ps();
+        for c in x.chunks_exact(8) {
+            vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(c.as_ptr())));
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps::<1>(vmax));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        if amax == 0.0 {
+            q.fill(0);
+            sums16.fill(0);
+            return 0.0;
+        }
+        let id = _mm256_set1_ps(127.0 / amax);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (i, (c, o)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
+            let v: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(8 * k)), id)));
+            sums16[2 * i] = hsum_i32(_mm256_add_epi32(v[0], v[1]));
+            sums16[2 * i + 1] = hsum_i32(_mm256_add_epi32(v[2], v[3]));
+            let w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, _mm256_permutevar8x32_epi32(w, order));
+        }
+        amax / 127.0
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn quantize_b32(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+        let mut sums = [0i32; 2];
+        for (((x, q), d), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(s.iter_mut()) {
+            *d = block(x, q, &mut sums);
+            *s = *d * (sums[0] + sums[1]) as f32;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn quantize_k(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
+        let mut s = [0i32; QK_K / 16];
+        for (((x, q), d), out) in x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut()).zip(sums.chunks_exact_mut(QK_K / 16)) {
+            *d = block(x, q, &mut s);
+            for (o, v) in out.iter_mut().zip(s) {
+                *o = v as i16;
+            }
+        }
     }
 }
 
@@ -152,6 +237,25 @@ mod tests {
                 let sum: i32 = r.qs[32..64].iter().map(|&q| i32::from(q)).sum();
                 assert_eq!(r.s[1], r.d[1] * sum as f32);
             }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn simd_quantisers_give_the_scalar_bytes(x in proptest::collection::vec(-50f32..50f32, 256..=256), zero_first in proptest::bool::ANY) {
+            let mut x = x;
+            if zero_first {
+                x[..32].fill(0.0);
+            }
+            let (mut qa, mut qb) = (vec![0i8; 256], vec![0i8; 256]);
+            let (mut da, mut db, mut sa, mut sb) = (vec![0f32; 8], vec![0f32; 8], vec![0f32; 8], vec![0f32; 8]);
+            quantize_b32(&x, &mut qa, &mut da, &mut sa);
+            quantize_b32_scalar(&x, &mut qb, &mut db, &mut sb);
+            proptest::prop_assert_eq!((&qa, &da, &sa), (&qb, &db, &sb));
+            let (mut ka, mut kb, mut dka, mut dkb) = (vec![0i16; 16], vec![0i16; 16], vec![0f32; 1], vec![0f32; 1]);
+            quantize_k(&x, &mut qa, &mut dka, &mut ka);
+            quantize_k_scalar(&x, &mut qb, &mut dkb, &mut kb);
+            proptest::prop_assert_eq!((&qa, &dka, &ka), (&qb, &dkb, &kb));
         }
     }
 

@@ -29,6 +29,12 @@ impl Isa {
         matches!(self, Isa::Avx2 | Isa::Avx512)
     }
 
+    /// [`Isa::detect`], computed once per process.
+    pub fn detect_cached() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(Isa::detect)
+    }
+
     pub fn parse(name: &str) -> Option<Isa> {
         Some(match name {
             "scalar" => Isa::Scalar,

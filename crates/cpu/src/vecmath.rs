@@ -95,36 +95,58 @@ pub fn softmax(isa: Isa, x: &mut [f32]) {
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
-    /// `Σ q[i] · k[i]`.
-    fn dot(isa: Isa, q: &[f32], k: &[Self]) -> f32;
-    /// `out += p · v`.
-    fn axpy(isa: Isa, out: &mut [f32], p: f32, v: &[Self]);
+    /// Scores of `g` query heads (`q`: `g × hd`) against the keys at `k[j * stride..][..hd]` for
+    /// `j < n`: `s[h * n + j] = scale · q_h · k_j`. Each key is read once for all the heads.
+    #[allow(clippy::too_many_arguments)]
+    fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[Self], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+        let _ = isa;
+        for h in 0..g {
+            for j in 0..n {
+                let kj = &k[j * stride..j * stride + hd];
+                s[h * n + j] = scale * q[h * hd..(h + 1) * hd].iter().zip(kj).map(|(a, b)| a * b.to_f32()).sum::<f32>();
+            }
+        }
+    }
+
+    /// `out_h = Σ_j p[h * n + j] · v_j` for the `g` heads (`out`: `g × hd`), `v_j` at
+    /// `v[j * stride..][..hd]`.
+    #[allow(clippy::too_many_arguments)]
+    fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[Self], stride: usize, n: usize, out: &mut [f32]) {
+        let _ = isa;
+        out[..g * hd].fill(0.0);
+        for h in 0..g {
+            for j in 0..n {
+                let w = p[h * n + j];
+                out[h * hd..(h + 1) * hd].iter_mut().zip(&v[j * stride..j * stride + hd]).for_each(|(o, v)| *o += w * v.to_f32());
+            }
+        }
+    }
 }
 
 impl KvElem for f32 {
     fn from_f32(v: f32) -> Self {
         v
     }
+    #[cfg(target_arch = "x86_64")]
+    fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[f32], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+            // SAFETY: Avx2 or better was detected; the ranges are checked inside.
+            unsafe { x86::scores_f32(q, g, hd, k, stride, n, scale, s) };
+        } else {
+            scalar_scores(q, g, hd, k, stride, n, scale, s);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[f32], stride: usize, n: usize, out: &mut [f32]) {
+        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+            // SAFETY: as above.
+            unsafe { x86::mix_f32(p, g, hd, v, stride, n, out) };
+        } else {
+            scalar_mix(p, g, hd, v, stride, n, out);
+        }
+    }
     fn to_f32(self) -> f32 {
         self
-    }
-    fn dot(isa: Isa, q: &[f32], k: &[f32]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: Avx2 or better was detected.
-            return unsafe { x86::dot_f32(q, k) };
-        }
-        let _ = isa;
-        crate::kernels::scalar::dot(q, k)
-    }
-    fn axpy(isa: Isa, out: &mut [f32], p: f32, v: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: Avx2 or better was detected.
-            return unsafe { x86::axpy_f32(out, p, v) };
-        }
-        let _ = isa;
-        out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
     }
 }
 
@@ -132,26 +154,51 @@ impl KvElem for f16 {
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
     }
+    #[cfg(target_arch = "x86_64")]
+    fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[f16], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+            // SAFETY: Avx2 or better was detected; the ranges are checked inside.
+            unsafe { x86::scores_f16(q, g, hd, k, stride, n, scale, s) };
+        } else {
+            scalar_scores(q, g, hd, k, stride, n, scale, s);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[f16], stride: usize, n: usize, out: &mut [f32]) {
+        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+            // SAFETY: as above.
+            unsafe { x86::mix_f16(p, g, hd, v, stride, n, out) };
+        } else {
+            scalar_mix(p, g, hd, v, stride, n, out);
+        }
+    }
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
-    fn dot(isa: Isa, q: &[f32], k: &[f16]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: Avx2 or better was detected.
-            return unsafe { x86::dot_f16(q, k) };
+}
+
+/// The trait's default `scores`, callable from the overriding impls.
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+fn scalar_scores<E: KvElem>(q: &[f32], g: usize, hd: usize, k: &[E], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+    for h in 0..g {
+        for j in 0..n {
+            let kj = &k[j * stride..j * stride + hd];
+            s[h * n + j] = scale * q[h * hd..(h + 1) * hd].iter().zip(kj).map(|(a, b)| a * b.to_f32()).sum::<f32>();
         }
-        let _ = isa;
-        q.iter().zip(k).map(|(q, k)| q * k.to_f32()).sum()
     }
-    fn axpy(isa: Isa, out: &mut [f32], p: f32, v: &[f16]) {
-        #[cfg(target_arch = "x86_64")]
-        if isa.has_avx2() {
-            // SAFETY: Avx2 or better was detected.
-            return unsafe { x86::axpy_f16(out, p, v) };
+}
+
+/// The trait's default `mix`.
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+fn scalar_mix<E: KvElem>(p: &[f32], g: usize, hd: usize, v: &[E], stride: usize, n: usize, out: &mut [f32]) {
+    out[..g * hd].fill(0.0);
+    for h in 0..g {
+        for j in 0..n {
+            let w = p[h * n + j];
+            out[h * hd..(h + 1) * hd].iter_mut().zip(&v[j * stride..j * stride + hd]).for_each(|(o, v)| *o += w * v.to_f32());
         }
-        let _ = isa;
-        out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v.to_f32());
     }
 }
 
@@ -250,56 +297,68 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
-    /// `Σ q·k` with `load` widening eight k values.
+    /// The most query heads per KV head the vector attention takes (larger groups use scalar).
+    pub const MAX_GROUP: usize = 8;
+
     #[inline(always)]
-    unsafe fn dot_with(q: &[f32], n: usize, load: impl Fn(usize) -> __m256, one: impl Fn(usize) -> f32) -> f32 {
-        let n8 = n / 8 * 8;
-        let mut acc = _mm256_setzero_ps();
-        for i in (0..n8).step_by(8) {
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), load(i), acc);
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn scores<E>(q: &[f32], g: usize, hd: usize, k: &[E], stride: usize, n: usize, scale: f32, s: &mut [f32], load: impl Fn(*const E) -> __m256) {
+        assert!(q.len() >= g * hd && s.len() >= g * n && (n == 0 || k.len() >= (n - 1) * stride + hd));
+        for j in 0..n {
+            let kj = k.as_ptr().add(j * stride);
+            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
+            for i in (0..hd).step_by(8) {
+                let k8 = load(kj.add(i));
+                for (h, a) in acc.iter_mut().enumerate().take(g) {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(h * hd + i)), k8, *a);
+                }
+            }
+            for (h, a) in acc.iter().enumerate().take(g) {
+                s[h * n + j] = scale * hsum(*a);
+            }
         }
-        let mut s = hsum(acc);
-        for i in n8..n {
-            s += q[i] * one(i);
-        }
-        s
     }
 
     #[inline(always)]
-    unsafe fn axpy_with(out: &mut [f32], p: f32, load: impl Fn(usize) -> __m256, one: impl Fn(usize) -> f32) {
-        let n8 = out.len() / 8 * 8;
-        let vp = _mm256_set1_ps(p);
-        let o = out.as_mut_ptr();
-        for i in (0..n8).step_by(8) {
-            _mm256_storeu_ps(o.add(i), _mm256_fmadd_ps(vp, load(i), _mm256_loadu_ps(o.add(i))));
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn mix<E>(p: &[f32], g: usize, hd: usize, v: &[E], stride: usize, n: usize, out: &mut [f32], load: impl Fn(*const E) -> __m256) {
+        assert!(p.len() >= g * n && out.len() >= g * hd && (n == 0 || v.len() >= (n - 1) * stride + hd));
+        for i in (0..hd).step_by(8) {
+            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
+            for j in 0..n {
+                let v8 = load(v.as_ptr().add(j * stride + i));
+                for (h, a) in acc.iter_mut().enumerate().take(g) {
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*p.get_unchecked(h * n + j)), v8, *a);
+                }
+            }
+            for (h, a) in acc.iter().enumerate().take(g) {
+                _mm256_storeu_ps(out.as_mut_ptr().add(h * hd + i), *a);
+            }
         }
-        for i in n8..out.len() {
-            out[i] += p * one(i);
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_f32(q: &[f32], k: &[f32]) -> f32 {
-        let n = q.len().min(k.len());
-        dot_with(q, n, |i| _mm256_loadu_ps(k.as_ptr().add(i)), |i| k[i])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
-        let n = q.len().min(k.len());
-        dot_with(q, n, |i| _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i) as *const __m128i)), |i| k[i].to_f32())
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn scores_f16(q: &[f32], g: usize, hd: usize, k: &[f16], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+        scores(q, g, hd, k, stride, n, scale, s, |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)))
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_f32(out: &mut [f32], p: f32, v: &[f32]) {
-        assert!(v.len() >= out.len());
-        axpy_with(out, p, |i| _mm256_loadu_ps(v.as_ptr().add(i)), |i| v[i])
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn scores_f32(q: &[f32], g: usize, hd: usize, k: &[f32], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+        scores(q, g, hd, k, stride, n, scale, s, |p| _mm256_loadu_ps(p))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_f16(out: &mut [f32], p: f32, v: &[f16]) {
-        assert!(v.len() >= out.len());
-        axpy_with(out, p, |i| _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i)), |i| v[i].to_f32())
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn mix_f16(p: &[f32], g: usize, hd: usize, v: &[f16], stride: usize, n: usize, out: &mut [f32]) {
+        mix(p, g, hd, v, stride, n, out, |x| _mm256_cvtph_ps(_mm_loadu_si128(x as *const __m128i)))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn mix_f32(p: &[f32], g: usize, hd: usize, v: &[f32], stride: usize, n: usize, out: &mut [f32]) {
+        mix(p, g, hd, v, stride, n, out, |x| _mm256_loadu_ps(x))
     }
 
     /// For the tests: exp over eight lanes.
@@ -366,20 +425,30 @@ mod tests {
         }
 
         #[test]
-        fn simd_cache_dot_and_axpy_match_scalar(q in prop::collection::vec(-4f32..4f32, 1..300), p in -2f32..2f32) {
-            let k16: Vec<f16> = q.iter().map(|v| f16::from_f32(v * 0.7 + 0.1)).collect();
+        fn simd_attention_scores_and_mix_match_scalar(seed in any::<u64>(), g in 1usize..6, hd8 in 1usize..10, n in 1usize..40) {
+            let hd = 8 * hd8;
+            let stride = hd * 2 + 8;
+            let mut x = seed | 1;
+            let mut rnd = move || { x ^= x << 13; x ^= x >> 7; x ^= x << 17; (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0 };
+            let q: Vec<f32> = (0..g * hd).map(|_| rnd() * 3.0).collect();
+            let k16: Vec<f16> = (0..n * stride).map(|_| f16::from_f32(rnd())).collect();
             let k32: Vec<f32> = k16.iter().map(|v| v.to_f32()).collect();
-            let bound = 1e-5 * q.iter().zip(&k32).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-6;
-            let want = f16::dot(Isa::Scalar, &q, &k16);
+            let mut want = vec![0f32; g * n];
+            scalar_scores(&q, g, hd, &k32, stride, n, 0.125, &mut want);
+            let mut wmix = vec![0f32; g * hd];
+            scalar_mix(&want, g, hd, &k32, stride, n, &mut wmix);
             for isa in Isa::available() {
-                prop_assert!((f16::dot(isa, &q, &k16) - want).abs() <= bound);
-                prop_assert!((f32::dot(isa, &q, &k32) - want).abs() <= bound);
-                let mut a = q.clone();
-                f16::axpy(isa, &mut a, p, &k16);
-                let mut b = q.clone();
-                f32::axpy(Isa::Scalar, &mut b, p, &k32);
-                for (x, y) in a.iter().zip(&b) {
-                    prop_assert!((x - y).abs() <= 1e-6 * y.abs().max(1.0));
+                let (mut a, mut b) = (vec![0f32; g * n], vec![0f32; g * n]);
+                f16::scores(isa, &q, g, hd, &k16, stride, n, 0.125, &mut a);
+                f32::scores(isa, &q, g, hd, &k32, stride, n, 0.125, &mut b);
+                for ((a, b), w) in a.iter().zip(&b).zip(&want) {
+                    prop_assert!((a - w).abs() <= 1e-5 * (hd as f32) && (b - w).abs() <= 1e-5 * (hd as f32), "{:?}: {} {} vs {}", isa, a, b, w);
+                }
+                let (mut ma, mut mb) = (vec![0f32; g * hd], vec![0f32; g * hd]);
+                f16::mix(isa, &want, g, hd, &k16, stride, n, &mut ma);
+                f32::mix(isa, &want, g, hd, &k32, stride, n, &mut mb);
+                for ((a, b), w) in ma.iter().zip(&mb).zip(&wmix) {
+                    prop_assert!((a - w).abs() <= 1e-5 * (n as f32) && (b - w).abs() <= 1e-5 * (n as f32), "{:?} mix: {} {} vs {}", isa, a, b, w);
                 }
             }
         }
