@@ -126,6 +126,8 @@ struct Dims {
     ffn: usize,
     /// The longest weight row in values (dequantisation scratch).
     cols: usize,
+    /// The most rotated dimensions of a head.
+    rope: usize,
 }
 
 impl Dims {
@@ -137,6 +139,7 @@ impl Dims {
             kv: max(&|l| l.attention().n_kv_heads * l.attention().head_dim),
             ffn: max(&|l| l.ffn.hidden_features()),
             cols: m.layers.iter().flat_map(linears).map(|l| l.in_features()).max().unwrap_or(0).max(m.config.hidden_size),
+            rope: max(&|l| l.attention().rope.as_ref().map_or(0, |r| r.dims)),
         }
     }
 
@@ -170,8 +173,10 @@ struct Private {
     xn: Vec<f32>,
     q8b: Q8Buf,
     q8k: Q8Buf,
-    /// Dequantised weight rows, attention scores, RoPE angles, position embeddings.
+    /// Dequantised weight rows, attention scores, position embeddings.
     scratch: Vec<f32>,
+    /// RoPE's cos and sin per token of the current layer.
+    angles: Vec<f32>,
 }
 
 impl Buffers {
@@ -196,6 +201,7 @@ impl Buffers {
                         q8b: Q8Buf::new(ActKind::Q8B32, cap, widest.next_multiple_of(32)),
                         q8k: Q8Buf::new(ActKind::Q8K, cap, widest.next_multiple_of(256)),
                         scratch: vec![0.0; d.cols],
+                        angles: vec![0.0; cap * d.rope],
                     })
                 })
                 .collect(),
@@ -454,10 +460,18 @@ impl<E: KvElem> Forward<'_, E> {
 
         self.norm_into_xn(&layer.attn_norm);
         self.prepare(Src::Xn, h, 0..n, &[&a.q.weight, &a.k.weight, &a.v.weight]);
+        // RoPE's cos and sin for each token, once per layer (layers may differ in frequencies).
+        let mut angles = std::mem::take(&mut self.p.angles);
+        if let Some(rope) = &a.rope {
+            let half = rope.dims / 2;
+            for (t, cs) in angles.chunks_exact_mut(2 * half).take(n).enumerate() {
+                let (cos, sin) = cs.split_at_mut(half);
+                rope.angles(p0 + t, cos, sin);
+            }
+        }
         // The projections, each finished per block of whole heads: q and k get their norms and
         // RoPE, and k and v go into the cache.
-        let mut angles = std::mem::take(&mut self.p.scratch);
-        let rope_heads = |buf: &SharedSlice<'_, f32>, width: usize, rows: Range<usize>, norm: Option<&anelm_model::plan::Norm>, angles: &mut [f32]| {
+        let rope_heads = |buf: &SharedSlice<'_, f32>, width: usize, rows: Range<usize>, norm: Option<&anelm_model::plan::Norm>| {
             for t in 0..n {
                 let heads = buf.range_mut(t * width + rows.start..t * width + rows.end);
                 if let Some(nm) = norm {
@@ -465,9 +479,8 @@ impl<E: KvElem> Forward<'_, E> {
                 }
                 if let Some(rope) = &a.rope {
                     let half = rope.dims / 2;
-                    let (cos, rest) = angles.split_at_mut(half);
-                    rope.angles(p0 + t, cos, &mut rest[..half]);
-                    heads.chunks_exact_mut(hd).for_each(|hh| rope_head(rope, hh, cos, &rest[..half]));
+                    let (cos, sin) = angles[2 * half * t..2 * half * (t + 1)].split_at(half);
+                    heads.chunks_exact_mut(hd).for_each(|hh| rope_head(rope, hh, cos, sin));
                 }
             }
         };
@@ -479,19 +492,13 @@ impl<E: KvElem> Forward<'_, E> {
                 dst.iter_mut().zip(src).for_each(|(d, &x)| *d = E::from_f32(x));
             }
         };
-        {
-            let ang = &mut angles;
-            self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r| rope_heads(&v.q, qd, r, a.q_norm.as_ref(), ang));
-        }
-        {
-            let ang = &mut angles;
-            self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r| {
-                rope_heads(&v.k, kvd, r.clone(), a.k_norm.as_ref(), ang);
-                store(&v.k, &v.kc, r);
-            });
-        }
+        self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r| rope_heads(&v.q, qd, r, a.q_norm.as_ref()));
+        self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r| {
+            rope_heads(&v.k, kvd, r.clone(), a.k_norm.as_ref());
+            store(&v.k, &v.kc, r);
+        });
         self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r| store(&v.v, &v.vc, r));
-        self.p.scratch = angles;
+        self.p.angles = angles;
         ctx.barrier();
 
         // Attention: (block of query tokens, KV head) pairs; a KV head serves a group of query
