@@ -1,37 +1,38 @@
-//! Causal (optionally sliding-window, soft-capped) softmax attention of new queries over the KV
-//! cache, grouped-query: KV head `j` serves query heads `j*g .. j*g+g-1`.
+//! Causal (optionally sliding-window, soft-capped) softmax attention of one query head over the
+//! KV cache, grouped-query: KV head `j` serves query heads `j*g .. j*g+g-1`. The forward pass
+//! hands out (block of tokens, head) pairs to the threads, so in prefill the keys and values of
+//! a head are read from cache once per block of queries rather than once per query.
 
 use anelm_model::plan::Attention;
-use rayon::prelude::*;
 
-use crate::ops::{dot, softcap, softmax};
+use crate::ops::softcap;
+use crate::simd::Isa;
+use crate::vecmath::{softmax, KvElem};
 
-/// `out[t]` = attention of query row `t` (position `p0 + t`) over cached positions
-/// `0..=p0 + t` (or the window ending there). `k_cache`/`v_cache` are `[pos][n_kv * hd]`.
-pub fn attend(a: &Attention, q: &[f32], k_cache: &[f32], v_cache: &[f32], p0: usize, out: &mut [f32]) {
+/// The cache of one layer as attention reads it: `[pos][kv_dim]` keys and values.
+pub struct Cache<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
+    pub kv_dim: usize,
+}
+
+/// `out` = attention of `q` (query head `head`, at position `pos`) over the cached positions
+/// `0..=pos`, or the window ending there. `scores` is scratch of at least `pos + 1` values.
+pub fn attend_head<E: KvElem>(isa: Isa, a: &Attention, head: usize, q: &[f32], pos: usize, cache: &Cache<'_, E>, scores: &mut [f32], out: &mut [f32]) {
     let hd = a.head_dim;
-    let qd = a.n_heads * hd;
-    let kvd = a.n_kv_heads * hd;
-    let group = a.n_heads / a.n_kv_heads;
-    out.par_chunks_mut(qd).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (t, out_row)| {
-        let pos = p0 + t;
-        let start = a.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        for h in 0..a.n_heads {
-            let kvh = h / group;
-            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            scores.clear();
-            scores.extend((start..=pos).map(|j| dot(qh, &k_cache[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * a.scale));
-            if let Some(cap) = a.softcap {
-                softcap(scores, cap);
-            }
-            softmax(scores);
-            let o = &mut out_row[h * hd..(h + 1) * hd];
-            o.fill(0.0);
-            for (i, &p) in scores.iter().enumerate() {
-                let j = start + i;
-                let vj = &v_cache[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                o.iter_mut().zip(vj).for_each(|(o, v)| *o += p * v);
-            }
-        }
-    });
+    let kvh = head / (a.n_heads / a.n_kv_heads);
+    let start = a.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let scores = &mut scores[..pos + 1 - start];
+    let at = |j: usize| j * cache.kv_dim + kvh * hd;
+    for (s, j) in scores.iter_mut().zip(start..=pos) {
+        *s = E::dot(isa, q, &cache.k[at(j)..at(j) + hd]) * a.scale;
+    }
+    if let Some(cap) = a.softcap {
+        softcap(scores, cap);
+    }
+    softmax(isa, scores);
+    out.fill(0.0);
+    for (&p, j) in scores.iter().zip(start..=pos) {
+        E::axpy(isa, out, p, &cache.v[at(j)..at(j) + hd]);
+    }
 }

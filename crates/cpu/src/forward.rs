@@ -1,33 +1,69 @@
 //! The CPU executor: runs the LayerPlan over a batch of new tokens appended to a KV cache.
+//!
+//! One forward pass is one job of the thread pool: every thread walks the layers, doing its share
+//! of each op, with a barrier wherever an op reads what another thread wrote. Per-token steps
+//! (norms, quantisation, RoPE, residuals) split the tokens evenly; products and attention hand
+//! out blocks dynamically. All buffers live in [`Buffers`], sized for the largest batch seen (at
+//! most [`MAX_BATCH`] tokens; longer batches run in chunks), so a token allocates nothing.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use anelm_model::plan::{Ffn, Layer};
-use anelm_model::{ExecError, Executor, KvState, Logits, Model};
+use anelm_model::plan::{Activation, Ffn, Layer, Linear};
+use anelm_model::{ExecError, Executor, KvState, Logits, Model, Weight};
 
-use crate::attention::attend;
-use crate::kv::CpuKv;
-use crate::matmul::{linear, matmul};
-use crate::ops::{activate, norm_row, norm_rows, rope_head, softcap};
+use crate::attention::{attend_head, Cache};
+use crate::kernels::select;
+use crate::kv::{CpuKv, KvData, KvDtype, Layers};
+use crate::matmul::{matmul, Input};
+use crate::ops::{norm_row, rope_head, softcap};
+use crate::pool::{physical_cores, Ctx, Pool};
+use crate::q8::{ActKind, Q8Buf};
+use crate::shared::SharedSlice;
+use crate::simd::Isa;
+use crate::vecmath::{gate, Gate, KvElem};
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
+/// Tokens one pass of the layers processes; longer batches are split.
+pub const MAX_BATCH: usize = 512;
+/// Query tokens per attention work item in prefill.
+const ATTN_BLOCK: usize = 8;
+
+/// How a [`CpuExecutor`] runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuOptions {
+    /// Threads (0: one per physical core).
+    pub threads: usize,
+    /// KV cache element type (None: f16 when every layer matrix is quantised, else f32, so that
+    /// unquantised models keep exact f32 attention).
+    pub kv: Option<KvDtype>,
+    /// Instruction set (None: the best the CPU has).
+    pub isa: Option<Isa>,
+}
+
 pub struct CpuExecutor {
     model: Arc<Model>,
-    pool: rayon::ThreadPool,
+    pool: Pool,
+    isa: Isa,
+    kv: KvDtype,
     id: usize,
+    bufs: Buffers,
 }
 
 impl CpuExecutor {
-    /// An executor running on `threads` threads (0: one per available core).
+    /// An executor running on `threads` threads (0: one per physical core).
     pub fn new(model: Arc<Model>, threads: usize) -> Self {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("anelm-cpu-{i}"))
-            .build()
-            .expect("creating the CPU thread pool");
-        CpuExecutor { model, pool, id: NEXT_ID.fetch_add(1, Ordering::Relaxed) }
+        Self::with_options(model, CpuOptions { threads, ..CpuOptions::default() })
+    }
+
+    pub fn with_options(model: Arc<Model>, opts: CpuOptions) -> Self {
+        let threads = if opts.threads == 0 { physical_cores() } else { opts.threads };
+        let isa = opts.isa.filter(|i| Isa::available().contains(i)).unwrap_or_else(Isa::detect);
+        let kv = opts.kv.unwrap_or_else(|| if all_quantized(&model) { KvDtype::F16 } else { KvDtype::F32 });
+        let bufs = Buffers::new(&Dims::of(&model), 0, threads);
+        CpuExecutor { model, pool: Pool::new(threads), isa, kv, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), bufs }
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -35,7 +71,114 @@ impl CpuExecutor {
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.threads()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv
+    }
+}
+
+fn linears(l: &Layer) -> Vec<&Linear> {
+    let a = l.attention();
+    let mut v = vec![&a.q, &a.k, &a.v, &a.o];
+    match &l.ffn {
+        Ffn::Gated { gate, up, down, .. } => v.extend([gate, up, down]),
+        Ffn::Plain { up, down, .. } => v.extend([up, down]),
+    }
+    v
+}
+
+fn all_quantized(m: &Model) -> bool {
+    m.layers.iter().flat_map(linears).all(|l| l.weight.dtype.is_quantized())
+}
+
+/// Widths of the activation buffers (the largest over the layers).
+struct Dims {
+    hidden: usize,
+    q: usize,
+    kv: usize,
+    ffn: usize,
+    /// The longest weight row in values (dequantisation scratch).
+    cols: usize,
+}
+
+impl Dims {
+    fn of(m: &Model) -> Dims {
+        let max = |f: &dyn Fn(&Layer) -> usize| m.layers.iter().map(f).max().unwrap_or(0);
+        Dims {
+            hidden: m.config.hidden_size,
+            q: max(&|l| l.attention().n_heads * l.attention().head_dim),
+            kv: max(&|l| l.attention().n_kv_heads * l.attention().head_dim),
+            ffn: max(&|l| l.ffn.hidden_features()),
+            cols: m.layers.iter().flat_map(linears).map(|l| l.in_features()).max().unwrap_or(0).max(m.config.hidden_size),
+        }
+    }
+
+    fn widest(&self) -> usize {
+        self.hidden.max(self.q).max(self.ffn)
+    }
+}
+
+/// The buffers of one chunk of tokens. Products write the shared ones (each thread its rows);
+/// every thread keeps its own copy of the residual stream and of the inputs of the next product,
+/// computing the cheap per-token steps redundantly instead of waiting at a barrier for them.
+struct Buffers {
+    /// Tokens the buffers hold.
+    cap: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    /// Output of the attention projection and of the FFN.
+    o: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    own: Vec<Mutex<Private>>,
+}
+
+/// One thread's buffers.
+struct Private {
+    /// The residual stream.
+    x: Vec<f32>,
+    /// The f32 input of the next product.
+    xn: Vec<f32>,
+    q8b: Q8Buf,
+    q8k: Q8Buf,
+    /// Dequantised weight rows, attention scores, RoPE angles, position embeddings.
+    scratch: Vec<f32>,
+}
+
+impl Buffers {
+    fn new(d: &Dims, cap: usize, threads: usize) -> Buffers {
+        let z = |w: usize| vec![0f32; cap * w];
+        let widest = d.widest();
+        Buffers {
+            cap,
+            q: z(d.q),
+            k: z(d.kv),
+            v: z(d.kv),
+            att: z(d.q),
+            o: z(d.hidden),
+            g: z(d.ffn),
+            u: z(d.ffn),
+            own: (0..threads)
+                .map(|_| {
+                    Mutex::new(Private {
+                        x: z(d.hidden),
+                        xn: z(widest),
+                        // Q8K needs whole 256-value blocks; only widths that are multiples of 256 use it.
+                        q8b: Q8Buf::new(ActKind::Q8B32, cap, widest.next_multiple_of(32)),
+                        q8k: Q8Buf::new(ActKind::Q8K, cap, widest.next_multiple_of(256)),
+                        scratch: vec![0.0; d.cols],
+                    })
+                })
+                .collect(),
+        }
     }
 }
 
@@ -45,8 +188,8 @@ impl Executor for CpuExecutor {
         if capacity > max {
             return Err(ExecError::ContextFull { needed: capacity, capacity: max });
         }
-        let dims = self.model.layers.iter().map(|l| l.attention().n_kv_heads * l.attention().head_dim).collect();
-        Ok(Box::new(CpuKv::new(dims, capacity, self.id)))
+        let dims: Vec<usize> = self.model.layers.iter().map(|l| l.attention().n_kv_heads * l.attention().head_dim).collect();
+        Ok(Box::new(CpuKv::new(&dims, capacity, self.kv, self.id)))
     }
 
     fn forward(&mut self, state: &mut dyn KvState, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<(), ExecError> {
@@ -54,8 +197,8 @@ impl Executor for CpuExecutor {
         if kv.owner != self.id {
             return Err(ExecError::ForeignState);
         }
+        out.clear();
         if tokens.is_empty() {
-            out.clear();
             return Ok(());
         }
         let vocab = self.model.config.vocab_size;
@@ -65,8 +208,42 @@ impl Executor for CpuExecutor {
         if kv.len + tokens.len() > kv.capacity {
             return Err(ExecError::ContextFull { needed: kv.len + tokens.len(), capacity: kv.capacity });
         }
-        let model = &self.model;
-        self.pool.install(|| run(model, kv, tokens, logits, out));
+        let n = tokens.len();
+        let want = n - logits.rows(n)..n;
+        out.resize(want.len() * vocab, 0.0);
+
+        let cap = n.min(MAX_BATCH);
+        if self.bufs.cap < cap {
+            self.bufs = Buffers::new(&Dims::of(&self.model), cap, self.pool.threads());
+        }
+        // Attention scores span the whole cache.
+        for p in &self.bufs.own {
+            let s = &mut p.lock().unwrap_or_else(|e| e.into_inner()).scratch;
+            if s.len() < kv.capacity {
+                s.resize(kv.capacity, 0.0);
+            }
+        }
+
+        let mut done = 0;
+        while done < n {
+            let len = (n - done).min(self.bufs.cap);
+            // Rows of logits inside this chunk, relative to the chunk and to `out`.
+            let lo = want.start.max(done);
+            let hi = done + len;
+            let (rows, out_rows) = if lo < hi { (lo - done..hi - done, lo - want.start..hi - want.start) } else { (0..0, 0..0) };
+            let chunk = Chunk { tokens: &tokens[done..done + len], p0: kv.len, rows };
+            let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
+            let (m, pool, isa) = (&*self.model, &self.pool, self.isa);
+            match &mut kv.data {
+                KvData::F32(l) => run_chunk(m, pool, isa, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
+                KvData::F16(l) => run_chunk(m, pool, isa, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
+            }
+            kv.len += len;
+            done += len;
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
         Ok(())
     }
 
@@ -75,104 +252,296 @@ impl Executor for CpuExecutor {
     }
 }
 
-fn run(m: &Model, kv: &mut CpuKv, tokens: &[u32], want: Logits, out: &mut Vec<f32>) {
-    let n = tokens.len();
-    let h = m.config.hidden_size;
-    let p0 = kv.len;
-    let mut x = vec![0f32; n * h];
-    for (t, &id) in tokens.iter().enumerate() {
-        let row = &mut x[t * h..(t + 1) * h];
-        m.embedding.dequantize_row(id as usize, row).expect("embedding rows are whole blocks");
-        if let Some(s) = m.embed_scale {
-            row.iter_mut().for_each(|v| *v *= s);
-        }
-        if let Some(pe) = &m.pos_embedding {
-            let mut p = vec![0f32; h];
-            pe.dequantize_row(p0 + t, &mut p).expect("position rows are whole blocks");
-            row.iter_mut().zip(&p).for_each(|(v, p)| *v += p);
-        }
-    }
-    for (li, layer) in m.layers.iter().enumerate() {
-        attention_block(layer, li, kv, p0, &mut x, n, h);
-        ffn_block(layer, &mut x, n, h);
-    }
-    kv.len = p0 + n;
-
-    let n_rows = want.rows(n);
-    out.clear();
-    if n_rows == 0 {
-        return;
-    }
-    let mut hidden = x[(n - n_rows) * h..].to_vec();
-    norm_rows(&m.final_norm, &mut hidden);
-    out.resize(n_rows * m.config.vocab_size, 0.0);
-    matmul(&m.lm_head, &hidden, n_rows, out);
-    if let Some(cap) = m.final_softcap {
-        softcap(out, cap);
-    }
+/// Tokens at positions `p0..`, and the rows whose logits are wanted.
+struct Chunk<'a> {
+    tokens: &'a [u32],
+    p0: usize,
+    rows: Range<usize>,
 }
 
-fn attention_block(layer: &Layer, li: usize, kv: &mut CpuKv, p0: usize, x: &mut [f32], n: usize, h: usize) {
-    let a = layer.attention();
-    let (hd, qd, kvd) = (a.head_dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim);
-    let mut xn = x.to_vec();
-    norm_rows(&layer.attn_norm, &mut xn);
-    let mut q = vec![0f32; n * qd];
-    let mut k = vec![0f32; n * kvd];
-    let mut v = vec![0f32; n * kvd];
-    linear(&a.q, &xn, n, &mut q);
-    linear(&a.k, &xn, n, &mut k);
-    linear(&a.v, &xn, n, &mut v);
-    if let Some(qn) = &a.q_norm {
-        q.chunks_exact_mut(hd).for_each(|head| norm_row(qn, head));
+/// The shared buffers as the pool's threads see them.
+struct Views<'a, E> {
+    q: SharedSlice<'a, f32>,
+    k: SharedSlice<'a, f32>,
+    v: SharedSlice<'a, f32>,
+    att: SharedSlice<'a, f32>,
+    o: SharedSlice<'a, f32>,
+    g: SharedSlice<'a, f32>,
+    u: SharedSlice<'a, f32>,
+    kc: SharedSlice<'a, E>,
+    vc: SharedSlice<'a, E>,
+    out: SharedSlice<'a, f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_chunk<E: KvElem>(m: &Model, pool: &Pool, isa: Isa, b: &mut Buffers, cache: &mut Layers<E>, capacity: usize, c: &Chunk<'_>, out: &mut [f32]) {
+    let views = Views {
+        q: SharedSlice::new(&mut b.q),
+        k: SharedSlice::new(&mut b.k),
+        v: SharedSlice::new(&mut b.v),
+        att: SharedSlice::new(&mut b.att),
+        o: SharedSlice::new(&mut b.o),
+        g: SharedSlice::new(&mut b.g),
+        u: SharedSlice::new(&mut b.u),
+        kc: SharedSlice::new(&mut cache.k),
+        vc: SharedSlice::new(&mut cache.v),
+        out: SharedSlice::new(out),
+    };
+    let own = &b.own;
+    let offsets = &cache.offset;
+    pool.run(|ctx| {
+        let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = Forward { m, isa, ctx, v: &views, c, n: c.tokens.len(), capacity, p: &mut p };
+        // SAFETY (for every step): each step writes only the shared rows or elements its thread
+        // claimed, and a barrier separates it from the steps that read them.
+        unsafe {
+            f.embed();
+            for (li, layer) in m.layers.iter().enumerate() {
+                f.attention(layer, offsets[li]);
+                f.ffn(layer);
+            }
+            f.head();
+        }
+    });
+}
+
+/// One thread's view of a forward pass over a chunk.
+struct Forward<'a, E> {
+    m: &'a Model,
+    isa: Isa,
+    ctx: &'a Ctx<'a>,
+    v: &'a Views<'a, E>,
+    c: &'a Chunk<'a>,
+    n: usize,
+    capacity: usize,
+    p: &'a mut Private,
+}
+
+impl<E: KvElem> Forward<'_, E> {
+    /// Puts rows `rows` of `src` (width `w`) into this thread's input buffers, for a product with
+    /// each weight of `ws`: f32 into `xn` (unless `src` is `xn`), 8-bit into the Q8 buffers.
+    fn prepare(&mut self, src: Src<'_>, w: usize, rows: Range<usize>, ws: &[&Weight]) {
+        let mut kinds = [false; 3];
+        for wt in ws {
+            kinds[select(wt.dtype, self.isa).act() as usize] = true;
+        }
+        let p = &mut *self.p;
+        let row = |t: usize| t * w..(t + 1) * w;
+        p.q8b.cols = w;
+        p.q8k.cols = w;
+        for t in rows {
+            if let (Src::Shared(s), true) = (src, kinds[ActKind::F32 as usize]) {
+                // SAFETY: the shared rows were written before the last barrier.
+                p.xn[row(t)].copy_from_slice(unsafe { s.range(row(t)) });
+            }
+            let x: &[f32] = match src {
+                Src::Xn => &p.xn[row(t)],
+                // SAFETY: as above.
+                Src::Shared(s) => unsafe { s.range(row(t)) },
+            };
+            if kinds[ActKind::Q8B32 as usize] {
+                p.q8b.quantize_row(t, x);
+            }
+            if kinds[ActKind::Q8K as usize] {
+                p.q8k.quantize_row(t, x);
+            }
+        }
     }
-    if let Some(kn) = &a.k_norm {
-        k.chunks_exact_mut(hd).for_each(|head| norm_row(kn, head));
+
+    /// `out = x Wᵀ + b` for this thread's prepared inputs; see [`matmul`] for `align`/`done`.
+    fn product(&mut self, w: &Weight, bias: Option<&[f32]>, out: &SharedSlice<'_, f32>, align: usize, done: impl FnMut(Range<usize>)) {
+        let (n, cols) = (self.n, w.cols);
+        let p = &mut *self.p;
+        let input = match select(w.dtype, self.isa).act() {
+            ActKind::F32 => Input::F32(&p.xn[..n * cols]),
+            ActKind::Q8B32 => Input::Q8(&p.q8b),
+            ActKind::Q8K => Input::Q8(&p.q8k),
+        };
+        matmul(self.ctx, self.isa, w, bias, input, n, out, &mut p.scratch, align, done);
     }
-    if let Some(rope) = &a.rope {
-        let mut cos = vec![0f32; rope.dims / 2];
-        let mut sin = vec![0f32; rope.dims / 2];
+
+    fn linear(&mut self, lin: &Linear, out: &SharedSlice<'_, f32>) {
+        self.product(&lin.weight, lin.bias.as_deref(), out, 1, |_| {});
+    }
+
+    /// `xn = norm(x)` for every token.
+    fn norm_into_xn(&mut self, norm: &anelm_model::plan::Norm) {
+        let h = self.m.config.hidden_size;
+        let p = &mut *self.p;
+        for t in 0..self.n {
+            let xn = &mut p.xn[t * h..(t + 1) * h];
+            xn.copy_from_slice(&p.x[t * h..(t + 1) * h]);
+            norm_row(norm, xn);
+        }
+    }
+
+    /// `x += post_norm(o)` for every token.
+    unsafe fn residual(&mut self, post: Option<&anelm_model::plan::Norm>) {
+        let h = self.m.config.hidden_size;
+        let p = &mut *self.p;
+        let o = self.v.o.range(0..self.n * h);
+        for t in 0..self.n {
+            let x = &mut p.x[t * h..(t + 1) * h];
+            let ot = &o[t * h..(t + 1) * h];
+            match post {
+                Some(pn) => {
+                    let tmp = &mut p.scratch[..h];
+                    tmp.copy_from_slice(ot);
+                    norm_row(pn, tmp);
+                    x.iter_mut().zip(tmp.iter()).for_each(|(x, o)| *x += o);
+                }
+                None => x.iter_mut().zip(ot).for_each(|(x, o)| *x += o),
+            }
+        }
+    }
+
+    fn embed(&mut self) {
+        let (m, h) = (self.m, self.m.config.hidden_size);
+        let p = &mut *self.p;
+        for t in 0..self.n {
+            let row = &mut p.x[t * h..(t + 1) * h];
+            let id = self.c.tokens[t] as usize;
+            m.embedding.dequantize_row(id, row).expect("embedding rows are whole blocks (checked at load)");
+            if let Some(sc) = m.embed_scale {
+                row.iter_mut().for_each(|v| *v *= sc);
+            }
+            if let Some(pe) = &m.pos_embedding {
+                let pos = &mut p.scratch[..h];
+                pe.dequantize_row(self.c.p0 + t, pos).expect("position rows are whole blocks (checked at load)");
+                row.iter_mut().zip(pos.iter()).for_each(|(v, p)| *v += p);
+            }
+        }
+    }
+
+    unsafe fn attention(&mut self, layer: &Layer, cache_at: usize) {
+        let (ctx, v, n, isa) = (self.ctx, self.v, self.n, self.isa);
+        let a = layer.attention();
+        let h = self.m.config.hidden_size;
+        let (hd, qd, kvd) = (a.head_dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim);
+        let p0 = self.c.p0;
+
+        self.norm_into_xn(&layer.attn_norm);
+        self.prepare(Src::Xn, h, 0..n, &[&a.q.weight, &a.k.weight, &a.v.weight]);
+        // The projections, each finished per block of whole heads: q and k get their norms and
+        // RoPE, and k and v go into the cache.
+        let mut angles = std::mem::take(&mut self.p.scratch);
+        let rope_heads = |buf: &SharedSlice<'_, f32>, width: usize, rows: Range<usize>, norm: Option<&anelm_model::plan::Norm>, angles: &mut [f32]| {
+            for t in 0..n {
+                let heads = buf.range_mut(t * width + rows.start..t * width + rows.end);
+                if let Some(nm) = norm {
+                    heads.chunks_exact_mut(hd).for_each(|hh| norm_row(nm, hh));
+                }
+                if let Some(rope) = &a.rope {
+                    let half = rope.dims / 2;
+                    let (cos, rest) = angles.split_at_mut(half);
+                    rope.angles(p0 + t, cos, &mut rest[..half]);
+                    heads.chunks_exact_mut(hd).for_each(|hh| rope_head(rope, hh, cos, &rest[..half]));
+                }
+            }
+        };
+        let store = |buf: &SharedSlice<'_, f32>, cache: &SharedSlice<'_, E>, rows: Range<usize>| {
+            for t in 0..n {
+                let at = cache_at + (p0 + t) * kvd;
+                let dst = cache.range_mut(at + rows.start..at + rows.end);
+                let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
+                dst.iter_mut().zip(src).for_each(|(d, &x)| *d = E::from_f32(x));
+            }
+        };
+        {
+            let ang = &mut angles;
+            self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r| rope_heads(&v.q, qd, r, a.q_norm.as_ref(), ang));
+        }
+        {
+            let ang = &mut angles;
+            self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r| {
+                rope_heads(&v.k, kvd, r.clone(), a.k_norm.as_ref(), ang);
+                store(&v.k, &v.kc, r);
+            });
+        }
+        self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r| store(&v.v, &v.vc, r));
+        self.p.scratch = angles;
+        ctx.barrier();
+
+        // Attention: (block of query tokens, head) pairs.
+        let block = if n > 1 { ATTN_BLOCK } else { 1 };
+        let cache = Cache { k: v.kc.range(cache_at..cache_at + self.capacity * kvd), v: v.vc.range(cache_at..cache_at + self.capacity * kvd), kv_dim: kvd };
+        let scores = &mut self.p.scratch;
+        ctx.chunks(n.div_ceil(block) * a.n_heads, |item| {
+            let (blk, head) = (item / a.n_heads, item % a.n_heads);
+            for t in blk * block..((blk + 1) * block).min(n) {
+                let at = t * qd + head * hd;
+                attend_head(isa, a, head, v.q.range(at..at + hd), p0 + t, &cache, scores, v.att.range_mut(at..at + hd));
+            }
+        });
+        ctx.barrier();
+
+        self.prepare(Src::Shared(&v.att), qd, 0..n, &[&a.o.weight]);
+        self.linear(&a.o, &v.o);
+        ctx.barrier();
+        self.residual(layer.post_attn_norm.as_ref());
+    }
+
+    unsafe fn ffn(&mut self, layer: &Layer) {
+        let (ctx, v, n) = (self.ctx, self.v, self.n);
+        let h = self.m.config.hidden_size;
+        let f = layer.ffn.hidden_features();
+        self.norm_into_xn(&layer.ffn_norm);
+        let (act, down, gated) = match &layer.ffn {
+            Ffn::Gated { act, gate, up, down } => {
+                self.prepare(Src::Xn, h, 0..n, &[&gate.weight, &up.weight]);
+                self.linear(gate, &v.g);
+                self.linear(up, &v.u);
+                (*act, down, true)
+            }
+            Ffn::Plain { act, up, down } => {
+                self.prepare(Src::Xn, h, 0..n, &[&up.weight]);
+                self.linear(up, &v.g);
+                (*act, down, false)
+            }
+        };
+        ctx.barrier();
+        let act = match act {
+            Activation::Silu => Gate::Silu,
+            Activation::GeluTanh => Gate::GeluTanh,
+        };
+        // The activation, into this thread's own copy.
+        let p = &mut *self.p;
         for t in 0..n {
-            rope.angles(p0 + t, &mut cos, &mut sin);
-            q[t * qd..(t + 1) * qd].chunks_exact_mut(hd).for_each(|head| rope_head(rope, head, &cos, &sin));
-            k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd).for_each(|head| rope_head(rope, head, &cos, &sin));
+            let gt = &mut p.xn[t * f..(t + 1) * f];
+            gt.copy_from_slice(v.g.range(t * f..(t + 1) * f));
+            gate(self.isa, act, gt, if gated { Some(v.u.range(t * f..(t + 1) * f)) } else { None });
         }
+        self.prepare(Src::Xn, f, 0..n, &[&down.weight]);
+        self.linear(down, &v.o);
+        ctx.barrier();
+        self.residual(layer.post_ffn_norm.as_ref());
     }
-    kv.k[li][p0 * kvd..(p0 + n) * kvd].copy_from_slice(&k);
-    kv.v[li][p0 * kvd..(p0 + n) * kvd].copy_from_slice(&v);
-    let mut att = vec![0f32; n * qd];
-    attend(a, &q, &kv.k[li], &kv.v[li], p0, &mut att);
-    let mut o = vec![0f32; n * h];
-    linear(&a.o, &att, n, &mut o);
-    if let Some(pn) = &layer.post_attn_norm {
-        norm_rows(pn, &mut o);
+
+    /// The final norm and the output head for the wanted rows.
+    unsafe fn head(&mut self) {
+        let rows = self.c.rows.clone();
+        if rows.is_empty() {
+            return;
+        }
+        let h = self.m.config.hidden_size;
+        let p = &mut *self.p;
+        for (i, t) in rows.clone().enumerate() {
+            let xn = &mut p.xn[i * h..(i + 1) * h];
+            xn.copy_from_slice(&p.x[t * h..(t + 1) * h]);
+            norm_row(&self.m.final_norm, xn);
+        }
+        self.n = rows.len();
+        let w = &self.m.lm_head;
+        self.prepare(Src::Xn, h, 0..rows.len(), &[w]);
+        self.product(w, None, &self.v.out, 1, |_| {});
     }
-    x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
 }
 
-fn ffn_block(layer: &Layer, x: &mut [f32], n: usize, h: usize) {
-    let mut xn = x.to_vec();
-    norm_rows(&layer.ffn_norm, &mut xn);
-    let f = layer.ffn.hidden_features();
-    let mut y = vec![0f32; n * h];
-    match &layer.ffn {
-        Ffn::Gated { act, gate, up, down } => {
-            let mut g = vec![0f32; n * f];
-            let mut u = vec![0f32; n * f];
-            linear(gate, &xn, n, &mut g);
-            linear(up, &xn, n, &mut u);
-            g.iter_mut().zip(&u).for_each(|(g, u)| *g = activate(*act, *g) * u);
-            linear(down, &g, n, &mut y);
-        }
-        Ffn::Plain { act, up, down } => {
-            let mut u = vec![0f32; n * f];
-            linear(up, &xn, n, &mut u);
-            u.iter_mut().for_each(|v| *v = activate(*act, *v));
-            linear(down, &u, n, &mut y);
-        }
-    }
-    if let Some(pn) = &layer.post_ffn_norm {
-        norm_rows(pn, &mut y);
-    }
-    x.iter_mut().zip(&y).for_each(|(x, y)| *x += y);
+/// Where the input of a product comes from.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    /// This thread's `xn`.
+    Xn,
+    /// Rows of a shared buffer.
+    Shared(&'a SharedSlice<'a, f32>),
 }

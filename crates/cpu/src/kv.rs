@@ -1,13 +1,54 @@
-//! The CPU KV cache: per layer, keys and values of every position, f32.
+//! The CPU KV cache: per layer, the keys and values of every position (`[pos][kv_dim]`), in f32
+//! or f16. f16 halves the cache and the bandwidth attention reads; f32 keeps the exact path exact.
 
 use std::any::Any;
 
 use anelm_model::KvState;
+use half::f16;
+
+use crate::vecmath::KvElem;
+
+/// The element type of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    pub fn parse(name: &str) -> Option<KvDtype> {
+        match name {
+            "f32" => Some(KvDtype::F32),
+            "f16" => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+/// Keys and values of all layers, each in one allocation: layer `l` holds
+/// `offset[l] .. offset[l] + capacity * dims[l]`.
+pub(crate) struct Layers<E> {
+    pub k: Vec<E>,
+    pub v: Vec<E>,
+    pub offset: Vec<usize>,
+}
+
+impl<E: KvElem> Layers<E> {
+    fn new(kv_dims: &[usize], capacity: usize) -> Self {
+        let zero = E::from_f32(0.0);
+        let offset: Vec<usize> = kv_dims.iter().scan(0, |at, d| Some(std::mem::replace(at, *at + d * capacity))).collect();
+        let total = kv_dims.iter().sum::<usize>() * capacity;
+        Layers { k: vec![zero; total], v: vec![zero; total], offset }
+    }
+}
+
+pub(crate) enum KvData {
+    F32(Layers<f32>),
+    F16(Layers<f16>),
+}
 
 pub struct CpuKv {
-    /// Per layer: `[capacity][kv_dim]` keys and values.
-    pub(crate) k: Vec<Vec<f32>>,
-    pub(crate) v: Vec<Vec<f32>>,
+    pub(crate) data: KvData,
     pub(crate) len: usize,
     pub(crate) capacity: usize,
     /// Identifies the executor (model) the state belongs to.
@@ -15,13 +56,18 @@ pub struct CpuKv {
 }
 
 impl CpuKv {
-    pub(crate) fn new(kv_dims: Vec<usize>, capacity: usize, owner: usize) -> Self {
-        CpuKv {
-            k: kv_dims.iter().map(|d| vec![0.0; d * capacity]).collect(),
-            v: kv_dims.iter().map(|d| vec![0.0; d * capacity]).collect(),
-            len: 0,
-            capacity,
-            owner,
+    pub(crate) fn new(kv_dims: &[usize], capacity: usize, dtype: KvDtype, owner: usize) -> Self {
+        let data = match dtype {
+            KvDtype::F32 => KvData::F32(Layers::new(kv_dims, capacity)),
+            KvDtype::F16 => KvData::F16(Layers::new(kv_dims, capacity)),
+        };
+        CpuKv { data, len: 0, capacity, owner }
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        match self.data {
+            KvData::F32(_) => KvDtype::F32,
+            KvData::F16(_) => KvDtype::F16,
         }
     }
 }

@@ -1,11 +1,18 @@
-//! anelm's CPU engine: the reference executor of the LayerPlan and the engine wherever there is
-//! no ANE.
+//! anelm's CPU engine: kernels that read ggml blocks in place, a persistent SPMD thread pool,
+//! and the forward pass over the LayerPlan.
 
 mod attention;
 mod forward;
+pub mod kernels;
 mod kv;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
+pub mod q8;
+mod shared;
+pub mod simd;
+pub mod vecmath;
 
-pub use forward::CpuExecutor;
-pub use kv::CpuKv;
+pub use forward::{CpuExecutor, CpuOptions, MAX_BATCH};
+pub use kv::{CpuKv, KvDtype};
+pub use simd::Isa;

@@ -1,58 +1,110 @@
-//! `y = x W^T + b` for a weight of any ggml type: rows of W are dequantised a tile at a time into
-//! a small f32 buffer and dotted with every input row while the tile is hot in cache. Work is
-//! split across threads by output rows.
+//! `y = x Wᵀ + b` inside a pool job: the threads claim blocks of output rows; each block runs
+//! over every input row, four at a time, so a weight block is unpacked once per four tokens and
+//! stays in L1 while the activations stream from L2. The weights are read in their ggml layout
+//! (no copy, no repacking): a matrix is only ever read, never expanded.
 
-use anelm_model::plan::Linear;
 use anelm_model::Weight;
-use rayon::prelude::*;
 
-use crate::ops::dot;
+use crate::kernels::{select, Kernel, MAX_ROWS};
+use crate::pool::Ctx;
+use crate::q8::{Q8Buf, Q8Row};
+use crate::shared::SharedSlice;
+use crate::simd::Isa;
 
-/// Output rows dequantised together (one tile per task step).
-const TILE_ROWS: usize = 16;
-
-/// A raw pointer to the output, shared by tasks that write disjoint elements.
+/// The input rows of a product, in the form the weight's kernel takes.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint (token, row) elements; the pointer outlives the parallel scope.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-/// `out[t][r] = x[t] · W[r] (+ b[r])` for `n` input rows of `W.cols` values.
-pub fn linear(lin: &Linear, x: &[f32], n: usize, out: &mut [f32]) {
-    matmul(&lin.weight, x, n, out);
-    if let Some(b) = &lin.bias {
-        for row in out.chunks_exact_mut(lin.weight.rows) {
-            row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
-        }
-    }
+pub enum Input<'a> {
+    /// `n` rows of `cols` floats, one after the other.
+    F32(&'a [f32]),
+    Q8(&'a Q8Buf),
 }
 
-/// `out[t][r] = x[t] · W[r]`.
-pub fn matmul(w: &Weight, x: &[f32], n: usize, out: &mut [f32]) {
+/// Output rows per claimed block: small enough that two threads share even a 192-row matrix,
+/// large enough that a 262,144-row output head costs a few hundred claims; a multiple of
+/// `align`.
+fn block_rows(rows: usize, align: usize) -> usize {
+    rows.div_ceil(256).max(16).next_multiple_of(align.max(4))
+}
+
+/// `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the `n` input rows, shared by the pool's
+/// threads; `scratch` is this thread's f32 row buffer (used by types without a direct kernel).
+/// Blocks of output rows are multiples of `align` (but the last), and `done(rows)` runs after
+/// each of this thread's blocks is complete for every input row.
+/// Every thread of the pool must call this with the same arguments.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    ctx: &Ctx,
+    isa: Isa,
+    w: &Weight,
+    bias: Option<&[f32]>,
+    input: Input<'_>,
+    n: usize,
+    out: &SharedSlice<f32>,
+    scratch: &mut Vec<f32>,
+    align: usize,
+    mut done: impl FnMut(std::ops::Range<usize>),
+) {
     let (rows, cols) = (w.rows, w.cols);
-    assert_eq!(x.len(), n * cols, "matmul input size");
-    assert_eq!(out.len(), n * rows, "matmul output size");
-    let ptr = OutPtr(out.as_mut_ptr());
-    let n_tiles = rows.div_ceil(TILE_ROWS);
-    (0..n_tiles).into_par_iter().for_each_init(
-        || vec![0f32; TILE_ROWS * cols],
-        |tile, t| {
-            let r0 = t * TILE_ROWS;
-            let r1 = (r0 + TILE_ROWS).min(rows);
-            for r in r0..r1 {
-                let dst = &mut tile[(r - r0) * cols..(r - r0 + 1) * cols];
-                w.dequantize_row(r, dst).expect("weight rows are whole blocks (checked at load)");
-            }
-            let p = ptr;
-            for tok in 0..n {
-                let xr = &x[tok * cols..(tok + 1) * cols];
-                for r in r0..r1 {
-                    let v = dot(xr, &tile[(r - r0) * cols..(r - r0 + 1) * cols]);
-                    // SAFETY: (tok, r) is written by this task only; index < n * rows.
-                    unsafe { *p.0.add(tok * rows + r) = v };
+    let kernel = select(w.dtype, isa);
+    let all = w.bytes();
+    let rb = all.len() / rows.max(1);
+    let br = block_rows(rows, align);
+    debug_assert!(out.len() >= n * rows);
+    let row = |r: usize| &all[r * rb..(r + 1) * rb];
+    ctx.chunks(rows.div_ceil(br), |c| {
+        let (r0, r1) = (c * br, ((c + 1) * br).min(rows));
+        for t0 in (0..n).step_by(MAX_ROWS) {
+            let tn = (n - t0).min(MAX_ROWS);
+            let mut res = [0f32; MAX_ROWS];
+            let emit = |r: usize, res: &[f32]| {
+                for (t, v) in res.iter().enumerate() {
+                    let v = v + bias.map_or(0.0, |b| b[r]);
+                    // SAFETY: this thread claimed rows r0..r1; (t0 + t, r) is written by it alone.
+                    unsafe { out.write((t0 + t) * rows + r, v) };
                 }
+            };
+            match (kernel, input) {
+                (Kernel::Q8 { f, .. }, Input::Q8(q)) => {
+                    let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+                    for r in r0..r1 {
+                        // SAFETY: `select` returns kernels of available instruction sets only.
+                        unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
+                        emit(r, &res[..tn]);
+                    }
+                }
+                (Kernel::F32(f), Input::F32(x)) => {
+                    let xs = f32_rows(x, cols, t0, tn);
+                    for r in r0..r1 {
+                        // SAFETY: as above.
+                        unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
+                        emit(r, &res[..tn]);
+                    }
+                }
+                (Kernel::Dequant(f), Input::F32(x)) => {
+                    let xs = f32_rows(x, cols, t0, tn);
+                    scratch.resize(cols, 0.0);
+                    for r in r0..r1 {
+                        anelm_formats::quant::dequantize(w.dtype, row(r), scratch)
+                            .expect("weight rows are whole blocks of a known type (checked at load)");
+                        // SAFETY: as above; the f32 kernel reads the dequantised row's bytes.
+                        unsafe { f(f32_bytes(scratch), &xs[..tn], &mut res[..tn]) };
+                        emit(r, &res[..tn]);
+                    }
+                }
+                _ => unreachable!("the forward pass prepares the input kind the kernel takes"),
             }
-        },
-    );
+        }
+        done(r0..r1);
+    });
+}
+
+/// Input rows `t0..t0 + tn` of `x` (the unused slots repeat the last row and are not read).
+fn f32_rows(x: &[f32], cols: usize, t0: usize, tn: usize) -> [&[f32]; MAX_ROWS] {
+    std::array::from_fn(|t| &x[(t0 + t.min(tn - 1)) * cols..][..cols])
+}
+
+/// The bytes of an f32 slice (the layout of an F32 weight row).
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is four initialised bytes; u8 has no alignment requirement.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }

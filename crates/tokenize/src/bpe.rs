@@ -56,7 +56,8 @@ impl Bpe {
             encoded.clear();
             for &b in &word {
                 let mut buf = [0u8; 4];
-                encoded.extend_from_slice(unicode::byte_to_char(b).encode_utf8(&mut buf).as_bytes());
+                encoded
+                    .extend_from_slice(unicode::byte_to_char(b).encode_utf8(&mut buf).as_bytes());
             }
             self.tokenize_word(vocab, &encoded, out);
         }
@@ -85,9 +86,16 @@ impl Bpe {
         }
         // (rank, left index, right index, byte size of the pair when queued)
         let mut queue: BinaryHeap<Reverse<(u32, usize, usize, usize)>> = BinaryHeap::new();
-        let push = |queue: &mut BinaryHeap<_>, symbols: &[Symbol], left: Option<usize>, right: Option<usize>| {
-            let (Some(l), Some(r)) = (left, right) else { return };
-            let (Some(pl), Some(pr)) = (symbols[l].part, symbols[r].part) else { return };
+        let push = |queue: &mut BinaryHeap<_>,
+                    symbols: &[Symbol],
+                    left: Option<usize>,
+                    right: Option<usize>| {
+            let (Some(l), Some(r)) = (left, right) else {
+                return;
+            };
+            let (Some(pl), Some(pr)) = (symbols[l].part, symbols[r].part) else {
+                return;
+            };
             if let Some(&rank) = self.ranks.get(&(pl, pr)) {
                 queue.push(Reverse((rank, l, r, symbols[l].len + symbols[r].len)));
             }

@@ -10,7 +10,11 @@ pub enum TokenizeError {
     #[error("{path}: missing metadata key '{key}'")]
     MissingKey { path: PathBuf, key: String },
     #[error("{path}: metadata key '{key}': {msg}")]
-    BadValue { path: PathBuf, key: String, msg: String },
+    BadValue {
+        path: PathBuf,
+        key: String,
+        msg: String,
+    },
     #[error("{path}: unsupported tokenizer model '{model}' (tokenizer.ggml.model); supported: gpt2, llama")]
     UnsupportedModel { path: PathBuf, model: String },
     #[error("{path}: unknown pre-tokenizer '{pre}' (tokenizer.ggml.pre)")]

@@ -36,21 +36,35 @@ pub(crate) struct GgufTokenizer {
 }
 
 fn bad(path: &Path, key: &str, msg: impl Into<String>) -> TokenizeError {
-    TokenizeError::BadValue { path: path.to_path_buf(), key: key.to_string(), msg: msg.into() }
+    TokenizeError::BadValue {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        msg: msg.into(),
+    }
 }
 
 fn missing(path: &Path, key: &str) -> TokenizeError {
-    TokenizeError::MissingKey { path: path.to_path_buf(), key: key.to_string() }
+    TokenizeError::MissingKey {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+    }
 }
 
 impl GgufTokenizer {
     pub fn from_metadata(meta: &Metadata) -> Result<GgufTokenizer> {
         let path = meta.path();
-        let model_name = meta.str_opt(KEY_MODEL)?.ok_or_else(|| missing(path, KEY_MODEL))?;
+        let model_name = meta
+            .str_opt(KEY_MODEL)?
+            .ok_or_else(|| missing(path, KEY_MODEL))?;
         let is_bpe = match model_name {
             "gpt2" => true,
             "llama" => false,
-            other => return Err(TokenizeError::UnsupportedModel { path: path.to_path_buf(), model: other.into() }),
+            other => {
+                return Err(TokenizeError::UnsupportedModel {
+                    path: path.to_path_buf(),
+                    model: other.into(),
+                })
+            }
         };
 
         let mut vocab = read_vocab(meta)?;
@@ -61,13 +75,19 @@ impl GgufTokenizer {
             let name = match meta.str_opt(KEY_PRE)? {
                 Some(name) => name,
                 None => {
-                    tracing::warn!("{}: no {KEY_PRE}; using llama.cpp's 'default' pre-tokenizer", path.display());
+                    tracing::warn!(
+                        "{}: no {KEY_PRE}; using llama.cpp's 'default' pre-tokenizer",
+                        path.display()
+                    );
                     "default"
                 }
             };
             let pre = PreTokenizer::new(name)
                 .map_err(|msg| bad(path, KEY_PRE, msg))?
-                .ok_or_else(|| TokenizeError::UnknownPre { path: path.to_path_buf(), pre: name.to_string() })?;
+                .ok_or_else(|| TokenizeError::UnknownPre {
+                    path: path.to_path_buf(),
+                    pre: name.to_string(),
+                })?;
             ids.bos = Some(11).filter(|&id| in_vocab(id) && !pre.no_bos);
             ids.eos = Some(11).filter(|&id| in_vocab(id));
             vocab.add_bos = pre.add_bos;
@@ -90,7 +110,10 @@ impl GgufTokenizer {
             if let Some(v) = meta.usize_opt(key)? {
                 match u32::try_from(v).ok().filter(|&id| in_vocab(id)) {
                     Some(id) => *slot = Some(id),
-                    None => tracing::warn!("{}: {key} = {v} is outside the vocabulary; ignored", path.display()),
+                    None => tracing::warn!(
+                        "{}: {key} = {v} is outside the vocabulary; ignored",
+                        path.display()
+                    ),
                 }
             }
             Ok(())
@@ -117,10 +140,18 @@ impl GgufTokenizer {
             vocab.add_eos = v;
         }
         if vocab.add_bos && ids.bos.is_none() {
-            return Err(bad(path, KEY_ADD_BOS, format!("is true, but {KEY_BOS} is not set")));
+            return Err(bad(
+                path,
+                KEY_ADD_BOS,
+                format!("is true, but {KEY_BOS} is not set"),
+            ));
         }
         if vocab.add_eos && ids.eos.is_none() {
-            return Err(bad(path, KEY_ADD_EOS, format!("is true, but {KEY_EOS} is not set")));
+            return Err(bad(
+                path,
+                KEY_ADD_EOS,
+                format!("is true, but {KEY_EOS} is not set"),
+            ));
         }
 
         vocab.eog = special::assign_roles(&mut vocab, &mut ids);
@@ -129,12 +160,18 @@ impl GgufTokenizer {
         let matcher = SpecialMatcher::new(&vocab);
         let model = match pre {
             Some(pre) => {
-                let merges = meta.byte_strings_opt(KEY_MERGES)?.ok_or_else(|| missing(path, KEY_MERGES))?;
+                let merges = meta
+                    .byte_strings_opt(KEY_MERGES)?
+                    .ok_or_else(|| missing(path, KEY_MERGES))?;
                 Model::Bpe(Bpe::new(pre, &merges))
             }
             None => Model::Spm(Box::new(Spm::new(&vocab))),
         };
-        Ok(GgufTokenizer { vocab, model, matcher })
+        Ok(GgufTokenizer {
+            vocab,
+            model,
+            matcher,
+        })
     }
 
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
@@ -213,7 +250,8 @@ impl GgufTokenizer {
         for (i, &id) in ids.iter().enumerate() {
             let piece = self.token_to_piece(id);
             // SentencePiece's space prefix is dropped again from the first token.
-            let skip = usize::from(i == 0 && self.vocab.add_space_prefix && piece.first() == Some(&b' '));
+            let skip =
+                usize::from(i == 0 && self.vocab.add_space_prefix && piece.first() == Some(&b' '));
             out.extend_from_slice(&piece[skip..]);
         }
         if self.vocab.clean_spaces {
@@ -226,24 +264,40 @@ impl GgufTokenizer {
 
 fn read_vocab(meta: &Metadata) -> Result<Vocab> {
     let path = meta.path();
-    let tokens = meta.byte_strings_opt(KEY_TOKENS)?.ok_or_else(|| missing(path, KEY_TOKENS))?;
+    let tokens = meta
+        .byte_strings_opt(KEY_TOKENS)?
+        .ok_or_else(|| missing(path, KEY_TOKENS))?;
     let n = tokens.len();
     let scores = meta.f32_array_opt(KEY_SCORES)?;
     let types = meta.i64_array_opt(KEY_TYPES)?;
     if let Some(s) = scores.as_ref().filter(|s| s.len() < n) {
-        return Err(bad(path, KEY_SCORES, format!("{} scores for {n} tokens", s.len())));
+        return Err(bad(
+            path,
+            KEY_SCORES,
+            format!("{} scores for {n} tokens", s.len()),
+        ));
     }
     if let Some(t) = types.as_ref().filter(|t| t.len() < n) {
-        return Err(bad(path, KEY_TYPES, format!("{} token types for {n} tokens", t.len())));
+        return Err(bad(
+            path,
+            KEY_TYPES,
+            format!("{} token types for {n} tokens", t.len()),
+        ));
     }
     let entries = tokens
         .into_iter()
         .enumerate()
         .map(|(i, text)| Entry {
             // An empty token would be unreachable by text; llama.cpp renames it the same way.
-            text: if text.is_empty() { format!("[EMPTY_{i}]").into_bytes() } else { text.to_vec() },
+            text: if text.is_empty() {
+                format!("[EMPTY_{i}]").into_bytes()
+            } else {
+                text.to_vec()
+            },
             score: scores.as_ref().map_or(0.0, |s| s[i]),
-            attr: types.as_ref().map_or(Attr::NORMAL, |t| Attr::from_token_type(t[i])),
+            attr: types
+                .as_ref()
+                .map_or(Attr::NORMAL, |t| Attr::from_token_type(t[i])),
         })
         .collect();
     Vocab::new(entries).map_err(|msg| bad(path, KEY_TOKENS, msg))
@@ -328,7 +382,8 @@ fn clean_spaces(text: &[u8]) -> Vec<u8> {
         if b[i - 1] == b' ' && b[i] == b'\'' && i + 1 < b.len() {
             let x1 = b[i + 1];
             let x2 = b.get(i + 2).copied().filter(|_| i + 2 < b.len());
-            let glue = matches!(x1, b's' | b'm') || matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e')));
+            let glue = matches!(x1, b's' | b'm')
+                || matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e')));
             if glue {
                 c.pop();
             }

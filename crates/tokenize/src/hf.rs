@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::error::{Result, TokenizeError};
 use crate::special::{self, RoleVocab};
-use crate::spm::SPACE_MARK;
+use crate::spm::SPACE_MARK_STR;
 use crate::unicode;
 use crate::vocab::{Attr, SpecialIds};
 
@@ -50,43 +50,62 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(TokenizeError::Io { path: path.to_path_buf(), source }),
+        Err(source) => {
+            return Err(TokenizeError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
     };
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|e| TokenizeError::Json { path: path.to_path_buf(), msg: e.to_string() })
+        .map_err(|e| TokenizeError::Json {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })
 }
 
 /// A token named in tokenizer_config.json: a string or an AddedToken object.
 fn token_content(v: &Value) -> Option<&str> {
-    v.as_str().or_else(|| v.get("content").and_then(Value::as_str))
+    v.as_str()
+        .or_else(|| v.get("content").and_then(Value::as_str))
 }
 
 fn config_bool(config: &Option<Value>, key: &str, path: &Path) -> Result<Option<bool>> {
     match config.as_ref().and_then(|c| c.get(key)) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => {
-            Err(TokenizeError::Json { path: path.to_path_buf(), msg: format!("'{key}' should be a bool, found {other}") })
-        }
+        Some(other) => Err(TokenizeError::Json {
+            path: path.to_path_buf(),
+            msg: format!("'{key}' should be a bool, found {other}"),
+        }),
     }
 }
 
 /// The piece style and leading-space strip implied by a `decoder` section.
 fn decoder_style(decoder: Option<&Value>) -> (PieceStyle, usize) {
-    let Some(d) = decoder else { return (PieceStyle::Plain, 0) };
+    let Some(d) = decoder else {
+        return (PieceStyle::Plain, 0);
+    };
     let steps: Vec<&Value> = match d.get("decoders").and_then(Value::as_array) {
         Some(list) => list.iter().collect(),
         None => vec![d],
     };
-    let kind = |s: &Value| s.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+    let kind = |s: &Value| {
+        s.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     let mut style = PieceStyle::Plain;
     let mut strip = 0;
     for s in steps {
         match kind(s).as_str() {
             "ByteLevel" => style = PieceStyle::ByteLevel,
             "Metaspace" | "ByteFallback" => style = PieceStyle::Metaspace,
-            "Replace" if s.pointer("/pattern/String").and_then(Value::as_str) == Some("\u{2581}") => {
+            "Replace"
+                if s.pointer("/pattern/String").and_then(Value::as_str) == Some("\u{2581}") =>
+            {
                 style = PieceStyle::Metaspace
             }
             "Strip" if s.get("content").and_then(Value::as_str) == Some(" ") => {
@@ -113,11 +132,16 @@ impl RoleVocab for HfRoles<'_> {
 impl HfTokenizer {
     pub fn from_dir(dir: &Path) -> Result<HfTokenizer> {
         let path = dir.join("tokenizer.json");
-        let hf_err = |msg: String| TokenizeError::HfTokenizer { path: path.clone(), msg };
-        let json = read_json(&path)?.ok_or_else(|| {
-            TokenizeError::Io { path: path.clone(), source: std::io::Error::from(std::io::ErrorKind::NotFound) }
+        let hf_err = |msg: String| TokenizeError::HfTokenizer {
+            path: path.clone(),
+            msg,
+        };
+        let json = read_json(&path)?.ok_or_else(|| TokenizeError::Io {
+            path: path.clone(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
         })?;
-        let tokenizer = tokenizers::Tokenizer::from_file(&path).map_err(|e| hf_err(e.to_string()))?;
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(&path).map_err(|e| hf_err(e.to_string()))?;
         let (style, strip_leading) = decoder_style(json.get("decoder"));
         let added = tokenizer
             .get_added_tokens_decoder()
@@ -128,24 +152,41 @@ impl HfTokenizer {
         let config_path = dir.join("tokenizer_config.json");
         let config = read_json(&config_path)?;
         let named = |key: &str| {
-            config.as_ref().and_then(|c| c.get(key)).and_then(token_content).and_then(|t| tokenizer.token_to_id(t))
+            config
+                .as_ref()
+                .and_then(|c| c.get(key))
+                .and_then(token_content)
+                .and_then(|t| tokenizer.token_to_id(t))
         };
-        let mut ids = SpecialIds { bos: named("bos_token"), eos: named("eos_token"), ..SpecialIds::default() };
+        let mut ids = SpecialIds {
+            bos: named("bos_token"),
+            eos: named("eos_token"),
+            ..SpecialIds::default()
+        };
         let mut eog = special::assign_roles(&mut HfRoles(&tokenizer), &mut ids);
         let generation = read_json(&dir.join("generation_config.json"))?;
         if let Some(v) = generation.as_ref().and_then(|g| g.get("eos_token_id")) {
             let listed: Vec<&Value> = v.as_array().map_or_else(|| vec![v], |a| a.iter().collect());
-            eog.extend(listed.into_iter().filter_map(Value::as_u64).filter_map(|id| u32::try_from(id).ok()));
+            eog.extend(
+                listed
+                    .into_iter()
+                    .filter_map(Value::as_u64)
+                    .filter_map(|id| u32::try_from(id).ok()),
+            );
         }
 
         let explicit_bos = config_bool(&config, "add_bos_token", &config_path)?;
         let explicit_eos = config_bool(&config, "add_eos_token", &config_path)?;
         let explicit_flags = explicit_bos.is_some() || explicit_eos.is_some();
         // Without explicit flags the post-processor decides; see what it adds to nothing.
-        let framing = tokenizer.encode("", true).map_err(|e| hf_err(e.to_string()))?;
+        let framing = tokenizer
+            .encode("", true)
+            .map_err(|e| hf_err(e.to_string()))?;
         let framing = framing.get_ids();
-        let add_bos = explicit_bos.unwrap_or(ids.bos.is_some() && framing.first().copied() == ids.bos);
-        let add_eos = explicit_eos.unwrap_or(ids.eos.is_some() && framing.last().copied() == ids.eos);
+        let add_bos =
+            explicit_bos.unwrap_or(ids.bos.is_some() && framing.first().copied() == ids.bos);
+        let add_eos =
+            explicit_eos.unwrap_or(ids.eos.is_some() && framing.last().copied() == ids.eos);
         if (add_bos && ids.bos.is_none()) || (add_eos && ids.eos.is_none()) {
             return Err(TokenizeError::Json {
                 path: config_path,
@@ -180,9 +221,13 @@ impl HfTokenizer {
             })
         };
         let use_post_processor = add_special && !self.explicit_flags;
-        let encoding = tokenizer
-            .encode(text, use_post_processor)
-            .map_err(|e| TokenizeError::HfTokenizer { path: self.path.clone(), msg: e.to_string() })?;
+        let encoding =
+            tokenizer
+                .encode(text, use_post_processor)
+                .map_err(|e| TokenizeError::HfTokenizer {
+                    path: self.path.clone(),
+                    msg: e.to_string(),
+                })?;
         let mut ids = Vec::with_capacity(encoding.len() + 2);
         if add_special && self.explicit_flags && self.add_bos {
             ids.extend(self.bos);
@@ -198,7 +243,9 @@ impl HfTokenizer {
         if let Some((content, _)) = self.added.get(&id) {
             return content.as_bytes().to_vec();
         }
-        let Some(text) = self.tokenizer.id_to_token(id) else { return Vec::new() };
+        let Some(text) = self.tokenizer.id_to_token(id) else {
+            return Vec::new();
+        };
         match self.style {
             PieceStyle::Plain => text.into_bytes(),
             PieceStyle::ByteLevel => {
@@ -212,14 +259,19 @@ impl HfTokenizer {
                         return vec![v];
                     }
                 }
-                text.replace(std::str::from_utf8(SPACE_MARK).unwrap_or(" "), " ").into_bytes()
+                text.replace(SPACE_MARK_STR, " ")
+                    .into_bytes()
             }
         }
     }
 
     pub fn decode(&self, ids: &[u32]) -> Vec<u8> {
         let mut out: Vec<u8> = ids.iter().flat_map(|&id| self.token_to_piece(id)).collect();
-        let strip = out.iter().take(self.strip_leading).take_while(|&&b| b == b' ').count();
+        let strip = out
+            .iter()
+            .take(self.strip_leading)
+            .take_while(|&&b| b == b' ')
+            .count();
         out.drain(..strip);
         out
     }

@@ -22,14 +22,44 @@ const EOT_TEXTS: &[&str] = &[
     "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
-const FIM_PRE_TEXTS: &[&str] =
-    &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"];
-const FIM_SUF_TEXTS: &[&str] =
-    &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"];
-const FIM_MID_TEXTS: &[&str] =
-    &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"];
+const FIM_PRE_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+];
+const FIM_SUF_TEXTS: &[&str] = &[
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+];
+const FIM_MID_TEXTS: &[&str] = &[
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 /// Texts that end generation whatever their role.
 const EOG_TEXTS: &[&str] = &[
@@ -57,7 +87,8 @@ const EOG_TEXTS: &[&str] = &[
     "[e~[",
 ];
 /// Chat-format markers that are always rendered and never end generation (gpt-oss).
-const ALWAYS_RENDERED_TEXTS: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+const ALWAYS_RENDERED_TEXTS: &[&str] =
+    &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 /// A vocabulary as seen by [`assign_roles`]: lookup by text and attribute changes.
 pub(crate) trait RoleVocab {
@@ -107,7 +138,10 @@ pub(crate) fn assign_roles(vocab: &mut impl RoleVocab, ids: &mut SpecialIds) -> 
         }
     }
 
-    let mut eog: BTreeSet<u32> = [ids.fim_pad, ids.fim_rep, ids.fim_sep].into_iter().flatten().collect();
+    let mut eog: BTreeSet<u32> = [ids.fim_pad, ids.fim_rep, ids.fim_sep]
+        .into_iter()
+        .flatten()
+        .collect();
     for text in EOG_TEXTS {
         if let Some(id) = vocab.find(text) {
             eog.insert(id);
@@ -121,11 +155,14 @@ pub(crate) fn assign_roles(vocab: &mut impl RoleVocab, ids: &mut SpecialIds) -> 
     }
     eog.extend([ids.eos, ids.eot, ids.eom].into_iter().flatten());
 
-    let with_text = |eog: &BTreeSet<u32>, text: &str| vocab.find(text).filter(|id| eog.contains(id));
+    let with_text =
+        |eog: &BTreeSet<u32>, text: &str| vocab.find(text).filter(|id| eog.contains(id));
     // Harmony-style vocabularies end a turn with <|return|> or <|call|>; there <|end|> only
     // closes a message.
     let has_return = with_text(&eog, "<|return|>").is_some();
-    let has_call = with_text(&eog, "<|call|>").or(with_text(&eog, "<|calls|>")).is_some();
+    let has_call = with_text(&eog, "<|call|>")
+        .or(with_text(&eog, "<|calls|>"))
+        .is_some();
     let has_flush = with_text(&eog, "<|flush|>").is_some();
     let end_id = with_text(&eog, "<|end|>");
     // Vocabularies with <|tool_response> use </s> as ordinary text.
@@ -159,14 +196,27 @@ pub(crate) struct SpecialMatcher {
 
 impl SpecialMatcher {
     pub fn new(vocab: &Vocab) -> SpecialMatcher {
-        let patterns: Vec<&[u8]> = vocab.partition_order.iter().map(|&id| vocab.text(id)).collect();
+        let patterns: Vec<&[u8]> = vocab
+            .partition_order
+            .iter()
+            .map(|&id| vocab.text(id))
+            .collect();
         // Building only fails for pattern sets far beyond any vocabulary; then every token is
         // searched for directly.
-        let automaton = if patterns.is_empty() { None } else { AhoCorasick::new(&patterns).ok() };
+        let automaton = if patterns.is_empty() {
+            None
+        } else {
+            AhoCorasick::new(&patterns).ok()
+        };
         SpecialMatcher { automaton }
     }
 
-    pub fn partition<'a>(&self, vocab: &Vocab, text: &'a [u8], parse_special: bool) -> Vec<Fragment<'a>> {
+    pub fn partition<'a>(
+        &self,
+        vocab: &Vocab,
+        text: &'a [u8],
+        parse_special: bool,
+    ) -> Vec<Fragment<'a>> {
         if text.is_empty() {
             return Vec::new();
         }
@@ -175,7 +225,10 @@ impl SpecialMatcher {
         // Positions in partition_order of the tokens present anywhere in the text.
         let present: Vec<usize> = match &self.automaton {
             Some(ac) => {
-                let mut found: Vec<usize> = ac.find_overlapping_iter(text).map(|m| m.pattern().as_usize()).collect();
+                let mut found: Vec<usize> = ac
+                    .find_overlapping_iter(text)
+                    .map(|m| m.pattern().as_usize())
+                    .collect();
                 found.sort_unstable();
                 found.dedup();
                 found

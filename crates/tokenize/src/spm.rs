@@ -10,7 +10,8 @@ use crate::unicode;
 use crate::vocab::Vocab;
 
 /// U+2581, SentencePiece's visible space.
-pub(crate) const SPACE_MARK: &[u8] = "\u{2581}".as_bytes();
+pub(crate) const SPACE_MARK_STR: &str = "\u{2581}";
+pub(crate) const SPACE_MARK: &[u8] = SPACE_MARK_STR.as_bytes();
 
 pub(crate) struct Spm {
     /// Token for each byte value, for byte fallback: `<0xXX>`, else the one-byte text, else
@@ -47,7 +48,9 @@ impl PartialOrd for Bigram {
 }
 impl Ord for Bigram {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score.total_cmp(&other.score).then(Reverse(self.left).cmp(&Reverse(other.left)))
+        self.score
+            .total_cmp(&other.score)
+            .then(Reverse(self.left).cmp(&Reverse(other.left)))
     }
 }
 
@@ -81,18 +84,34 @@ impl Spm {
             start += len;
         }
         let mut queue = BinaryHeap::new();
-        let push = |queue: &mut BinaryHeap<Bigram>, symbols: &[Symbol], left: Option<usize>, right: Option<usize>| {
-            let (Some(l), Some(r)) = (left, right) else { return };
+        let push = |queue: &mut BinaryHeap<Bigram>,
+                    symbols: &[Symbol],
+                    left: Option<usize>,
+                    right: Option<usize>| {
+            let (Some(l), Some(r)) = (left, right) else {
+                return;
+            };
             let size = symbols[l].len + symbols[r].len;
             let s = symbols[l].start;
             if let Some(id) = vocab.token_id(&text[s..s + size]) {
-                queue.push(Bigram { score: vocab.score(id), left: l, right: r, size });
+                queue.push(Bigram {
+                    score: vocab.score(id),
+                    left: l,
+                    right: r,
+                    size,
+                });
             }
         };
         for i in 1..symbols.len() {
             push(&mut queue, &symbols, Some(i - 1), Some(i));
         }
-        while let Some(Bigram { left: l, right: r, size, .. }) = queue.pop() {
+        while let Some(Bigram {
+            left: l,
+            right: r,
+            size,
+            ..
+        }) = queue.pop()
+        {
             let (left, right) = (symbols[l], symbols[r]);
             if left.len == 0 || right.len == 0 || left.len + right.len != size {
                 continue;
@@ -110,7 +129,11 @@ impl Spm {
             let piece = &text[s.start..s.start + s.len];
             match vocab.token_id(piece) {
                 Some(id) => out.push(id),
-                None => out.extend(piece.iter().filter_map(|&b| self.byte_tokens[usize::from(b)])),
+                None => out.extend(
+                    piece
+                        .iter()
+                        .filter_map(|&b| self.byte_tokens[usize::from(b)]),
+                ),
             }
         }
     }

@@ -13,6 +13,19 @@ pub struct Tokenizer {
     inner: Inner,
 }
 
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match self.inner {
+            Inner::Gguf(_) => "gguf",
+            Inner::Hf(_) => "hf",
+        };
+        f.debug_struct("Tokenizer")
+            .field("source", &source)
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
 enum Inner {
     Gguf(Box<GgufTokenizer>),
     Hf(Box<HfTokenizer>),
@@ -21,13 +34,17 @@ enum Inner {
 impl Tokenizer {
     /// The tokenizer embedded in GGUF metadata (`tokenizer.ggml.*`).
     pub fn from_gguf(meta: &Metadata) -> Result<Tokenizer> {
-        Ok(Tokenizer { inner: Inner::Gguf(Box::new(GgufTokenizer::from_metadata(meta)?)) })
+        Ok(Tokenizer {
+            inner: Inner::Gguf(Box::new(GgufTokenizer::from_metadata(meta)?)),
+        })
     }
 
     /// The tokenizer of a Hugging Face model directory: `tokenizer.json`, with
     /// `tokenizer_config.json` (and `generation_config.json`) where present.
     pub fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
-        Ok(Tokenizer { inner: Inner::Hf(Box::new(HfTokenizer::from_dir(dir)?)) })
+        Ok(Tokenizer {
+            inner: Inner::Hf(Box::new(HfTokenizer::from_dir(dir)?)),
+        })
     }
 
     /// Token ids of `text`. `add_special` adds BOS/EOS as the model's flags say;
@@ -140,5 +157,15 @@ impl Tokenizer {
             Inner::Gguf(t) => t.vocab.token_id(text.as_bytes()),
             Inner::Hf(t) => t.token_id(text),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Sessions on several threads share one tokenizer.
+    #[test]
+    fn tokenizer_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::Tokenizer>();
     }
 }

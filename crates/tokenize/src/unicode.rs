@@ -55,7 +55,9 @@ pub(crate) fn category(cp: u32) -> Category {
         0x2FFC..=0x2FFF | 0x31EF => return Category::Symbol,
         _ => {}
     }
-    let Some(c) = char::from_u32(cp) else { return Category::Undefined };
+    let Some(c) = char::from_u32(cp) else {
+        return Category::Undefined;
+    };
     match get_general_category(c) {
         Gc::Unassigned => Category::Undefined,
         Gc::Control | Gc::Format | Gc::PrivateUse | Gc::Surrogate => Category::Control,
@@ -73,18 +75,25 @@ pub(crate) fn category(cp: u32) -> Category {
         | Gc::InitialPunctuation
         | Gc::FinalPunctuation
         | Gc::OtherPunctuation => Category::Punctuation,
-        Gc::MathSymbol | Gc::CurrencySymbol | Gc::ModifierSymbol | Gc::OtherSymbol => Category::Symbol,
+        Gc::MathSymbol | Gc::CurrencySymbol | Gc::ModifierSymbol | Gc::OtherSymbol => {
+            Category::Symbol
+        }
         Gc::SpaceSeparator | Gc::LineSeparator | Gc::ParagraphSeparator => Category::Separator,
     }
 }
 
 pub(crate) fn flags(cp: u32) -> CpFlags {
-    CpFlags { category: category(cp), whitespace: is_whitespace(cp) }
+    CpFlags {
+        category: category(cp),
+        whitespace: is_whitespace(cp),
+    }
 }
 
 /// Simple lowercase mapping of one codepoint (the one-to-one part of Unicode's mapping).
 pub(crate) fn to_lower(cp: u32) -> u32 {
-    let Some(c) = char::from_u32(cp) else { return cp };
+    let Some(c) = char::from_u32(cp) else {
+        return cp;
+    };
     let mut lower = c.to_lowercase();
     match (lower.next(), lower.next()) {
         (Some(l), None) => l as u32,

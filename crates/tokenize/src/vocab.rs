@@ -144,7 +144,10 @@ impl Vocab {
 
     /// Attributes of `id`; an id outside the vocabulary has none.
     pub fn attr(&self, id: u32) -> Attr {
-        self.attrs.get(id as usize).copied().unwrap_or(Attr::UNDEFINED)
+        self.attrs
+            .get(id as usize)
+            .copied()
+            .unwrap_or(Attr::UNDEFINED)
     }
 
     pub fn add_attr(&mut self, id: u32, attr: Attr) {
@@ -159,7 +162,9 @@ impl Vocab {
     /// Fills [`Vocab::partition_order`] from the current attributes.
     pub fn build_partition_order(&mut self) {
         let special = Attr::CONTROL | Attr::USER_DEFINED | Attr::UNKNOWN;
-        let mut ids: Vec<u32> = (0..self.len() as u32).filter(|&id| self.attr(id).has(special)).collect();
+        let mut ids: Vec<u32> = (0..self.len() as u32)
+            .filter(|&id| self.attr(id).has(special))
+            .collect();
         // Stable: equal lengths keep id order (llama.cpp's order among them is unspecified).
         ids.sort_by_key(|&id| std::cmp::Reverse(self.texts[id as usize].len()));
         self.partition_order = ids;

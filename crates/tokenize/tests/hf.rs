@@ -51,13 +51,23 @@ fn tiny_byte_level_bpe() {
     );
     let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
     assert_eq!(tok.vocab_size(), 19);
-    assert_eq!((tok.bos(), tok.eos(), tok.eot()), (Some(16), Some(17), Some(18)));
+    assert_eq!(
+        (tok.bos(), tok.eos(), tok.eot()),
+        (Some(16), Some(17), Some(18))
+    );
     assert!(tok.add_bos() && !tok.add_eos());
     assert_eq!(tok.eog_ids(), [17, 18]);
-    assert_eq!(tok.encode("hello world", false, false).unwrap(), [11, 12, 3, 6, 2, 7]);
+    assert_eq!(
+        tok.encode("hello world", false, false).unwrap(),
+        [11, 12, 3, 6, 2, 7]
+    );
     assert_eq!(tok.encode("hello", true, false).unwrap(), [16, 11]);
     assert_eq!(tok.encode("hello</s>", false, true).unwrap(), [11, 17]);
-    assert_ne!(tok.encode("hello</s>", false, false).unwrap(), [11, 17], "special text stays text");
+    assert_ne!(
+        tok.encode("hello</s>", false, false).unwrap(),
+        [11, 17],
+        "special text stays text"
+    );
     assert_eq!(tok.token_to_piece(12), b" w");
     assert_eq!(tok.token_to_piece(13), [0xC3], "half of é");
     assert_eq!(tok.encode("é", false, false).unwrap(), [15]);
@@ -78,27 +88,52 @@ fn post_processor_decides_without_explicit_flags() {
         "special_tokens": {"<s>": {"id": "<s>", "ids": [16], "tokens": ["<s>"]}}
     });
     write(dir.path(), "tokenizer.json", &t);
-    write(dir.path(), "tokenizer_config.json", &json!({"bos_token": "<s>", "eos_token": "</s>"}));
-    write(dir.path(), "generation_config.json", &json!({"eos_token_id": [17, 5]}));
+    write(
+        dir.path(),
+        "tokenizer_config.json",
+        &json!({"bos_token": "<s>", "eos_token": "</s>"}),
+    );
+    write(
+        dir.path(),
+        "generation_config.json",
+        &json!({"eos_token_id": [17, 5]}),
+    );
     let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
     assert!(tok.add_bos() && !tok.add_eos());
     assert_eq!(tok.encode("hello", true, false).unwrap(), [16, 11]);
     assert_eq!(tok.encode("hello", false, false).unwrap(), [11]);
-    assert_eq!(tok.eog_ids(), [5, 17, 18], "generation_config's eos ids end generation too");
+    assert_eq!(
+        tok.eog_ids(),
+        [5, 17, 18],
+        "generation_config's eos ids end generation too"
+    );
 }
 
 #[test]
 fn bad_hf_dirs_are_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let msg = Tokenizer::from_hf_dir(dir.path()).err().expect("no tokenizer.json").to_string();
+    let msg = Tokenizer::from_hf_dir(dir.path())
+        .expect_err("no tokenizer.json")
+        .to_string();
     assert!(msg.contains("tokenizer.json"), "{msg}");
     std::fs::write(dir.path().join("tokenizer.json"), "{not json").unwrap();
-    let msg = Tokenizer::from_hf_dir(dir.path()).err().expect("bad json").to_string();
+    let msg = Tokenizer::from_hf_dir(dir.path())
+        .expect_err("bad json")
+        .to_string();
     assert!(msg.contains("tokenizer.json"), "{msg}");
     write(dir.path(), "tokenizer.json", &tiny_tokenizer_json());
-    write(dir.path(), "tokenizer_config.json", &json!({"add_bos_token": "yes"}));
-    let msg = Tokenizer::from_hf_dir(dir.path()).err().expect("bad flag").to_string();
-    assert!(msg.contains("tokenizer_config.json") && msg.contains("add_bos_token"), "{msg}");
+    write(
+        dir.path(),
+        "tokenizer_config.json",
+        &json!({"add_bos_token": "yes"}),
+    );
+    let msg = Tokenizer::from_hf_dir(dir.path())
+        .expect_err("bad flag")
+        .to_string();
+    assert!(
+        msg.contains("tokenizer_config.json") && msg.contains("add_bos_token"),
+        "{msg}"
+    );
 }
 
 /// SmolLM2's tokenizer.json as Hugging Face ships it, rebuilt from the GGUF vocabulary:
@@ -106,14 +141,28 @@ fn bad_hf_dirs_are_errors_naming_the_file() {
 fn smollm2_tokenizer_json() -> Value {
     let gguf = Gguf::open(model(SMOLLM2)).unwrap();
     let meta = &gguf.metadata;
-    let tokens = meta.byte_strings_opt("tokenizer.ggml.tokens").unwrap().unwrap();
-    let types = meta.i64_array_opt("tokenizer.ggml.token_type").unwrap().unwrap();
-    let merges = meta.byte_strings_opt("tokenizer.ggml.merges").unwrap().unwrap();
+    let tokens = meta
+        .byte_strings_opt("tokenizer.ggml.tokens")
+        .unwrap()
+        .unwrap();
+    let types = meta
+        .i64_array_opt("tokenizer.ggml.token_type")
+        .unwrap()
+        .unwrap();
+    let merges = meta
+        .byte_strings_opt("tokenizer.ggml.merges")
+        .unwrap()
+        .unwrap();
     let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
-    let vocab: serde_json::Map<String, Value> =
-        tokens.iter().enumerate().map(|(i, t)| (text(t), json!(i))).collect();
-    let added_tokens: Vec<Value> =
-        (0..tokens.len()).filter(|&i| types[i] == 3).map(|i| added(i as u32, &text(tokens[i]), true)).collect();
+    let vocab: serde_json::Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (text(t), json!(i)))
+        .collect();
+    let added_tokens: Vec<Value> = (0..tokens.len())
+        .filter(|&i| types[i] == 3)
+        .map(|i| added(i as u32, &text(tokens[i]), true))
+        .collect();
     json!({
         "version": "1.0",
         "truncation": null,
@@ -144,25 +193,46 @@ fn smollm2_rebuilt_as_hf_matches_the_gguf_path() {
     let hf = Tokenizer::from_hf_dir(dir.path()).unwrap();
     let gguf = gguf_tokenizer(SMOLLM2);
     assert_eq!(hf.vocab_size(), gguf.vocab_size());
-    assert_eq!((hf.bos(), hf.eos(), hf.eot()), (gguf.bos(), gguf.eos(), gguf.eot()));
+    assert_eq!(
+        (hf.bos(), hf.eos(), hf.eot()),
+        (gguf.bos(), gguf.eos(), gguf.eot())
+    );
     assert_eq!(hf.eog_ids(), gguf.eog_ids());
     let fixture = llamacpp_fixture("smollm2-135m-instruct-q4_1.tokenize.json");
-    let mut texts: Vec<String> =
-        fixture["strings"].as_array().unwrap().iter().map(|s| s["text"].as_str().unwrap().to_string()).collect();
+    let mut texts: Vec<String> = fixture["strings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["text"].as_str().unwrap().to_string())
+        .collect();
     let prompts = llamacpp_fixture("smollm2-135m-instruct-q4_1.prompts.json");
-    texts.extend(prompts["prompts"].as_array().unwrap().iter().map(|p| p["text"].as_str().unwrap().to_string()));
+    texts.extend(
+        prompts["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["text"].as_str().unwrap().to_string()),
+    );
     let mut checked = 0;
     for text in &texts {
         for (add_special, parse_special) in [(false, false), (false, true), (true, true)] {
             let want = gguf.encode(text, add_special, parse_special).unwrap();
-            assert_eq!(hf.encode(text, add_special, parse_special).unwrap(), want, "{text:?} {add_special} {parse_special}");
+            assert_eq!(
+                hf.encode(text, add_special, parse_special).unwrap(),
+                want,
+                "{text:?} {add_special} {parse_special}"
+            );
             assert_eq!(hf.decode(&want), gguf.decode(&want), "{text:?}");
             checked += 1;
         }
     }
     // And against llama.cpp directly.
     for s in fixture["strings"].as_array().unwrap() {
-        assert_eq!(hf.encode(s["text"].as_str().unwrap(), false, false).unwrap(), ids(&s["plain"]));
+        assert_eq!(
+            hf.encode(s["text"].as_str().unwrap(), false, false)
+                .unwrap(),
+            ids(&s["plain"])
+        );
     }
     println!("{checked} encodings identical between the HF and GGUF paths");
 }

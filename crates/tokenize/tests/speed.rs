@@ -31,12 +31,18 @@ fn gemma3_builds_and_encodes_quickly() {
     let (ids, enc) = time(|| tok.encode(&text, true, true).unwrap());
     let long = text.repeat(10);
     let (long_ids, enc_long) = time(|| tok.encode(&long, true, true).unwrap());
-    println!("Gemma 3: build {build:?}; {} words -> {} tokens in {enc:?}; 10x in {enc_long:?}",
-        text.split_whitespace().count(), ids.len());
+    println!(
+        "Gemma 3: build {build:?}; {} words -> {} tokens in {enc:?}; 10x in {enc_long:?}",
+        text.split_whitespace().count(),
+        ids.len()
+    );
     assert_eq!(tok.decode(&ids[1..]), text.as_bytes());
     assert!(long_ids.len() > 9 * ids.len());
     assert!(build < Duration::from_secs(5), "building took {build:?}");
-    assert!(enc_long < enc * 40 + Duration::from_millis(200), "10x the text took {enc_long:?} vs {enc:?}");
+    assert!(
+        enc_long < enc * 40 + Duration::from_millis(200),
+        "10x the text took {enc_long:?} vs {enc:?}"
+    );
 }
 
 #[test]
@@ -46,7 +52,13 @@ fn smollm2_encodes_quickly() {
     let (ids, enc) = time(|| tok.encode(&text, true, true).unwrap());
     let long = text.repeat(10);
     let (_, enc_long) = time(|| tok.encode(&long, true, true).unwrap());
-    println!("SmolLM2: {} tokens in {enc:?}; 10x in {enc_long:?}", ids.len());
+    println!(
+        "SmolLM2: {} tokens in {enc:?}; 10x in {enc_long:?}",
+        ids.len()
+    );
     assert_eq!(tok.decode(&ids), text.as_bytes());
-    assert!(enc_long < enc * 40 + Duration::from_millis(200), "10x the text took {enc_long:?} vs {enc:?}");
+    assert!(
+        enc_long < enc * 40 + Duration::from_millis(200),
+        "10x the text took {enc_long:?} vs {enc:?}"
+    );
 }

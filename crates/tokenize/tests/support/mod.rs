@@ -19,10 +19,15 @@ pub fn workspace_root() -> PathBuf {
 pub fn model(file: &str) -> PathBuf {
     let dir = match std::env::var_os("ANELM_MODELS") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/anelm/models"),
+        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
+            .join(".cache/anelm/models"),
     };
     let path = dir.join(file);
-    assert!(path.exists(), "model {} is missing: run scripts/fetch-models.py", path.display());
+    assert!(
+        path.exists(),
+        "model {} is missing: run scripts/fetch-models.py",
+        path.display()
+    );
     path
 }
 
@@ -33,13 +38,19 @@ pub fn gguf_tokenizer(file: &str) -> Tokenizer {
 
 /// A JSON file of ../shared/fixtures/llamacpp.
 pub fn llamacpp_fixture(name: &str) -> Value {
-    let path = workspace_root().join("../shared/fixtures/llamacpp").join(name);
+    let path = workspace_root()
+        .join("../shared/fixtures/llamacpp")
+        .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 pub fn hex(bytes: &[u8]) -> String {

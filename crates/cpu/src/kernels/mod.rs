@@ -1,0 +1,127 @@
+//! Dot products of weight rows, read straight from their ggml blocks, with 1 to 4 input rows at a
+//! time (decode uses 1; prefill 4, so each weight block is unpacked once for four tokens).
+//!
+//! Quantised types take 8-bit activations ([`crate::q8`]) and do the block arithmetic in
+//! integers, as ggml does: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 against 32-value blocks, Q4_K, Q5_K
+//! and Q6_K against 256-value blocks. F32, F16 and BF16 take f32 activations and stay exact.
+//! Every other type is dequantised a row at a time into f32 (see `matmul`).
+//!
+//! [`scalar`] is the reference of every kernel; [`x86`] has AVX2 and AVX-512 VNNI versions. The
+//! property tests in `tests.rs` check them against the reference.
+
+use anelm_formats::GgmlType;
+
+use crate::q8::{ActKind, Q8Row};
+use crate::simd::Isa;
+
+pub mod scalar;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// Values per block of the 32-value types.
+pub const QK: usize = 32;
+/// The most input rows one kernel call takes.
+pub const MAX_ROWS: usize = 4;
+
+/// `out[t] = row · xs[t]` for 8-bit activation rows; `xs.len() == out.len()` in `1..=MAX_ROWS`.
+/// Unsafe only because SIMD versions need their CPU features, which [`select`] checked.
+pub type Q8Kernel = unsafe fn(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]);
+/// The same for f32 activations.
+pub type F32Kernel = unsafe fn(row: &[u8], xs: &[&[f32]], out: &mut [f32]);
+
+/// How rows of one weight type are multiplied.
+#[derive(Clone, Copy)]
+pub enum Kernel {
+    Q8 { act: ActKind, f: Q8Kernel },
+    F32(F32Kernel),
+    /// No direct kernel: rows are dequantised to f32 and go through the F32 kernel.
+    Dequant(F32Kernel),
+}
+
+impl Kernel {
+    pub fn act(self) -> ActKind {
+        match self {
+            Kernel::Q8 { act, .. } => act,
+            Kernel::F32(_) | Kernel::Dequant(_) => ActKind::F32,
+        }
+    }
+}
+
+/// The kernel for weights of `dtype` on `isa` (which must be one of `Isa::available()`).
+pub fn select(dtype: GgmlType, isa: Isa) -> Kernel {
+    use GgmlType::*;
+    let b32 = ActKind::Q8B32;
+    let k = ActKind::Q8K;
+    macro_rules! pick {
+        ($name:ident) => {{
+            let f: Q8Kernel = match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => x86::avx512::$name,
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => x86::avx2::$name,
+                _ => scalar::$name,
+            };
+            f
+        }};
+    }
+    let f32_kernel = |scalar_f: F32Kernel, name: &str| -> F32Kernel {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 | Isa::Avx2 => x86::f32_kernel(name),
+            _ => {
+                let _ = name;
+                scalar_f
+            }
+        }
+    };
+    match dtype {
+        Q4_0 => Kernel::Q8 { act: b32, f: pick!(q4_0) },
+        Q4_1 => Kernel::Q8 { act: b32, f: pick!(q4_1) },
+        Q5_0 => Kernel::Q8 { act: b32, f: pick!(q5_0) },
+        Q5_1 => Kernel::Q8 { act: b32, f: pick!(q5_1) },
+        Q8_0 => Kernel::Q8 { act: b32, f: pick!(q8_0) },
+        Q4K => Kernel::Q8 { act: k, f: pick!(q4_k) },
+        Q5K => Kernel::Q8 { act: k, f: pick!(q5_k) },
+        Q6K => Kernel::Q8 { act: k, f: pick!(q6_k) },
+        F32 => Kernel::F32(f32_kernel(scalar::f32, "f32")),
+        F16 => Kernel::F32(f32_kernel(scalar::f16, "f16")),
+        BF16 => Kernel::F32(f32_kernel(scalar::bf16, "bf16")),
+        _ => Kernel::Dequant(f32_kernel(scalar::f32, "f32")),
+    }
+}
+
+/// Block byte sizes (ggml's `block_*` structs).
+pub mod bytes {
+    pub const Q4_0: usize = 18;
+    pub const Q4_1: usize = 20;
+    pub const Q5_0: usize = 22;
+    pub const Q5_1: usize = 24;
+    pub const Q8_0: usize = 34;
+    pub const Q4_K: usize = 144;
+    pub const Q5_K: usize = 176;
+    pub const Q6_K: usize = 210;
+}
+
+/// The f16 at `b[at..]`, widened exactly.
+#[inline(always)]
+pub fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// The 6-bit scales and mins of the 8 sub-blocks of a Q4_K/Q5_K block from its 12 scale bytes:
+/// sub-blocks 0..4 keep them in the low 6 bits of bytes `j` and `j + 4`; 4..8 keep their low 4
+/// bits in byte `j + 4` and their top 2 bits in the top of bytes `j - 4` (scale) and `j` (min).
+#[inline(always)]
+pub fn k4_scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..4 {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0xf) | ((s[j] >> 6) << 4);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+    (sc, mn)
+}

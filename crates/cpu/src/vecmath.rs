@@ -1,0 +1,387 @@
+//! Elementwise math over f32 rows: exp (for softmax), SiLU and tanh-GELU gates, and the dot /
+//! axpy of f32 queries with f16 or f32 cache rows. Scalar references and AVX2 versions; exp is
+//! the same polynomial in both, so they agree bit for bit (f32 `mul_add` is the FMA).
+//!
+//! exp(x) = 2ⁿ · e^r with n = round(x / ln 2) and |r| ≤ ln 2 / 2; e^r by its Taylor series to
+//! degree 7, whose truncation error (< 6e-9 relative) is below f32 rounding.
+
+use half::f16;
+
+use crate::simd::Isa;
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 split so that `n · LN2_HI` is exact for |n| < 2^8.
+const LN2_HI: f32 = 0.693_145_75;
+const LN2_LO: f32 = 1.428_606_8e-6;
+/// Below this exp underflows to 0; above `MAX` it overflows.
+const MIN: f32 = -87.336_55;
+const MAX: f32 = 88.376_26;
+const TAYLOR: [f32; 8] = [1.0, 1.0, 0.5, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
+
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x < MIN {
+        return 0.0;
+    }
+    let x = x.min(MAX);
+    let n = (x * LOG2E).round_ties_even();
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let mut p = TAYLOR[7];
+    for c in TAYLOR[..7].iter().rev() {
+        p = p.mul_add(r, *c);
+    }
+    // 2^n as two factors so that n = 128 (x near MAX) does not overflow the exponent field.
+    let h = (n as i32) / 2;
+    let pow = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    p * pow(h) * pow(n as i32 - h)
+}
+
+/// The gate activations over a row, in place: `g[i] = act(g[i]) * u[i]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Silu,
+    GeluTanh,
+}
+
+const GELU_C: f32 = 0.797_884_6; // sqrt(2/pi)
+
+/// SiLU is `x / (1 + e^-x)`; tanh-GELU is `0.5 x (1 + tanh(y)) = x / (1 + e^(-2y))` with
+/// `y = sqrt(2/pi) (x + 0.044715 x³)`, which has no cancellation near 0.
+pub fn activate(act: Gate, x: f32) -> f32 {
+    let z = match act {
+        Gate::Silu => -x,
+        Gate::GeluTanh => -2.0 * GELU_C * (x + 0.044715 * x * x * x),
+    };
+    x / (1.0 + exp(z))
+}
+
+/// `g = act(g) * u` (or just `act(g)` without `u`).
+pub fn gate(isa: Isa, act: Gate, g: &mut [f32], u: Option<&[f32]>) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: Avx2 or better was detected.
+        unsafe { x86::gate(act, g, u) };
+        return;
+    }
+    let _ = isa;
+    match u {
+        Some(u) => g.iter_mut().zip(u).for_each(|(g, u)| *g = activate(act, *g) * u),
+        None => g.iter_mut().for_each(|g| *g = activate(act, *g)),
+    }
+}
+
+/// In-place softmax.
+pub fn softmax(isa: Isa, x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: Avx2 or better was detected.
+        unsafe { x86::softmax(x) };
+        return;
+    }
+    let _ = isa;
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// A KV cache element: f32, or f16 (half the memory and bandwidth, 11 significant bits).
+pub trait KvElem: Copy + Send + Sync + 'static {
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+    /// `Σ q[i] · k[i]`.
+    fn dot(isa: Isa, q: &[f32], k: &[Self]) -> f32;
+    /// `out += p · v`.
+    fn axpy(isa: Isa, out: &mut [f32], p: f32, v: &[Self]);
+}
+
+impl KvElem for f32 {
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn dot(isa: Isa, q: &[f32], k: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: Avx2 or better was detected.
+            return unsafe { x86::dot_f32(q, k) };
+        }
+        let _ = isa;
+        crate::kernels::scalar::dot(q, k)
+    }
+    fn axpy(isa: Isa, out: &mut [f32], p: f32, v: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: Avx2 or better was detected.
+            return unsafe { x86::axpy_f32(out, p, v) };
+        }
+        let _ = isa;
+        out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
+    }
+}
+
+impl KvElem for f16 {
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn dot(isa: Isa, q: &[f32], k: &[f16]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: Avx2 or better was detected.
+            return unsafe { x86::dot_f16(q, k) };
+        }
+        let _ = isa;
+        q.iter().zip(k).map(|(q, k)| q * k.to_f32()).sum()
+    }
+    fn axpy(isa: Isa, out: &mut [f32], p: f32, v: &[f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa.has_avx2() {
+            // SAFETY: Avx2 or better was detected.
+            return unsafe { x86::axpy_f16(out, p, v) };
+        }
+        let _ = isa;
+        out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v.to_f32());
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::*;
+
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+        let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(MIN));
+        let x = _mm256_min_ps(x, _mm256_set1_ps(MAX));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
+        let neg = _mm256_sub_ps(_mm256_setzero_ps(), n);
+        let r = _mm256_fmadd_ps(neg, _mm256_set1_ps(LN2_LO), _mm256_fmadd_ps(neg, _mm256_set1_ps(LN2_HI), x));
+        let mut p = _mm256_set1_ps(TAYLOR[7]);
+        for c in TAYLOR[..7].iter().rev() {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+        }
+        let ni = _mm256_cvtps_epi32(n);
+        // h = trunc(n / 2), as the scalar code's integer division.
+        let h = _mm256_srai_epi32::<1>(_mm256_add_epi32(ni, _mm256_srli_epi32::<31>(ni)));
+        let pow = |e: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, _mm256_set1_epi32(127))));
+        let y = _mm256_mul_ps(_mm256_mul_ps(p, pow(h)), pow(_mm256_sub_epi32(ni, h)));
+        let y = _mm256_andnot_ps(under, y);
+        _mm256_blendv_ps(y, x, nan)
+    }
+
+    /// Scalar tail of a vector loop: the scalar path gives the same bits.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gate(act: Gate, g: &mut [f32], u: Option<&[f32]>) {
+        let n8 = g.len() / 8 * 8;
+        let p = g.as_mut_ptr();
+        for i in (0..n8).step_by(8) {
+            let x = _mm256_loadu_ps(p.add(i));
+            let z = match act {
+                Gate::Silu => _mm256_sub_ps(_mm256_setzero_ps(), x),
+                Gate::GeluTanh => {
+                    let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+                    let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044715), x3));
+                    _mm256_mul_ps(_mm256_set1_ps(-2.0 * GELU_C), inner)
+                }
+            };
+            let mut y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), exp8(z)));
+            if let Some(u) = u {
+                y = _mm256_mul_ps(y, _mm256_loadu_ps(u.as_ptr().add(i)));
+            }
+            _mm256_storeu_ps(p.add(i), y);
+        }
+        for i in n8..g.len() {
+            g[i] = activate(act, g[i]) * u.map_or(1.0, |u| u[i]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax(x: &mut [f32]) {
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..n8).step_by(8) {
+            vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(p.add(i)));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), vmax);
+        let max = lanes.iter().chain(&x[n8..]).copied().fold(f32::NEG_INFINITY, f32::max);
+        let vm = _mm256_set1_ps(max);
+        let mut vsum = _mm256_setzero_ps();
+        for i in (0..n8).step_by(8) {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vm));
+            _mm256_storeu_ps(p.add(i), e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        _mm256_storeu_ps(lanes.as_mut_ptr(), vsum);
+        let mut sum: f32 = lanes.iter().sum();
+        for v in &mut x[n8..] {
+            *v = exp(*v - max);
+            sum += *v;
+        }
+        let inv = _mm256_set1_ps(1.0 / sum);
+        for i in (0..n8).step_by(8) {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+        }
+        for v in &mut x[n8..] {
+            *v *= 1.0 / sum;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// `Σ q·k` with `load` widening eight k values.
+    #[inline(always)]
+    unsafe fn dot_with(q: &[f32], n: usize, load: impl Fn(usize) -> __m256, one: impl Fn(usize) -> f32) -> f32 {
+        let n8 = n / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..n8).step_by(8) {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), load(i), acc);
+        }
+        let mut s = hsum(acc);
+        for i in n8..n {
+            s += q[i] * one(i);
+        }
+        s
+    }
+
+    #[inline(always)]
+    unsafe fn axpy_with(out: &mut [f32], p: f32, load: impl Fn(usize) -> __m256, one: impl Fn(usize) -> f32) {
+        let n8 = out.len() / 8 * 8;
+        let vp = _mm256_set1_ps(p);
+        let o = out.as_mut_ptr();
+        for i in (0..n8).step_by(8) {
+            _mm256_storeu_ps(o.add(i), _mm256_fmadd_ps(vp, load(i), _mm256_loadu_ps(o.add(i))));
+        }
+        for i in n8..out.len() {
+            out[i] += p * one(i);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32(q: &[f32], k: &[f32]) -> f32 {
+        let n = q.len().min(k.len());
+        dot_with(q, n, |i| _mm256_loadu_ps(k.as_ptr().add(i)), |i| k[i])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
+        let n = q.len().min(k.len());
+        dot_with(q, n, |i| _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i) as *const __m128i)), |i| k[i].to_f32())
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_f32(out: &mut [f32], p: f32, v: &[f32]) {
+        assert!(v.len() >= out.len());
+        axpy_with(out, p, |i| _mm256_loadu_ps(v.as_ptr().add(i)), |i| v[i])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16(out: &mut [f32], p: f32, v: &[f16]) {
+        assert!(v.len() >= out.len());
+        axpy_with(out, p, |i| _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i)), |i| v[i].to_f32())
+    }
+
+    /// For the tests: exp over eight lanes.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_lanes(x: [f32; 8]) -> [f32; 8] {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), exp8(_mm256_loadu_ps(x.as_ptr())));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate_and_handles_the_ends() {
+        for i in -1990..2020 {
+            let x = i as f32 * 0.0437;
+            let (got, want) = (exp(x), (x as f64).exp());
+            assert!(((got as f64 - want) / want).abs() < 3e-7, "exp({x}) = {got}, want {want}");
+        }
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(88.3).is_finite());
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    proptest! {
+        #[test]
+        fn simd_exp_matches_scalar_bitwise(x in prop::array::uniform8(-100f32..100f32)) {
+            prop_assume!(Isa::available().contains(&Isa::Avx2));
+            // SAFETY: Avx2 is available.
+            let got = unsafe { x86::exp_lanes(x) };
+            for (g, v) in got.iter().zip(x) {
+                prop_assert_eq!(g.to_bits(), exp(v).to_bits(), "exp({})", v);
+            }
+        }
+
+        #[test]
+        fn simd_gate_and_softmax_match_scalar(v in prop::collection::vec(-30f32..30f32, 1..70), silu in any::<bool>()) {
+            let act = if silu { Gate::Silu } else { Gate::GeluTanh };
+            let u: Vec<f32> = v.iter().map(|x| x * 0.5 - 1.0).collect();
+            for isa in Isa::available() {
+                let mut a = v.clone();
+                gate(isa, act, &mut a, Some(&u));
+                let mut b = v.clone();
+                gate(Isa::Scalar, act, &mut b, Some(&u));
+                for (x, y) in a.iter().zip(&b) {
+                    prop_assert!((x - y).abs() <= 1e-6 * y.abs().max(1.0), "{:?} gate {} vs {}", isa, x, y);
+                }
+                let mut a = v.clone();
+                softmax(isa, &mut a);
+                let mut b = v.clone();
+                softmax(Isa::Scalar, &mut b);
+                for (x, y) in a.iter().zip(&b) {
+                    prop_assert!((x - y).abs() <= 1e-6, "{:?} softmax {} vs {}", isa, x, y);
+                }
+            }
+        }
+
+        #[test]
+        fn simd_cache_dot_and_axpy_match_scalar(q in prop::collection::vec(-4f32..4f32, 1..300), p in -2f32..2f32) {
+            let k16: Vec<f16> = q.iter().map(|v| f16::from_f32(v * 0.7 + 0.1)).collect();
+            let k32: Vec<f32> = k16.iter().map(|v| v.to_f32()).collect();
+            let bound = 1e-5 * q.iter().zip(&k32).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-6;
+            let want = f16::dot(Isa::Scalar, &q, &k16);
+            for isa in Isa::available() {
+                prop_assert!((f16::dot(isa, &q, &k16) - want).abs() <= bound);
+                prop_assert!((f32::dot(isa, &q, &k32) - want).abs() <= bound);
+                let mut a = q.clone();
+                f16::axpy(isa, &mut a, p, &k16);
+                let mut b = q.clone();
+                f32::axpy(Isa::Scalar, &mut b, p, &k32);
+                for (x, y) in a.iter().zip(&b) {
+                    prop_assert!((x - y).abs() <= 1e-6 * y.abs().max(1.0));
+                }
+            }
+        }
+    }
+}
