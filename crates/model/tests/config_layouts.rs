@@ -2,14 +2,9 @@
 //! sliding_window_pattern, torch_dtype, multimodal text_config nesting) must give the same plan
 //! as the 5.x config the fixtures were saved with.
 
-use std::path::{Path, PathBuf};
-
 use anelm_model::Model;
+use anelm_testkit::tiny as fixture;
 use serde_json::{json, Value};
-
-fn fixture(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny").join(arch)
-}
 
 /// A copy of the fixture directory with `config.json` replaced.
 fn with_config(arch: &str, cfg: &Value) -> tempfile::TempDir {
