@@ -8,4 +8,4 @@ python3 scripts/fetch-models.py
 scripts/setup-python.sh
 export ANELM_PYTHON="${ANELM_PYTHON:-$root/.venv/bin/python}"
 cargo clippy --workspace --all-targets --release -- -D warnings
-cargo test --workspace --release
+cargo test --workspace --release --no-fail-fast

@@ -128,7 +128,7 @@ fn missing_tensor() {
 #[test]
 fn config_without_a_required_field() {
     let d = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/llama");
+    let src = anelm_testkit::tiny("llama");
     let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
     let mut json: serde_json::Value = serde_json::from_str(&cfg).unwrap();
     json.as_object_mut().unwrap().remove("num_hidden_layers");
@@ -139,6 +139,6 @@ fn config_without_a_required_field() {
 
 #[test]
 fn prompt_id_outside_the_vocabulary() {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/llama");
+    let model = anelm_testkit::tiny("llama");
     expect_error(&model, "5,512", &["hf-tiny/llama", "token id 512", "outside the vocabulary"]);
 }

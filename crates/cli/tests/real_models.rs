@@ -1,23 +1,10 @@
 //! The `anelm` binary on the two real models: perplexity within 1 % of llama-perplexity
 //! (../shared/fixtures/llamacpp/perplexity.json), and the JSON shapes of eval, tokenize and run.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use anelm_testkit::{model, shared, shared_json, GEMMA3, SMOLLM2};
 use serde_json::Value;
-
-fn model(file: &str) -> PathBuf {
-    let dir = std::env::var_os("ANELM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/anelm/models"));
-    let p = dir.join(file);
-    assert!(p.exists(), "{} is missing: run `python3 scripts/fetch-models.py`", p.display());
-    p
-}
-
-fn shared(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(rel)
-}
 
 fn anelm_json(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_anelm")).args(args).output().unwrap();
@@ -29,7 +16,7 @@ fn check_perplexity(file: &str, key: &str) {
     let m = model(file);
     let text = shared("fixtures/llamacpp/ppl-text.txt");
     let got = anelm_json(&["perplexity", "--model", m.to_str().unwrap(), "--file", text.to_str().unwrap(), "--ctx", "256", "--json"]);
-    let fx: Value = serde_json::from_str(&std::fs::read_to_string(shared("fixtures/llamacpp/perplexity.json")).unwrap()).unwrap();
+    let fx = shared_json("fixtures/llamacpp/perplexity.json");
     let want = fx["models"][key]["llama_perplexity"]["default"]["ppl"].as_f64().unwrap();
     let n_chunk = fx["models"][key]["n_chunk"].as_u64().unwrap();
     let ppl = got["ppl"].as_f64().unwrap();
@@ -40,22 +27,19 @@ fn check_perplexity(file: &str, key: &str) {
 
 #[test]
 fn smollm2_perplexity_matches_llamacpp() {
-    check_perplexity("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1");
+    check_perplexity(SMOLLM2, "smollm2-135m-instruct-q4_1");
 }
 
 #[test]
 fn gemma3_perplexity_matches_llamacpp() {
-    check_perplexity("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m");
+    check_perplexity(GEMMA3, "gemma-3-270m-q4_k_m");
 }
 
 #[test]
 fn eval_tokenize_and_run_print_the_documented_json() {
-    let m = model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let m = model(SMOLLM2);
     let m = m.to_str().unwrap();
-    let fx: Value = serde_json::from_str(
-        &std::fs::read_to_string(shared("fixtures/llamacpp/smollm2-135m-instruct-q4_1.prompts.json")).unwrap(),
-    )
-    .unwrap();
+    let fx = shared_json("fixtures/llamacpp/smollm2-135m-instruct-q4_1.prompts.json");
     let p = &fx["prompts"][0];
     let e = anelm_json(&["eval", "--model", m, "--prompt", p["text"].as_str().unwrap(), "--greedy", "5", "--json"]);
     assert_eq!(e["prompt_ids"], p["ids"]);

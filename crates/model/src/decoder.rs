@@ -176,7 +176,7 @@ pub(crate) fn build(loader: &TensorLoader, r: Recipe, source: ModelSource, name:
         return Err(ModelError::invalid(&path, format!("RoPE over {} of {} head dims", hp.rope_dims, hp.head_dim)));
     }
     let n = r.naming;
-    let embed_t = loader.store.require(n.embedding())?;
+    let embed_t = loader.require(n.embedding())?;
     let vocab = embed_t.rows_cols().0;
     let embedding = loader.matrix(n.embedding(), vocab, hp.hidden)?;
     let lm_head = if loader.has(n.output()) {

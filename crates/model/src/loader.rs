@@ -12,11 +12,30 @@ use crate::weight::Weight;
 
 pub(crate) struct TensorLoader {
     pub store: Arc<TensorStore>,
+    /// Multimodal checkpoints (`*ForConditionalGeneration`) keep the text model's tensors under
+    /// `model.language_model.` where text-only ones use `model.`.
+    language_model_prefix: bool,
 }
+
+const LM_PREFIX: &str = "model.language_model.";
 
 impl TensorLoader {
     pub fn new(store: TensorStore) -> Self {
-        TensorLoader { store: Arc::new(store) }
+        let language_model_prefix = store.infos().iter().any(|t| t.name.starts_with(LM_PREFIX));
+        TensorLoader { store: Arc::new(store), language_model_prefix }
+    }
+
+    /// The stored name of tensor `name` (given in the text-only convention).
+    fn stored<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
+        match name.strip_prefix("model.") {
+            Some(rest) if self.language_model_prefix => format!("{LM_PREFIX}{rest}").into(),
+            _ => name.into(),
+        }
+    }
+
+    /// The tensor `name`, or an error naming the file and the missing tensor.
+    pub fn require(&self, name: &str) -> Result<anelm_formats::Tensor<'_>> {
+        Ok(self.store.require(&self.stored(name))?)
     }
 
     pub fn path(&self) -> &Path {
@@ -24,12 +43,12 @@ impl TensorLoader {
     }
 
     pub fn has(&self, name: &str) -> bool {
-        self.store.contains(name)
+        self.store.contains(&self.stored(name))
     }
 
     /// A `[rows, cols]` matrix, checked against the expected shape.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
-        let t = self.store.require(name)?;
+        let t = self.require(name)?;
         let w = Weight::mapped(&self.store, &t)?;
         if (w.rows, w.cols) != (rows, cols) || t.shape.len() != 2 {
             return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
@@ -39,7 +58,7 @@ impl TensorLoader {
 
     /// A vector of `n` values as f32.
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
-        let t = self.store.require(name)?;
+        let t = self.require(name)?;
         if t.n_elems() != n {
             return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected {n} values", t.shape)));
         }

@@ -2,7 +2,7 @@
 //! TEAM.md says, failing with a clear message when missing), a stream reader for the results of
 //! tests/gguf_py_quant.py, and deterministic random data. Each test binary uses a part of it.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::ffi::OsStr;
 use std::io::{BufReader, Read};
@@ -13,25 +13,7 @@ use std::thread::JoinHandle;
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The Python with gguf-py: $ANELM_PYTHON, else <workspace>/.venv/bin/python.
-pub fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("ANELM_PYTHON") {
-        let p = PathBuf::from(p);
-        assert!(p.exists(), "ANELM_PYTHON={} does not exist", p.display());
-        return p;
-    }
-    let venv = workspace_root().join(".venv/bin/python");
-    assert!(
-        venv.exists(),
-        "no Python checker: {} is missing and ANELM_PYTHON is not set; run scripts/setup-python.sh",
-        venv.display()
-    );
-    venv
-}
+pub use anelm_testkit::{model, python, workspace_root};
 
 /// A generator with a fixed seed: every run sees the same data.
 pub fn rng() -> TestRng {
@@ -46,22 +28,6 @@ pub fn spread_values(rng: &mut TestRng, n: usize) -> Vec<f32> {
             unit * 2f32.powi((rng.next_u64() % 40) as i32 - 20)
         })
         .collect()
-}
-
-/// A model file from $ANELM_MODELS (default ~/.cache/anelm/models).
-pub fn model(file: &str) -> PathBuf {
-    let dir = match std::env::var_os("ANELM_MODELS") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-            .join(".cache/anelm/models"),
-    };
-    let path = dir.join(file);
-    assert!(
-        path.exists(),
-        "model {} is missing: run scripts/fetch-models.py",
-        path.display()
-    );
-    path
 }
 
 /// Where ours and gguf-py's values first differ, and how many differ.

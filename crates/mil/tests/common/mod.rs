@@ -1,5 +1,5 @@
 //! Programs shared by the integration tests: the canonical minimal examples of FACTS §1.6.
-#![allow(dead_code)] // each test binary uses a subset
+#![allow(dead_code, unused_imports)] // each test binary uses a subset
 
 use anelm_mil::{DType, Dialect, FunctionBuilder, Opset, Program, Result, TensorType, WeightData};
 use std::path::PathBuf;
@@ -89,60 +89,4 @@ pub fn golden_path(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `<workspace root>` = two levels above this crate (symlinks resolved).
-pub fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let manifest = std::fs::canonicalize(&manifest).unwrap_or(manifest);
-    manifest.join("..").join("..")
-}
-
-/// `../shared` beside the repository (CI lays it out the same way).
-pub fn shared_dir() -> PathBuf {
-    let d = workspace_root().join("..").join("shared");
-    assert!(
-        d.join("tools").is_dir(),
-        "shared dir not found at {} (expected ../shared beside the repository)",
-        d.display()
-    );
-    d
-}
-
-/// The Python with coremltools: $ANELM_PYTHON, else <workspace>/.venv/bin/python.
-pub fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("ANELM_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let p = workspace_root().join(".venv").join("bin").join("python");
-    assert!(
-        p.exists(),
-        "no Python checker: set ANELM_PYTHON or run scripts/setup-python.sh to create {}",
-        p.display()
-    );
-    p
-}
-
-/// Runs validate_mlpackage.py --json on `pkg`: (exit code, parsed report).
-pub fn validate(pkg: &std::path::Path) -> (i32, serde_json::Value) {
-    let tool = shared_dir().join("tools").join("validate_mlpackage.py");
-    let out = std::process::Command::new(python())
-        .arg(&tool)
-        .arg("--json")
-        .arg(pkg)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python().display()));
-    let code = out.status.code().unwrap_or(-1);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        code != 2,
-        "validator setup problem: {}{}",
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!(
-            "validator output is not JSON ({e}): {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, report)
-}
+pub use anelm_testkit::{python, shared_dir, validate_mlpackage as validate, workspace_root};

@@ -37,7 +37,7 @@ impl Names {
 
 /// An HF Conv1D weight `[in, out]` as a `[out, in]` f32 matrix.
 fn conv1d(l: &TensorLoader, name: &str, inp: usize, out: usize) -> Result<Weight> {
-    let t = l.store.require(name)?;
+    let t = l.require(name)?;
     if t.shape != [inp, out] {
         return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected [{inp}, {out}]", t.shape)));
     }
@@ -74,10 +74,10 @@ pub(crate) fn load(l: &TensorLoader, hp: Hparams, hf: Option<&HfConfig>, source:
     };
 
     let wte = names.global("token_embd.weight", "wte.weight");
-    let vocab = l.store.require(&wte)?.rows_cols().0;
+    let vocab = l.require(&wte)?.rows_cols().0;
     let embedding = l.matrix(&wte, vocab, h)?;
     let wpe = names.global("position_embd.weight", "wpe.weight");
-    let n_pos = l.store.require(&wpe)?.rows_cols().0;
+    let n_pos = l.require(&wpe)?.rows_cols().0;
     let pos_embedding = l.matrix(&wpe, n_pos, h)?;
     let out_name = if names.gguf { "output.weight".to_string() } else { "lm_head.weight".to_string() };
     let lm_head = if l.has(&out_name) { l.matrix(&out_name, vocab, h)? } else { l.matrix(&wte, vocab, h)? };
