@@ -79,12 +79,9 @@ pub fn matmul(
                         unsafe {
                             crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
                         };
-                        for lane in 0..ROWS.min(r1 - g * ROWS) {
-                            let mut res = [0f32; MAX_ROWS];
-                            for t in 0..tn {
-                                res[t] = res4[t][lane];
-                            }
-                            emit(g * ROWS + lane, &res[..tn]);
+                        for r in g * ROWS..r1.min((g + 1) * ROWS) {
+                            let res: [f32; MAX_ROWS] = std::array::from_fn(|t| res4[t][r % ROWS]);
+                            emit(r, &res[..tn]);
                         }
                     }
                 }

@@ -129,7 +129,7 @@ impl KvElem for f32 {
     }
     #[cfg(target_arch = "x86_64")]
     fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[f32], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
-        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+        if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: Avx2 or better was detected; the ranges are checked inside.
             unsafe { x86::scores_f32(q, g, hd, k, stride, n, scale, s) };
         } else {
@@ -138,7 +138,7 @@ impl KvElem for f32 {
     }
     #[cfg(target_arch = "x86_64")]
     fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[f32], stride: usize, n: usize, out: &mut [f32]) {
-        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+        if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: as above.
             unsafe { x86::mix_f32(p, g, hd, v, stride, n, out) };
         } else {
@@ -156,7 +156,7 @@ impl KvElem for f16 {
     }
     #[cfg(target_arch = "x86_64")]
     fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[f16], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
-        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+        if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: Avx2 or better was detected; the ranges are checked inside.
             unsafe { x86::scores_f16(q, g, hd, k, stride, n, scale, s) };
         } else {
@@ -165,7 +165,7 @@ impl KvElem for f16 {
     }
     #[cfg(target_arch = "x86_64")]
     fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[f16], stride: usize, n: usize, out: &mut [f32]) {
-        if isa.has_avx2() && hd % 8 == 0 && g <= x86::MAX_GROUP {
+        if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: as above.
             unsafe { x86::mix_f16(p, g, hd, v, stride, n, out) };
         } else {

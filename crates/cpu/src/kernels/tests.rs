@@ -175,11 +175,11 @@ proptest! {
             let mut out = vec![[0f32; 4]; t];
             // SAFETY: AVX-512 is available.
             unsafe { x86::packed_dot(&p.data[g * group_bytes..(g + 1) * group_bytes], lay, &xs, &mut out) };
-            for lane in 0..packed::ROWS.min(rows - g * packed::ROWS) {
-                let r = g * packed::ROWS + lane;
-                let want = run_q8(select(ty, Isa::Scalar), &w[r], &q, t);
+            for (r, wr) in w.iter().enumerate().skip(g * packed::ROWS).take(packed::ROWS) {
+                let lane = r % packed::ROWS;
+                let want = run_q8(select(ty, Isa::Scalar), wr, &q, t);
                 let mut deq = vec![0f32; n];
-                anelm_formats::quant::dequantize(ty, &w[r], &mut deq).unwrap();
+                anelm_formats::quant::dequantize(ty, wr, &mut deq).unwrap();
                 for i in 0..t {
                     let row = q.row(i);
                     let mag: f32 = deq.iter().zip(row.qs).enumerate().map(|(j, (a, &b))| (a * f32::from(b) * row.d[j / 32]).abs()).sum();

@@ -13,6 +13,10 @@ use super::{bytes, k4_scales_mins};
 use crate::q8::{Q8Row, QK_K};
 
 /// The operations AVX2 and AVX-512 VNNI do differently.
+///
+/// # Safety
+/// Every method needs the CPU features of its implementation (see the `isa_module!` uses).
+#[allow(clippy::missing_safety_doc)]
 pub trait Ops {
     /// `acc + Σ u·x` over each group of four bytes (u unsigned, x signed).
     unsafe fn dot(acc: __m256i, u: __m256i, x: __m256i) -> __m256i;
