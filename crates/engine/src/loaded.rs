@@ -1,10 +1,15 @@
-//! A model with everything needed to talk to it: the weights and plan, the tokenizer.
+//! A model with everything needed to talk to it: the weights and plan, the tokenizer, the chat
+//! template and the tokens that end a generation.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anelm_model::{Model, ModelSource};
-use anelm_tokenize::Tokenizer;
+use anelm_tokenize::{
+    builtin_template, gguf_chat_template, hf_chat_template, ChatTemplate, Message, RenderOptions, Tokenizer,
+};
+
+use crate::error::{EngineError, Result};
 
 /// A loaded model and its tokenizer (absent for HF directories without tokenizer.json).
 pub struct LoadedModel {
@@ -30,4 +35,57 @@ impl LoadedModel {
         };
         Ok(LoadedModel { model: Arc::new(model), tokenizer: tokenizer.map(Arc::new) })
     }
+
+    /// The tokenizer, or an error naming the model that has none.
+    pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref().ok_or_else(|| EngineError::NoTokenizer { path: self.model.source.path().to_path_buf() })
+    }
+
+    /// The chat template: the model's own (GGUF `tokenizer.chat_template`, or the Hugging Face
+    /// files), else the built-in template of its family. `bos_token`/`eos_token` are the
+    /// tokenizer's strings where there is a tokenizer.
+    pub fn chat_template(&self) -> Result<ChatTemplate> {
+        let piece = |id: Option<u32>| {
+            let t = self.tokenizer.as_ref()?;
+            Some(String::from_utf8_lossy(&t.token_to_piece(id?)).into_owned())
+        };
+        let bos = piece(self.tokenizer.as_ref().and_then(|t| t.bos()));
+        let eos = piece(self.tokenizer.as_ref().and_then(|t| t.eos()));
+        let own = match &self.model.source {
+            ModelSource::Gguf { metadata, .. } => gguf_chat_template(metadata)?,
+            ModelSource::HfDir { dir } => hf_chat_template(dir)?,
+        };
+        if let Some((source, origin)) = own {
+            return Ok(ChatTemplate::new(&source, origin, bos, eos)?);
+        }
+        let family = self.model.config.family.name();
+        let builtin = builtin_template(family)
+            .ok_or_else(|| EngineError::NoChatTemplate { path: self.model.source.path().to_path_buf(), family })?;
+        Ok(ChatTemplate::builtin(builtin, bos, eos))
+    }
+
+    /// Ids that end a generation, ascending: the tokenizer's end-of-generation ids (llama.cpp's
+    /// rule) and the end-of-turn token the chat template writes after an assistant message.
+    /// None without a tokenizer.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let Some(tok) = &self.tokenizer else { return Vec::new() };
+        let mut ids = tok.eog_ids();
+        if let Some(id) = self.chat_template().ok().and_then(|t| end_of_turn(tok, &t)) {
+            ids.push(id);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+}
+
+/// The special token a template writes right after an assistant message's text (`<|im_end|>`,
+/// `<end_of_turn>`, `<|eot_id|>`, ...): the model ends its turn with it.
+fn end_of_turn(tok: &Tokenizer, template: &ChatTemplate) -> Option<u32> {
+    const REPLY: &str = "anelm-probe-reply";
+    let chat = [Message::user("hello"), Message::assistant(REPLY)];
+    let text = template.render(&chat, &RenderOptions::default()).ok()?;
+    let after = &text[text.rfind(REPLY)? + REPLY.len()..];
+    let first = *tok.encode(after, false, true).ok()?.first()?;
+    tok.is_special(first).then_some(first)
 }

@@ -1,12 +1,76 @@
-//! `anelm run`: generate a continuation of a prompt, streamed as it is produced.
+//! `anelm run`: generate a continuation of a prompt (or, with `--chat`, the answer to it as a
+//! user message), streamed as it is produced. Greedy unless `--temp` is given.
 
 use std::io::Write;
 
-use anyhow::Result;
-use anelm_engine::{generate_greedy, Session, Utf8Stream};
+use anyhow::{bail, Context, Result};
+use anelm_engine::prompt::chat_ids;
+use anelm_engine::{Event, GenerateParams, Input, Message, SamplingParams, Session, TokenLogprob};
 use serde::Serialize;
 
 use super::common::{prompt_ids, ModelArgs};
+
+/// The sampling flags, shared by `run` and `chat`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy [run: 0, chat: 0.8].
+    #[arg(long)]
+    pub temp: Option<f32>,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = SamplingParams::default().top_k)]
+    pub top_k: usize,
+    /// Keep the most likely tokens up to this probability mass (1: all).
+    #[arg(long, default_value_t = SamplingParams::default().top_p)]
+    pub top_p: f32,
+    /// Keep tokens at least this fraction as likely as the most likely one (0: all).
+    #[arg(long, default_value_t = SamplingParams::default().min_p)]
+    pub min_p: f32,
+    /// Repetition penalty over the last --repeat-last-n tokens, as llama.cpp applies it (1: off).
+    #[arg(long, default_value_t = SamplingParams::default().repeat_penalty)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over (0: off).
+    #[arg(long, default_value_t = SamplingParams::default().repeat_last_n)]
+    pub repeat_last_n: usize,
+    /// OpenAI presence penalty: subtracted from every token generated so far.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty: subtracted per occurrence of a generated token.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Add BIAS to token ID's logit: `--logit-bias 42=-1.5`, `--logit-bias 42=-inf` bans it (repeatable).
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_bias, allow_hyphen_values = true)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Seed of the sampler (default: from the clock; printed with -v and in --json).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s.split_once('=').ok_or_else(|| format!("'{s}': expected ID=BIAS"))?;
+    let id = id.trim().parse().map_err(|_| format!("'{id}' is not a token id"))?;
+    let bias = match bias.trim() {
+        "-inf" => f32::NEG_INFINITY,
+        b => b.parse().map_err(|_| format!("'{b}' is not a number (or -inf)"))?,
+    };
+    Ok((id, bias))
+}
+
+impl SamplingArgs {
+    pub fn params(&self, default_temp: f32) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temp.unwrap_or(default_temp),
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
+            seed: self.seed,
+        }
+    }
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,9 +82,20 @@ pub struct Args {
     /// The prompt as comma-separated token ids.
     #[arg(long)]
     pub ids: Option<String>,
+    /// Send --prompt as a user message through the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
     /// Most tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub max_tokens: usize,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// With --json: each token's log-probability and this many alternatives.
+    #[arg(long)]
+    pub logprobs: Option<usize>,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -32,37 +107,94 @@ struct RunJson {
     ids: Vec<u32>,
     text: String,
     finish_reason: &'static str,
+    seed: u64,
+    usage: UsageJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<Vec<LogprobJson>>,
+}
+
+#[derive(Serialize)]
+struct UsageJson {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    decode_tokens_per_second: f64,
+}
+
+#[derive(Serialize)]
+struct LogprobJson {
+    id: u32,
+    logprob: f32,
+    top: Vec<(u32, f32)>,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
-    let prompt = prompt_ids(&loaded, a.prompt.as_deref(), a.ids.as_deref())?;
-    let tokenizer = loaded.tokenizer.clone();
-    let stop: Vec<u32> = tokenizer.as_ref().map(|t| t.eog_ids()).unwrap_or_default();
+    let prompt = if a.chat {
+        let text = a.prompt.as_deref().context("--chat needs a --prompt")?;
+        if a.ids.is_some() {
+            bail!("--chat takes --prompt, not --ids");
+        }
+        chat_ids(&loaded, &[Message::user(text)])?
+    } else {
+        prompt_ids(&loaded, a.prompt.as_deref(), a.ids.as_deref())?
+    };
     let mut exec = a.model.executor(&loaded)?;
     let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
     let mut session = Session::new(exec.as_ref(), capacity)?;
-    let max_new = capacity.saturating_sub(prompt.len()).min(a.max_tokens);
-    let mut stream = Utf8Stream::new();
+    let params = GenerateParams {
+        sampling: a.sampling.params(0.0),
+        max_tokens: a.max_tokens,
+        stop: a.stop.clone(),
+        logprobs: a.logprobs.filter(|_| a.json),
+        ..GenerateParams::default()
+    };
     let mut stdout = std::io::stdout().lock();
-    let ids = generate_greedy(exec.as_mut(), &mut session, &prompt, max_new, &stop, |id| {
-        if a.json || stop.contains(&id) {
-            return;
+    let (mut ids, mut text, mut logprobs) = (Vec::new(), String::new(), Vec::new());
+    let stream_text = !a.json && loaded.tokenizer.is_some();
+    let finish = session.generate_with(exec.as_mut(), &loaded, &Input::Ids(prompt.clone()), params, |event| {
+        match event {
+            Event::Token { id, logprob } => {
+                ids.push(*id);
+                if let Some(TokenLogprob { logprob, top }) = logprob {
+                    logprobs.push(LogprobJson { id: *id, logprob: *logprob, top: top.clone() });
+                }
+            }
+            Event::Text(delta) => {
+                text.push_str(delta);
+                if stream_text {
+                    let _ = stdout.write_all(delta.as_bytes());
+                    let _ = stdout.flush();
+                }
+            }
+            Event::Finish(_) => {}
         }
-        if let Some(t) = &tokenizer {
-            let text = stream.push(&t.token_to_piece(id));
-            let _ = stdout.write_all(text.as_bytes());
-            let _ = stdout.flush();
-        }
+        std::ops::ControlFlow::Continue(())
     })?;
-    let stopped = ids.last().is_some_and(|id| stop.contains(id));
+    tracing::info!(
+        reason = finish.reason.as_str(),
+        seed = finish.seed,
+        prompt_tokens = finish.usage.prompt_tokens,
+        completion_tokens = finish.usage.completion_tokens,
+        "{:.1} tok/s",
+        finish.decode_tokens_per_second()
+    );
     if a.json {
-        let text_ids = if stopped { &ids[..ids.len() - 1] } else { &ids[..] };
-        let text = tokenizer.as_ref().map(|t| String::from_utf8_lossy(&t.decode(text_ids)).into_owned()).unwrap_or_default();
-        let out = RunJson { prompt_ids: prompt, ids, text, finish_reason: if stopped { "stop" } else { "length" } };
+        let out = RunJson {
+            prompt_ids: prompt,
+            ids,
+            text,
+            finish_reason: finish.reason.openai(),
+            seed: finish.seed,
+            usage: UsageJson {
+                prompt_tokens: finish.usage.prompt_tokens,
+                completion_tokens: finish.usage.completion_tokens,
+                decode_tokens_per_second: finish.decode_tokens_per_second(),
+            },
+            logprobs: a.logprobs.map(|_| logprobs),
+        };
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
-    } else if tokenizer.is_some() {
-        writeln!(stdout, "{}", stream.finish())?;
+    } else if stream_text {
+        writeln!(stdout)?;
     } else {
         let list: Vec<String> = ids.iter().map(u32::to_string).collect();
         writeln!(stdout, "{}", list.join(","))?;

@@ -1,0 +1,339 @@
+//! Generation: a prompt in, a stream of events out — every token, every piece of text that is
+//! complete UTF-8 and clear of stop strings, and a finish with its reason, the usage and the
+//! timings.
+//!
+//! A [`Generation`] borrows its session but not the executor: each [`Generation::next_event`]
+//! call takes the executor, so one executor can step several generations in turn, and a caller
+//! can stop between any two tokens ([`Generation::cancel`]).
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anelm_model::{Executor, Logits};
+use anelm_tokenize::Tokenizer;
+
+use crate::error::{EngineError, Result};
+use crate::loaded::LoadedModel;
+use crate::prompt::{prepare, Input, Overflow};
+use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
+use crate::session::Session;
+use crate::stop::{StopScan, StopStrings};
+use crate::utf8_stream::Utf8Stream;
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (the end-of-generation token included).
+    pub max_tokens: usize,
+    /// Strings that end the generation; none of their text is emitted.
+    pub stop: Vec<String>,
+    /// Report each token's log-probability and this many most likely alternatives (OpenAI's
+    /// `logprobs` / `top_logprobs`), taken after logit bias and penalties, before temperature
+    /// and truncation.
+    pub logprobs: Option<usize>,
+    pub overflow: Overflow,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            sampling: SamplingParams::default(),
+            max_tokens: 256,
+            stop: Vec::new(),
+            logprobs: None,
+            overflow: Overflow::Error,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-generation token.
+    Stop,
+    /// A stop string appeared in the text.
+    StopString,
+    /// `max_tokens` were generated.
+    Length,
+    /// The session's context is full.
+    ContextFull,
+    /// The caller cancelled.
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::StopString => "stop_string",
+            FinishReason::Length => "length",
+            FinishReason::ContextFull => "context_full",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+
+    /// The reason as OpenAI names it: `stop` or `length` (`cancelled` has no OpenAI name).
+    pub fn openai(self) -> &'static str {
+        match self {
+            FinishReason::Stop | FinishReason::StopString => "stop",
+            FinishReason::Length | FinishReason::ContextFull => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Tokens generated, the end-of-generation token included.
+    pub completion_tokens: usize,
+    /// Prompt tokens whose keys and values the session already held (not recomputed).
+    pub cached_tokens: usize,
+    /// Messages dropped from the front of the conversation to fit the context.
+    pub dropped_messages: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Forward passes over the prompt tokens that were not cached.
+    pub prefill: Duration,
+    pub prefilled_tokens: usize,
+    /// Everything after the prefill: forward passes, sampling, detokenisation.
+    pub decode: Duration,
+}
+
+impl Timings {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        rate(self.prefilled_tokens, self.prefill)
+    }
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    if d.is_zero() {
+        0.0
+    } else {
+        n as f64 / d.as_secs_f64()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+    /// The sampler's seed (the given one, or the one taken from the clock).
+    pub seed: u64,
+}
+
+impl Finish {
+    /// Generated tokens per second of decoding.
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        rate(self.usage.completion_tokens, self.timings.decode)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token (every one, the final end-of-generation token included).
+    Token { id: u32, logprob: Option<TokenLogprob> },
+    /// Text that became complete: whole UTF-8 characters, clear of any stop string. Special
+    /// tokens (end of turn, ...) have no text.
+    Text(String),
+    /// The last event.
+    Finish(Finish),
+}
+
+enum Phase {
+    Prefill,
+    /// Decoding; the token to feed before the next draw (none right after the prefill).
+    Decode(Option<u32>),
+    Done,
+}
+
+/// One generation in progress over a session.
+pub struct Generation<'s> {
+    session: &'s mut Session,
+    tokenizer: Option<Arc<Tokenizer>>,
+    stop_ids: Vec<u32>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    top_logprobs: Option<usize>,
+    sampler: Sampler,
+    logits: Vec<f32>,
+    utf8: Utf8Stream,
+    stops: StopStrings,
+    pending: VecDeque<Event>,
+    phase: Phase,
+    usage: Usage,
+    timings: Timings,
+    /// When the decode step in progress began (its time counts even if it ends the generation).
+    step_started: Option<Instant>,
+}
+
+impl Session {
+    /// Starts a generation: prepares the prompt (tokenizing or rendering the template, and the
+    /// overflow policy) and checks the parameters. The work happens in
+    /// [`Generation::next_event`]; the prompt reuses whatever prefix the session holds.
+    pub fn generate<'s>(&'s mut self, model: &LoadedModel, input: &Input, params: GenerateParams) -> Result<Generation<'s>> {
+        params.sampling.validate(model.model.config.vocab_size).map_err(EngineError::BadParams)?;
+        if params.max_tokens == 0 {
+            return Err(EngineError::BadParams("max_tokens must be at least 1".into()));
+        }
+        let prompt = prepare(model, input, self.capacity(), params.max_tokens, params.overflow)?;
+        let usage = Usage { prompt_tokens: prompt.ids.len(), dropped_messages: prompt.dropped_messages, ..Usage::default() };
+        Ok(Generation {
+            session: self,
+            tokenizer: model.tokenizer.clone(),
+            stop_ids: model.stop_ids(),
+            prompt: prompt.ids,
+            max_tokens: params.max_tokens,
+            top_logprobs: params.logprobs,
+            sampler: Sampler::new(params.sampling),
+            logits: Vec::new(),
+            utf8: Utf8Stream::new(),
+            stops: StopStrings::new(&params.stop),
+            pending: VecDeque::new(),
+            phase: Phase::Prefill,
+            usage,
+            timings: Timings::default(),
+            step_started: None,
+        })
+    }
+
+    /// Runs a whole generation, handing each event to `on_event`; `ControlFlow::Break` cancels
+    /// (the finish still comes, with reason `Cancelled`). Returns the finish.
+    pub fn generate_with(
+        &mut self,
+        exec: &mut dyn Executor,
+        model: &LoadedModel,
+        input: &Input,
+        params: GenerateParams,
+        mut on_event: impl FnMut(&Event) -> ControlFlow<()>,
+    ) -> Result<Finish> {
+        let mut generation = self.generate(model, input, params)?;
+        while let Some(event) = generation.next_event(exec)? {
+            let flow = on_event(&event);
+            if let Event::Finish(f) = event {
+                return Ok(f);
+            }
+            if flow.is_break() {
+                generation.cancel();
+            }
+        }
+        unreachable!("a generation always ends with a finish event")
+    }
+}
+
+impl Generation<'_> {
+    /// The prompt's tokens.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The next event, computing as much as it takes (the prefill, or one token); None after
+    /// the finish.
+    pub fn next_event(&mut self, exec: &mut dyn Executor) -> Result<Option<Event>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(Some(event));
+            }
+            let start = Instant::now();
+            match self.phase {
+                Phase::Done => return Ok(None),
+                Phase::Prefill => {
+                    let reused = self.session.prefill(exec, &self.prompt, &mut self.logits)?;
+                    self.usage.cached_tokens = reused;
+                    self.timings.prefilled_tokens = self.prompt.len() - reused;
+                    self.timings.prefill = start.elapsed();
+                    self.phase = Phase::Decode(None);
+                }
+                Phase::Decode(feed) => {
+                    self.step_started = Some(start);
+                    self.step(exec, feed)?;
+                    if let Some(s) = self.step_started.take() {
+                        self.timings.decode += s.elapsed();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the generation now: the text held back so far and the finish (reason `Cancelled`)
+    /// are the remaining events.
+    pub fn cancel(&mut self) {
+        if !matches!(self.phase, Phase::Done) {
+            self.finish(FinishReason::Cancelled);
+        }
+    }
+
+    /// Feeds the previous token (if any) and draws the next one.
+    fn step(&mut self, exec: &mut dyn Executor, feed: Option<u32>) -> Result<()> {
+        if let Some(token) = feed {
+            if self.session.tokens().len() >= self.session.capacity() {
+                self.finish(FinishReason::ContextFull);
+                return Ok(());
+            }
+            self.session.run(exec, &[token], Logits::Last, &mut self.logits)?;
+        }
+        let id = self.sampler.sample(&mut self.logits, self.session.tokens());
+        let logprob = self.top_logprobs.map(|n| logprobs(&self.logits, id, n));
+        self.usage.completion_tokens += 1;
+        self.pending.push_back(Event::Token { id, logprob });
+        if self.stop_ids.contains(&id) {
+            self.finish(FinishReason::Stop);
+            return Ok(());
+        }
+        if let Some(tok) = self.tokenizer.as_ref().filter(|t| !t.is_special(id)) {
+            let text = self.utf8.push(&tok.token_to_piece(id));
+            if !text.is_empty() && self.scan_text(&text) {
+                self.finish(FinishReason::StopString);
+                return Ok(());
+            }
+        }
+        if self.usage.completion_tokens >= self.max_tokens {
+            self.finish(FinishReason::Length);
+        } else {
+            self.phase = Phase::Decode(Some(id));
+        }
+        Ok(())
+    }
+
+    /// Passes text through the stop strings; true when one of them ended the stream.
+    fn scan_text(&mut self, text: &str) -> bool {
+        let (out, stopped) = match self.stops.push(text) {
+            StopScan::Continue(t) => (t, false),
+            StopScan::Stopped(t) => (t, true),
+        };
+        if !out.is_empty() {
+            self.pending.push_back(Event::Text(out));
+        }
+        stopped
+    }
+
+    fn finish(&mut self, mut reason: FinishReason) {
+        if reason != FinishReason::StopString {
+            // An incomplete character at the very end comes out as U+FFFD; what the stop
+            // strings held back is released, unless the last bytes complete a stop string.
+            let rest = self.utf8.finish();
+            if self.scan_text(&rest) {
+                reason = FinishReason::StopString;
+            } else {
+                let held = self.stops.finish();
+                if !held.is_empty() {
+                    self.pending.push_back(Event::Text(held));
+                }
+            }
+        }
+        if let Some(s) = self.step_started.take() {
+            self.timings.decode += s.elapsed();
+        }
+        self.pending.push_back(Event::Finish(Finish {
+            reason,
+            usage: self.usage,
+            timings: self.timings,
+            seed: self.sampler.seed(),
+        }));
+        self.phase = Phase::Done;
+    }
+}

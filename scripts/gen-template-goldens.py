@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Writes the chat-template goldens that crates/engine/tests/chat_templates.rs compares byte for byte.
+
+For each model below, every conversation of crates/engine/tests/fixtures/chat_templates/conversations.json
+is rendered by transformers' apply_chat_template (tokenize=False), with and without
+add_generation_prompt, and the result (or the template's refusal) is written to
+crates/engine/tests/fixtures/chat_templates/<case>.json.
+
+The template of each model is chosen as anelm chooses it: the model's own (GGUF
+tokenizer.chat_template), else its family's built-in template from
+crates/tokenize/src/chat_template/builtin/. bos_token / eos_token are the model tokenizer's strings,
+else the family's (the tiny HF configs have no tokenizer).
+
+Needs transformers, jinja2 and gguf (no torch), e.g. in a scratch venv outside the repository:
+    python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install transformers jinja2 gguf
+    /tmp/tvenv/bin/python scripts/gen-template-goldens.py
+CI does not run this script; it reads the committed fixtures.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import gguf
+import jinja2
+import transformers
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "crates/engine/tests/fixtures/chat_templates"
+BUILTIN = ROOT / "crates/tokenize/src/chat_template/builtin"
+MODELS = Path(os.environ.get("ANELM_MODELS", Path.home() / ".cache/anelm/models"))
+HF_TINY = ROOT.parent / "shared/fixtures/hf-tiny"
+
+# family -> (built-in template file, bos, eos): the same table as crates/tokenize/src/chat_template/builtin.rs.
+FAMILY_BUILTIN = {
+    "llama": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
+    "mistral": ("mistral", "<s>", "</s>"),
+    "qwen2": ("chatml", None, "<|im_end|>"),
+    "qwen3": ("chatml", None, "<|im_end|>"),
+    "gemma": ("gemma", "<bos>", "<eos>"),
+    "gemma2": ("gemma", "<bos>", "<eos>"),
+    "gemma3": ("gemma3", "<bos>", "<eos>"),
+    "gpt2": ("gpt2", "<|endoftext|>", "<|endoftext|>"),
+}
+
+# case name -> (model path relative to its root, family); GGUF files from the model cache, HF dirs from hf-tiny.
+CASES = {
+    "smollm2": (MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf", "llama"),
+    "gemma3-270m": (MODELS / "gemma-3-270m-q4_k_m.gguf", "gemma3"),
+    "hf-tiny-llama": (HF_TINY / "llama", "llama"),
+    "hf-tiny-qwen2": (HF_TINY / "qwen2", "qwen2"),
+    "hf-tiny-gemma": (HF_TINY / "gemma", "gemma"),
+    "hf-tiny-mistral": (HF_TINY / "mistral", "mistral"),
+    "hf-tiny-gpt2": (HF_TINY / "gpt2", "gpt2"),
+}
+
+
+def gguf_template_and_tokens(path):
+    """The GGUF's own template (or None) and its BOS/EOS token strings."""
+    reader = gguf.GGUFReader(str(path))
+    fields = reader.fields
+
+    def value(key):
+        f = fields.get(key)
+        return None if f is None else f.contents()
+
+    tokens = value("tokenizer.ggml.tokens")
+    bos_id, eos_id = value("tokenizer.ggml.bos_token_id"), value("tokenizer.ggml.eos_token_id")
+    bos = tokens[bos_id] if bos_id is not None else None
+    eos = tokens[eos_id] if eos_id is not None else None
+    return value("tokenizer.chat_template"), bos, eos
+
+
+def choose(path, family):
+    """(template source, origin label, bos, eos) as anelm chooses them."""
+    builtin_name, family_bos, family_eos = FAMILY_BUILTIN[family]
+    builtin = (BUILTIN / f"{builtin_name}.jinja").read_text(encoding="utf-8")
+    if path.suffix == ".gguf":
+        own, bos, eos = gguf_template_and_tokens(path)
+        if own is not None:
+            return own, "gguf", bos, eos
+        return builtin, f"builtin:{builtin_name}", bos, eos
+    return builtin, f"builtin:{builtin_name}", family_bos, family_eos
+
+
+def tokenizer_with(bos, eos):
+    """A stand-in tokenizer whose only role is to carry the special-token strings that
+    apply_chat_template hands to the template."""
+    vocab = {"<unk>": 0}
+    for t in (bos, eos):
+        if t is not None:
+            vocab.setdefault(t, len(vocab))
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")), unk_token=None)
+    if bos is not None:
+        tok.bos_token = bos
+    if eos is not None:
+        tok.eos_token = eos
+    return tok
+
+
+def render(tok, template, messages, add_generation_prompt):
+    try:
+        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt)
+        return {"expected": text}
+    except jinja2.exceptions.TemplateError as e:
+        # raise_exception raises a bare TemplateError; subclasses are Jinja's own failures.
+        kind = "raised" if type(e) is jinja2.exceptions.TemplateError else "render"
+        return {"error": kind, "message": str(e)}
+    except (TypeError, ValueError, KeyError, IndexError) as e:
+        return {"error": "render", "message": f"{type(e).__name__}: {e}"}
+
+
+def main():
+    conversations = json.loads((FIXTURES / "conversations.json").read_text(encoding="utf-8"))
+    for case, (path, family) in CASES.items():
+        if not path.exists():
+            sys.exit(f"{path}: missing (fetch the models with scripts/fetch-models.py; hf-tiny is in ../shared)")
+        template, origin, bos, eos = choose(path, family)
+        tok = tokenizer_with(bos, eos)
+        renders = []
+        for name, messages in conversations.items():
+            for agp in (False, True):
+                r = {"conversation": name, "add_generation_prompt": agp}
+                r.update(render(tok, template, messages, agp))
+                renders.append(r)
+        out = {
+            "generator": f"scripts/gen-template-goldens.py (transformers {transformers.__version__}, jinja2 {jinja2.__version__})",
+            "model": path.name if path.suffix == ".gguf" else f"hf-tiny/{path.name}",
+            "family": family,
+            "template": origin,
+            "bos_token": bos,
+            "eos_token": eos,
+            "renders": renders,
+        }
+        dest = FIXTURES / f"{case}.json"
+        dest.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        n_err = sum("error" in r for r in renders)
+        print(f"{dest.relative_to(ROOT)}: {len(renders)} renders ({n_err} refused or failed) with {origin}")
+
+
+if __name__ == "__main__":
+    main()
