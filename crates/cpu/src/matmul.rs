@@ -5,7 +5,9 @@
 
 use anelm_model::Weight;
 
-use crate::kernels::packed::{Layout, Packed, ROWS};
+use crate::kernels::packed::Packed;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::packed::{Layout, ROWS};
 use crate::kernels::{select, Kernel, MAX_ROWS};
 use crate::pool::Ctx;
 use crate::q8::{Q8Buf, Q8Row};
@@ -53,6 +55,8 @@ pub fn matmul(
     let br = block_rows(rows, align);
     debug_assert!(out.len() >= n * rows);
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = packed;
     ctx.chunks(rows.div_ceil(br), |c| {
         let (r0, r1) = (c * br, ((c + 1) * br).min(rows));
         for t0 in (0..n).step_by(MAX_ROWS) {
@@ -66,6 +70,7 @@ pub fn matmul(
                 }
             };
             match (kernel, input) {
+                #[cfg(target_arch = "x86_64")]
                 (Kernel::Q8 { .. }, Input::Q8(q)) if packed.is_some() => {
                     let p = packed.expect("checked");
                     let lay = Layout::of(p.dtype).expect("packed types have a layout");
@@ -75,10 +80,7 @@ pub fn matmul(
                     for g in r0 / ROWS..r1.div_ceil(ROWS) {
                         let group = &p.data[g * group_bytes..(g + 1) * group_bytes];
                         // SAFETY: weights are packed only when the CPU has AVX-512 (see `pack_for`).
-                        #[cfg(target_arch = "x86_64")]
-                        unsafe {
-                            crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
-                        };
+                        unsafe { crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn]) };
                         for r in g * ROWS..r1.min((g + 1) * ROWS) {
                             let res: [f32; MAX_ROWS] = std::array::from_fn(|t| res4[t][r % ROWS]);
                             emit(r, &res[..tn]);

@@ -8,7 +8,6 @@
 //! any vectorised quantiser produces the same bytes. Scales stay f32 (ggml rounds Q8_0's to f16).
 
 use crate::kernels::QK;
-use crate::simd::Isa;
 
 /// How a kernel wants its input rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -116,7 +115,7 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
 /// Q8B32: per 32 values, `d` and `s = d * Σq`.
 pub fn quantize_b32(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if Isa::detect_cached().has_avx2() {
+    if crate::simd::Isa::detect_cached().has_avx2() {
         // SAFETY: AVX2 is available.
         unsafe { x86::quantize_b32(x, qs, d, s) };
         return;
@@ -134,7 +133,7 @@ pub fn quantize_b32_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32
 /// Q8K: per 256 values `d`, and the sum of every 16 quants.
 pub fn quantize_k(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
     #[cfg(target_arch = "x86_64")]
-    if Isa::detect_cached().has_avx2() {
+    if crate::simd::Isa::detect_cached().has_avx2() {
         // SAFETY: AVX2 is available.
         unsafe { x86::quantize_k(x, qs, d, sums) };
         return;

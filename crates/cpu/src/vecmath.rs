@@ -373,6 +373,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(target_arch = "x86_64")]
     use proptest::prelude::*;
 
     use super::*;

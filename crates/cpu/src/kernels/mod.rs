@@ -6,14 +6,16 @@
 //! and Q6_K against 256-value blocks. F32, F16 and BF16 take f32 activations and stay exact.
 //! Every other type is dequantised a row at a time into f32 (see `matmul`).
 //!
-//! [`scalar`] is the reference of every kernel; [`x86`] has AVX2 and AVX-512 VNNI versions. The
-//! property tests in `tests.rs` check them against the reference.
+//! [`scalar`] is the reference of every kernel; [`x86`] has AVX2 and AVX-512 VNNI versions and
+//! `neon` the aarch64 ones. The property tests in `tests.rs` check them against the reference.
 
 use anelm_formats::GgmlType;
 
 use crate::q8::{ActKind, Q8Row};
 use crate::simd::Isa;
 
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 pub mod packed;
 pub mod scalar;
 #[cfg(test)]
@@ -62,6 +64,8 @@ pub fn select(dtype: GgmlType, isa: Isa) -> Kernel {
                 Isa::Avx512 => x86::avx512::$name,
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => x86::avx2::$name,
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => neon::$name,
                 _ => scalar::$name,
             };
             f
@@ -71,6 +75,8 @@ pub fn select(dtype: GgmlType, isa: Isa) -> Kernel {
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 | Isa::Avx2 => x86::f32_kernel(name),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => neon::f32_kernel(name),
             _ => {
                 let _ = name;
                 scalar_f
