@@ -386,7 +386,7 @@ impl<E: KvElem> Forward<'_, E> {
     }
 
     /// `out = x Wᵀ + b` for this thread's prepared inputs; see [`matmul`] for `align`/`done`.
-    fn product(&mut self, w: &Weight, bias: Option<&[f32]>, out: &SharedSlice<'_, f32>, align: usize, done: impl FnMut(Range<usize>)) {
+    fn product(&mut self, w: &Weight, bias: Option<&[f32]>, out: &SharedSlice<'_, f32>, align: usize, done: impl FnMut(Range<usize>, Range<usize>)) {
         let (n, cols) = (self.n, w.cols);
         let p = &mut *self.p;
         let input = match select(w.dtype, self.isa).act() {
@@ -399,7 +399,7 @@ impl<E: KvElem> Forward<'_, E> {
     }
 
     fn linear(&mut self, lin: &Linear, out: &SharedSlice<'_, f32>) {
-        self.product(&lin.weight, lin.bias.as_deref(), out, 1, |_| {});
+        self.product(&lin.weight, lin.bias.as_deref(), out, 1, |_, _| {});
     }
 
     /// `xn = norm(x)` for every token.
@@ -471,8 +471,8 @@ impl<E: KvElem> Forward<'_, E> {
         }
         // The projections, each finished per block of whole heads: q and k get their norms and
         // RoPE, and k and v go into the cache.
-        let rope_heads = |buf: &SharedSlice<'_, f32>, width: usize, rows: Range<usize>, norm: Option<&anelm_model::plan::Norm>| {
-            for t in 0..n {
+        let rope_heads = |buf: &SharedSlice<'_, f32>, width: usize, rows: Range<usize>, tokens: Range<usize>, norm: Option<&anelm_model::plan::Norm>| {
+            for t in tokens {
                 let heads = buf.range_mut(t * width + rows.start..t * width + rows.end);
                 if let Some(nm) = norm {
                     heads.chunks_exact_mut(hd).for_each(|hh| norm_row(nm, hh));
@@ -484,20 +484,20 @@ impl<E: KvElem> Forward<'_, E> {
                 }
             }
         };
-        let store = |buf: &SharedSlice<'_, f32>, cache: &SharedSlice<'_, E>, rows: Range<usize>| {
-            for t in 0..n {
+        let store = |buf: &SharedSlice<'_, f32>, cache: &SharedSlice<'_, E>, rows: Range<usize>, tokens: Range<usize>| {
+            for t in tokens {
                 let at = cache_at + (p0 + t) * kvd;
                 let dst = cache.range_mut(at + rows.start..at + rows.end);
                 let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
                 dst.iter_mut().zip(src).for_each(|(d, &x)| *d = E::from_f32(x));
             }
         };
-        self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r| rope_heads(&v.q, qd, r, a.q_norm.as_ref()));
-        self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r| {
-            rope_heads(&v.k, kvd, r.clone(), a.k_norm.as_ref());
-            store(&v.k, &v.kc, r);
+        self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| rope_heads(&v.q, qd, r, t, a.q_norm.as_ref()));
+        self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r, t| {
+            rope_heads(&v.k, kvd, r.clone(), t.clone(), a.k_norm.as_ref());
+            store(&v.k, &v.kc, r, t);
         });
-        self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r| store(&v.v, &v.vc, r));
+        self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r, t| store(&v.v, &v.vc, r, t));
         self.p.angles = angles;
         ctx.barrier();
 
@@ -574,7 +574,7 @@ impl<E: KvElem> Forward<'_, E> {
         self.n = rows.len();
         let w = &self.m.lm_head;
         self.prepare(Src::Xn, h, 0..rows.len(), &[w]);
-        self.product(w, None, &self.v.out, 1, |_| {});
+        self.product(w, None, &self.v.out, 1, |_, _| {});
     }
 }
 

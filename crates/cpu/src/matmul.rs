@@ -3,6 +3,8 @@
 //! stays in L1 while the activations stream from L2. The weights are read in their ggml layout
 //! (no copy, no repacking): a matrix is only ever read, never expanded.
 
+use std::ops::Range;
+
 use anelm_model::Weight;
 
 use crate::kernels::packed::Packed;
@@ -22,6 +24,9 @@ pub enum Input<'a> {
     Q8(&'a Q8Buf),
 }
 
+/// Input rows per tile of a product (see [`matmul`]).
+pub const TOKEN_BLOCK: usize = 64;
+
 /// Output rows per claimed block: small enough that two threads share even a 192-row matrix,
 /// large enough that a 262,144-row output head costs a few hundred claims; a multiple of
 /// `align`.
@@ -31,8 +36,10 @@ fn block_rows(rows: usize, align: usize) -> usize {
 
 /// `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the `n` input rows, shared by the pool's
 /// threads; `scratch` is this thread's f32 row buffer (used by types without a direct kernel).
-/// Blocks of output rows are multiples of `align` (but the last), and `done(rows)` runs after
-/// each of this thread's blocks is complete for every input row.
+/// Work is shared in tiles of a block of output rows (a multiple of `align` but the last) by a
+/// block of input rows (all of them in decode; [`TOKEN_BLOCK`] in prefill, so that a matrix of
+/// few row blocks still keeps every thread busy); `done(rows, tokens)` runs after each of this
+/// thread's tiles is complete.
 /// Every thread of the pool must call this with the same arguments.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
@@ -46,7 +53,7 @@ pub fn matmul(
     scratch: &mut Vec<f32>,
     packed: Option<&Packed>,
     align: usize,
-    mut done: impl FnMut(std::ops::Range<usize>),
+    mut done: impl FnMut(Range<usize>, Range<usize>),
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let kernel = select(w.dtype, isa);
@@ -57,10 +64,13 @@ pub fn matmul(
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
     #[cfg(not(target_arch = "x86_64"))]
     let _ = packed;
-    ctx.chunks(rows.div_ceil(br), |c| {
-        let (r0, r1) = (c * br, ((c + 1) * br).min(rows));
-        for t0 in (0..n).step_by(MAX_ROWS) {
-            let tn = (n - t0).min(MAX_ROWS);
+    let n_row_blocks = rows.div_ceil(br);
+    ctx.chunks(n_row_blocks * n.div_ceil(TOKEN_BLOCK), |c| {
+        let (rb_i, tb) = (c % n_row_blocks, c / n_row_blocks);
+        let (r0, r1) = (rb_i * br, ((rb_i + 1) * br).min(rows));
+        let tokens = tb * TOKEN_BLOCK..((tb + 1) * TOKEN_BLOCK).min(n);
+        for t0 in tokens.clone().step_by(MAX_ROWS) {
+            let tn = (tokens.end - t0).min(MAX_ROWS);
             let mut res = [0f32; MAX_ROWS];
             let emit = |r: usize, res: &[f32]| {
                 for (t, v) in res.iter().enumerate() {
@@ -117,7 +127,7 @@ pub fn matmul(
                 _ => unreachable!("the forward pass prepares the input kind the kernel takes"),
             }
         }
-        done(r0..r1);
+        done(r0..r1, tokens);
     });
 }
 
