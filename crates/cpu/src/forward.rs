@@ -1,10 +1,13 @@
 //! The CPU executor: runs the LayerPlan over a batch of new tokens appended to a KV cache.
 //!
-//! One forward pass is one job of the thread pool: every thread walks the layers, doing its share
-//! of each op, with a barrier wherever an op reads what another thread wrote. Per-token steps
-//! (norms, quantisation, RoPE, residuals) split the tokens evenly; products and attention hand
-//! out blocks dynamically. All buffers live in [`Buffers`], sized for the largest batch seen (at
-//! most [`MAX_BATCH`] tokens; longer batches run in chunks), so a token allocates nothing.
+//! One forward pass is one job of the thread pool: every thread walks the layers. Products and
+//! attention hand out tiles dynamically and write shared buffers, followed by a barrier; the
+//! cheap per-token steps in between (residuals, norms, the gate activation, quantising the next
+//! input) every thread does for itself on its own copy of the residual stream, which saves the
+//! barriers they would need — five per layer remain (after q/k/v, attention, o, gate/up, down).
+//! RoPE, the q/k norms and the cache writes run as the q/k/v products finish each block of heads.
+//! All buffers live in [`Buffers`], sized for the largest batch seen (at most [`MAX_BATCH`]
+//! tokens; longer batches run in chunks), so a token allocates nothing.
 
 use std::collections::HashMap;
 use std::ops::Range;

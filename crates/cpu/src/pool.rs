@@ -251,11 +251,6 @@ impl Ctx<'_> {
             }
         }
     }
-
-    /// The `[start, end)` of this thread's share of `n` items split evenly (static schedule).
-    pub fn share(&self, n: usize) -> (usize, usize) {
-        (n * self.ith / self.n, n * (self.ith + 1) / self.n)
-    }
 }
 
 #[cfg(test)]
@@ -291,18 +286,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn shares_cover_every_item_once() {
-        let pool = Pool::new(3);
-        let seen: Vec<AtomicUsize> = (0..10).map(|_| AtomicUsize::new(0)).collect();
-        pool.run(|ctx| {
-            let (a, b) = ctx.share(10);
-            (a..b).for_each(|i| {
-                seen[i].fetch_add(1, Ordering::Relaxed);
-            });
-        });
-        assert!(seen.iter().all(|c| c.load(Ordering::Relaxed) == 1));
     }
 }

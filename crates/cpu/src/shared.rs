@@ -40,12 +40,6 @@ impl<'a, T> SharedSlice<'a, T> {
     }
 
     /// # Safety
-    /// No thread writes any element until the next barrier.
-    pub unsafe fn all(&self) -> &[T] {
-        self.range(0..self.len)
-    }
-
-    /// # Safety
     /// No other thread touches element `i` until the next barrier.
     pub unsafe fn write(&self, i: usize, v: T) {
         assert!(i < self.len, "shared slice index");
