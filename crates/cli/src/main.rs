@@ -21,6 +21,10 @@ struct Cli {
 enum Command {
     /// Generate a continuation of a prompt.
     Run(cmd::run::Args),
+    /// Chat with the model in the terminal.
+    Chat(cmd::chat::Args),
+    /// Print the prompt a conversation (a JSON messages file) becomes under the chat template.
+    Template(cmd::template::Args),
     /// Evaluate a prompt: argmax at every position, the last logits, greedy tokens (JSON).
     Eval(cmd::eval::Args),
     /// Tokenize text with the model's tokenizer.
@@ -44,6 +48,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Template(a) => cmd::template::run(a),
         Command::Eval(a) => cmd::eval::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),

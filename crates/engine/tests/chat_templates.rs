@@ -4,14 +4,20 @@
 //! picks for the model: SmolLM2's own (GGUF metadata), Gemma 3's built-in fallback (its GGUF
 //! has none), and the family fallbacks of the tiny Hugging Face configs (no tokenizer).
 
-mod support;
-
 use std::path::PathBuf;
 
 use anelm_engine::{LoadedModel, Message, RenderOptions};
 use anelm_tokenize::ChatTemplateError;
 use serde_json::Value;
-use support::{fixture, hf_tiny, load, model_path, GEMMA3, SMOLLM2};
+use anelm_testkit::{model as model_path, tiny as hf_tiny, GEMMA3, SMOLLM2};
+
+fn fixture(rel: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+}
+
+fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
+    std::sync::Arc::new(LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+}
 
 fn check(case: &str, model: PathBuf) {
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(fixture(&format!("chat_templates/{case}.json"))).unwrap()).unwrap();

@@ -1,9 +1,11 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod chat;
 pub mod common;
 pub mod eval;
 pub mod mil;
 pub mod perplexity;
 pub mod run;
+pub mod template;
 pub mod tokenize;

@@ -14,19 +14,19 @@ use super::common::{prompt_ids, ModelArgs};
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Temperature; 0 is greedy [run: 0, chat: 0.8].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temp: Option<f32>,
     /// Keep the k most likely tokens (0: all).
     #[arg(long, default_value_t = SamplingParams::default().top_k)]
     pub top_k: usize,
     /// Keep the most likely tokens up to this probability mass (1: all).
-    #[arg(long, default_value_t = SamplingParams::default().top_p)]
+    #[arg(long, default_value_t = SamplingParams::default().top_p, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Keep tokens at least this fraction as likely as the most likely one (0: all).
-    #[arg(long, default_value_t = SamplingParams::default().min_p)]
+    #[arg(long, default_value_t = SamplingParams::default().min_p, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Repetition penalty over the last --repeat-last-n tokens, as llama.cpp applies it (1: off).
-    #[arg(long, default_value_t = SamplingParams::default().repeat_penalty)]
+    #[arg(long, default_value_t = SamplingParams::default().repeat_penalty, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
     /// Tokens the repetition penalty looks back over (0: off).
     #[arg(long, default_value_t = SamplingParams::default().repeat_last_n)]

@@ -1,0 +1,148 @@
+//! `anelm run` with sampling flags and `anelm template`, on SmolLM2: seeded sampling is
+//! reproducible, stop strings end the text, logprobs come out, bad flags are named, and the
+//! template command prints what transformers renders.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anelm_testkit::SMOLLM2;
+use serde_json::Value;
+
+fn model() -> String {
+    anelm_testkit::model(SMOLLM2).to_str().unwrap().to_string()
+}
+
+
+fn anelm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_anelm")).args(args).output().unwrap()
+}
+
+fn run_json(extra: &[&str]) -> Value {
+    let m = model();
+    let mut args = vec!["run", "--model", &m, "--prompt", "Once upon a time", "--json"];
+    args.extend_from_slice(extra);
+    let out = anelm(&args);
+    assert!(out.status.success(), "anelm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn stderr_of_failure(args: &[&str]) -> String {
+    let out = anelm(args);
+    assert!(!out.status.success(), "anelm {args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let flags = ["--temp", "1.0", "--top-k", "0", "--top-p", "0.95", "--min-p", "0", "-n", "20"];
+    let a = run_json(&[&flags[..], &["--seed", "7"]].concat());
+    let b = run_json(&[&flags[..], &["--seed", "7"]].concat());
+    let c = run_json(&[&flags[..], &["--seed", "8"]].concat());
+    assert_eq!(a["ids"], b["ids"]);
+    assert_eq!(a["seed"], 7);
+    assert_ne!(a["ids"], c["ids"]);
+    for key in ["prompt_ids", "ids", "text", "finish_reason", "usage"] {
+        assert!(a.get(key).is_some(), "--json has {key}");
+    }
+    assert_eq!(a["usage"]["completion_tokens"], 20);
+}
+
+#[test]
+fn penalties_and_bias_change_the_greedy_text() {
+    let plain = run_json(&["-n", "12"]);
+    let first = plain["ids"][0].as_u64().unwrap();
+    // Banning the greedy first token makes the first token something else.
+    let banned = run_json(&["-n", "12", "--logit-bias", &format!("{first}=-inf")]);
+    assert_ne!(banned["ids"][0], plain["ids"][0]);
+    // A strong presence penalty forbids repeating a generated token.
+    let penalised = run_json(&["-n", "24", "--presence-penalty", "100"]);
+    let ids: Vec<u64> = penalised["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+}
+
+#[test]
+fn a_stop_string_ends_the_text() {
+    let m = model();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--model", &m, "--prompt", "The capital of France is", "-n", "16", "--json"];
+        args.extend_from_slice(extra);
+        let out = anelm(&args);
+        assert!(out.status.success());
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let full = run(&[]);
+    let text = full["text"].as_str().unwrap();
+    let cut = text.find('.').expect("the greedy continuation has a full stop");
+    let stopped = run(&["--stop", "."]);
+    assert_eq!(stopped["text"].as_str().unwrap(), &text[..cut]);
+    assert_eq!(stopped["finish_reason"], "stop");
+    assert_eq!(full["finish_reason"], "length");
+}
+
+#[test]
+fn logprobs_are_reported_per_token() {
+    let v = run_json(&["-n", "5", "--logprobs", "3"]);
+    let lps = v["logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), 5);
+    for (lp, id) in lps.iter().zip(v["ids"].as_array().unwrap()) {
+        assert_eq!(&lp["id"], id);
+        let top = lp["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(&top[0][0], id);
+        assert!(lp["logprob"].as_f64().unwrap() <= 0.0);
+    }
+}
+
+#[test]
+fn bad_sampling_flags_are_named() {
+    let m = model();
+    let base = ["run", "--model", &m, "--prompt", "x"];
+    let err = stderr_of_failure(&[&base[..], &["--top-p", "2"]].concat());
+    assert!(err.contains("top_p"), "{err}");
+    let err = stderr_of_failure(&[&base[..], &["--logit-bias", "99999999=1"]].concat());
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    let err = stderr_of_failure(&[&base[..], &["--logit-bias", "5"]].concat());
+    assert!(err.contains("ID=BIAS"), "{err}");
+    let err = stderr_of_failure(&[&base[..], &["--temp", "-1"]].concat());
+    assert!(err.contains("temperature"), "{err}");
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/chat_templates").join(rel)
+}
+
+#[test]
+fn template_prints_what_transformers_renders() {
+    let m = model();
+    let conversations: Value = serde_json::from_str(&std::fs::read_to_string(fixture("conversations.json")).unwrap()).unwrap();
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("messages.json");
+    std::fs::write(&file, conversations["multi_turn"].to_string()).unwrap();
+    let f = file.to_str().unwrap();
+    for (flags, agp) in [(&[][..], true), (&["--no-generation-prompt"][..], false)] {
+        let out = anelm(&[&["template", "--model", &m, "--messages", f][..], flags].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let want = golden["renders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["conversation"] == "multi_turn" && r["add_generation_prompt"] == agp)
+            .unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), want["expected"].as_str().unwrap());
+    }
+    // An OpenAI request body works too.
+    std::fs::write(&file, format!("{{\"model\": \"x\", \"messages\": {}}}", conversations["user"])).unwrap();
+    assert!(anelm(&["template", "--model", &m, "--messages", f]).status.success());
+    // Bad files are named.
+    std::fs::write(&file, "[{\"content\": \"no role\"}]").unwrap();
+    let err = stderr_of_failure(&["template", "--model", &m, "--messages", f]);
+    assert!(err.contains("messages.json") && err.contains("role"), "{err}");
+    std::fs::write(&file, "{not json").unwrap();
+    let err = stderr_of_failure(&["template", "--model", &m, "--messages", f]);
+    assert!(err.contains("messages.json") && err.contains("invalid JSON"), "{err}");
+}

@@ -1,0 +1,107 @@
+//! Generation on the real models with the CPU executor: a session that continues a
+//! conversation from its cache gives what a fresh session gives, and a seed reproduces sampled
+//! text.
+
+use std::ops::ControlFlow;
+
+use anelm_cpu::CpuExecutor;
+use anelm_engine::{Event, Finish, GenerateParams, Input, LoadedModel, Message, SamplingParams, Session};
+use anelm_model::Executor;
+use anelm_testkit::{model as model_path, GEMMA3, SMOLLM2};
+
+fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
+    std::sync::Arc::new(LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+}
+
+fn run(session: &mut Session, exec: &mut dyn Executor, model: &LoadedModel, input: &Input, params: GenerateParams) -> (Vec<u32>, String, Finish) {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    let finish = session
+        .generate_with(exec, model, input, params, |e| {
+            match e {
+                Event::Token { id, .. } => ids.push(*id),
+                Event::Text(t) => text.push_str(t),
+                Event::Finish(_) => {}
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    (ids, text, finish)
+}
+
+fn greedy(max_tokens: usize) -> GenerateParams {
+    GenerateParams { sampling: SamplingParams::greedy(), max_tokens, ..GenerateParams::default() }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn prefix_reuse_equals_fresh(file: &str) {
+    let model = load(&model_path(file));
+    let mut exec = CpuExecutor::new(model.model.clone(), 0);
+    let mut session = Session::new(&exec, 1024).unwrap();
+    let mut chat = vec![Message::user("Write one sentence about the sea.")];
+    let (_, answer, first) = run(&mut session, &mut exec, &model, &Input::Messages(chat.clone()), greedy(12));
+    assert_eq!(first.usage.cached_tokens, 0);
+    chat.push(Message::assistant(&answer));
+    chat.push(Message::user("Now one about the mountains."));
+    let input = Input::Messages(chat);
+
+    let (cached_ids, cached_text, cached) = run(&mut session, &mut exec, &model, &input, greedy(16));
+    let mut fresh_session = Session::new(&exec, 1024).unwrap();
+    let (fresh_ids, fresh_text, fresh) = run(&mut fresh_session, &mut exec, &model, &input, greedy(16));
+
+    // The second turn extends the first prompt: at least all of it came from the cache.
+    assert!(cached.usage.cached_tokens >= first.usage.prompt_tokens, "{:?} vs {:?}", cached.usage, first.usage);
+    assert_eq!(cached.timings.prefilled_tokens, cached.usage.prompt_tokens - cached.usage.cached_tokens);
+    assert_eq!(fresh.usage.cached_tokens, 0);
+    assert_eq!(cached.usage.prompt_tokens, fresh.usage.prompt_tokens);
+    assert_eq!(cached_ids, fresh_ids, "{file}: {cached_text:?} vs {fresh_text:?}");
+    assert_eq!(cached_text, fresh_text);
+
+    // And the logits after the prompt agree (the cached keys and values came from
+    // single-token passes, the fresh ones from one batch: float rounding differs, no more).
+    let prompt = match &input {
+        Input::Messages(m) => anelm_engine::prompt::chat_ids(&model, m).unwrap(),
+        _ => unreachable!(),
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    session.truncate(cached.usage.cached_tokens);
+    let reused = session.prefill(&mut exec, &prompt, &mut a).unwrap();
+    assert_eq!(reused, cached.usage.cached_tokens);
+    let mut fresh_session = Session::new(&exec, 1024).unwrap();
+    fresh_session.prefill(&mut exec, &prompt, &mut b).unwrap();
+    let diff = max_abs_diff(&a, &b);
+    assert!(diff < 0.01, "{file}: logits differ by {diff}");
+}
+
+#[test]
+fn smollm2_prefix_reuse_equals_a_fresh_session() {
+    prefix_reuse_equals_fresh(SMOLLM2);
+}
+
+#[test]
+fn gemma3_prefix_reuse_equals_a_fresh_session() {
+    prefix_reuse_equals_fresh(GEMMA3);
+}
+
+#[test]
+fn a_seed_reproduces_sampled_text() {
+    let model = load(&model_path(SMOLLM2));
+    let mut exec = CpuExecutor::new(model.model.clone(), 0);
+    let input = Input::Text("Once upon a time".into());
+    let sample = |seed: u64, exec: &mut CpuExecutor| {
+        let params = GenerateParams {
+            sampling: SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(seed), ..SamplingParams::default() },
+            max_tokens: 24,
+            ..GenerateParams::default()
+        };
+        let mut session = Session::new(&*exec, 64).unwrap();
+        let (ids, _, finish) = run(&mut session, exec, &model, &input, params);
+        assert_eq!(finish.seed, seed);
+        ids
+    };
+    let a = sample(11, &mut exec);
+    assert_eq!(a, sample(11, &mut exec));
+    assert_ne!(a, sample(12, &mut exec), "another seed, another story");
+}
