@@ -8,7 +8,6 @@ use std::process::Command;
 use anelm_testkit::{model, SMOLLM2};
 use rexpect::session::{spawn_command, PtySession};
 
-
 /// The numbers of the line printed after an answer: (completion, prompt, cached) tokens.
 fn stats(p: &mut PtySession) -> (String, usize, usize, usize) {
     let (answer, line) = p
@@ -25,17 +24,28 @@ fn stats(p: &mut PtySession) -> (String, usize, usize, usize) {
 /// rexpect hands over the terminal's bytes one char per byte; this is the text they encode
 /// (failing if the stream was not UTF-8) with the terminal's CR LF as LF.
 fn terminal_text(s: &str) -> String {
-    let bytes: Vec<u8> = s.chars().map(|c| u8::try_from(u32::from(c)).expect("one byte per char")).collect();
-    String::from_utf8(bytes).expect("the terminal received UTF-8").replace("\r\n", "\n")
+    let bytes: Vec<u8> = s
+        .chars()
+        .map(|c| u8::try_from(u32::from(c)).expect("one byte per char"))
+        .collect();
+    String::from_utf8(bytes)
+        .expect("the terminal received UTF-8")
+        .replace("\r\n", "\n")
 }
 
 /// What `anelm run --chat` answers to the same first question (greedy, so the same text).
 fn first_answer(model: &str, question: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_anelm"))
-        .args(["run", "--model", model, "--chat", "--prompt", question, "-n", "20", "--json"])
+        .args([
+            "run", "--model", model, "--chat", "--prompt", question, "-n", "20", "--json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["text"].as_str().unwrap().to_string()
 }
@@ -58,7 +68,10 @@ fn chat_two_turns_the_second_from_the_cache() {
     // The terminal shows the echoed question, then the streamed answer.
     let shown = terminal_text(&answer);
     let first_line = expected.lines().next().unwrap_or_default();
-    assert!(!first_line.is_empty() && shown.contains(first_line), "streamed {shown:?}, expected {expected:?}");
+    assert!(
+        !first_line.is_empty() && shown.contains(first_line),
+        "streamed {shown:?}, expected {expected:?}"
+    );
     assert_eq!(cached1, 0, "nothing cached on the first turn");
     assert!(n1 > 0 && prompt1 > 0);
 
@@ -66,7 +79,10 @@ fn chat_two_turns_the_second_from_the_cache() {
     p.send_line("And of Germany?").unwrap();
     let (_, _, prompt2, cached2) = stats(&mut p);
     assert!(prompt2 > prompt1);
-    assert!(cached2 >= prompt1, "the second turn reuses the first: {cached2} cached of {prompt2}, first prompt {prompt1}");
+    assert!(
+        cached2 >= prompt1,
+        "the second turn reuses the first: {cached2} cached of {prompt2}, first prompt {prompt1}"
+    );
 
     for (line, reply) in [
         ("/temp 0.5", "[temperature 0.5]"),
@@ -79,7 +95,8 @@ fn chat_two_turns_the_second_from_the_cache() {
     ] {
         p.exp_string("> ").unwrap();
         p.send_line(line).unwrap();
-        p.exp_string(reply).unwrap_or_else(|e| panic!("{line}: {e}"));
+        p.exp_string(reply)
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
     }
     // After /reset nothing is reused: the system message changed and the history is gone.
     p.exp_string("> ").unwrap();

@@ -12,17 +12,30 @@ fn model() -> String {
     anelm_testkit::model(SMOLLM2).to_str().unwrap().to_string()
 }
 
-
 fn anelm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_anelm")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn run_json(extra: &[&str]) -> Value {
     let m = model();
-    let mut args = vec!["run", "--model", &m, "--prompt", "Once upon a time", "--json"];
+    let mut args = vec![
+        "run",
+        "--model",
+        &m,
+        "--prompt",
+        "Once upon a time",
+        "--json",
+    ];
     args.extend_from_slice(extra);
     let out = anelm(&args);
-    assert!(out.status.success(), "anelm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "anelm {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -34,7 +47,9 @@ fn stderr_of_failure(args: &[&str]) -> String {
 
 #[test]
 fn seeded_sampling_is_reproducible() {
-    let flags = ["--temp", "1.0", "--top-k", "0", "--top-p", "0.95", "--min-p", "0", "-n", "20"];
+    let flags = [
+        "--temp", "1.0", "--top-k", "0", "--top-p", "0.95", "--min-p", "0", "-n", "20",
+    ];
     let a = run_json(&[&flags[..], &["--seed", "7"]].concat());
     let b = run_json(&[&flags[..], &["--seed", "7"]].concat());
     let c = run_json(&[&flags[..], &["--seed", "8"]].concat());
@@ -56,7 +71,12 @@ fn penalties_and_bias_change_the_greedy_text() {
     assert_ne!(banned["ids"][0], plain["ids"][0]);
     // A strong presence penalty forbids repeating a generated token.
     let penalised = run_json(&["-n", "24", "--presence-penalty", "100"]);
-    let ids: Vec<u64> = penalised["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let ids: Vec<u64> = penalised["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
     let mut unique = ids.clone();
     unique.sort_unstable();
     unique.dedup();
@@ -67,7 +87,16 @@ fn penalties_and_bias_change_the_greedy_text() {
 fn a_stop_string_ends_the_text() {
     let m = model();
     let run = |extra: &[&str]| {
-        let mut args = vec!["run", "--model", &m, "--prompt", "The capital of France is", "-n", "16", "--json"];
+        let mut args = vec![
+            "run",
+            "--model",
+            &m,
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "16",
+            "--json",
+        ];
         args.extend_from_slice(extra);
         let out = anelm(&args);
         assert!(out.status.success());
@@ -75,7 +104,9 @@ fn a_stop_string_ends_the_text() {
     };
     let full = run(&[]);
     let text = full["text"].as_str().unwrap();
-    let cut = text.find('.').expect("the greedy continuation has a full stop");
+    let cut = text
+        .find('.')
+        .expect("the greedy continuation has a full stop");
     let stopped = run(&["--stop", "."]);
     assert_eq!(stopped["text"].as_str().unwrap(), &text[..cut]);
     assert_eq!(stopped["finish_reason"], "stop");
@@ -112,37 +143,64 @@ fn bad_sampling_flags_are_named() {
 }
 
 fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/chat_templates").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../engine/tests/fixtures/chat_templates")
+        .join(rel)
 }
 
 #[test]
 fn template_prints_what_transformers_renders() {
     let m = model();
-    let conversations: Value = serde_json::from_str(&std::fs::read_to_string(fixture("conversations.json")).unwrap()).unwrap();
-    let golden: Value = serde_json::from_str(&std::fs::read_to_string(fixture("smollm2.json")).unwrap()).unwrap();
+    let conversations: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("conversations.json")).unwrap())
+            .unwrap();
+    let golden: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("smollm2.json")).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("messages.json");
     std::fs::write(&file, conversations["multi_turn"].to_string()).unwrap();
     let f = file.to_str().unwrap();
     for (flags, agp) in [(&[][..], true), (&["--no-generation-prompt"][..], false)] {
         let out = anelm(&[&["template", "--model", &m, "--messages", f][..], flags].concat());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let want = golden["renders"]
             .as_array()
             .unwrap()
             .iter()
             .find(|r| r["conversation"] == "multi_turn" && r["add_generation_prompt"] == agp)
             .unwrap();
-        assert_eq!(String::from_utf8(out.stdout).unwrap(), want["expected"].as_str().unwrap());
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            want["expected"].as_str().unwrap()
+        );
     }
     // An OpenAI request body works too.
-    std::fs::write(&file, format!("{{\"model\": \"x\", \"messages\": {}}}", conversations["user"])).unwrap();
-    assert!(anelm(&["template", "--model", &m, "--messages", f]).status.success());
+    std::fs::write(
+        &file,
+        format!(
+            "{{\"model\": \"x\", \"messages\": {}}}",
+            conversations["user"]
+        ),
+    )
+    .unwrap();
+    assert!(anelm(&["template", "--model", &m, "--messages", f])
+        .status
+        .success());
     // Bad files are named.
     std::fs::write(&file, "[{\"content\": \"no role\"}]").unwrap();
     let err = stderr_of_failure(&["template", "--model", &m, "--messages", f]);
-    assert!(err.contains("messages.json") && err.contains("role"), "{err}");
+    assert!(
+        err.contains("messages.json") && err.contains("role"),
+        "{err}"
+    );
     std::fs::write(&file, "{not json").unwrap();
     let err = stderr_of_failure(&["template", "--model", &m, "--messages", f]);
-    assert!(err.contains("messages.json") && err.contains("invalid JSON"), "{err}");
+    assert!(
+        err.contains("messages.json") && err.contains("invalid JSON"),
+        "{err}"
+    );
 }

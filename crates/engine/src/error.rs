@@ -16,11 +16,18 @@ pub enum EngineError {
     /// The prompt leaves no room to generate, and the overflow policy is to refuse (or there was
     /// nothing left to drop).
     #[error("context overflow: the prompt has {prompt_tokens} tokens and the context holds {capacity}{}", hint(*dropped_messages))]
-    ContextOverflow { prompt_tokens: usize, capacity: usize, dropped_messages: usize },
+    ContextOverflow {
+        prompt_tokens: usize,
+        capacity: usize,
+        dropped_messages: usize,
+    },
     #[error("{path}: no tokenizer (no tokenizer.json); text and chat need one, token ids do not")]
     NoTokenizer { path: std::path::PathBuf },
     #[error("{path}: no chat template, and no built-in one for the '{family}' family")]
-    NoChatTemplate { path: std::path::PathBuf, family: &'static str },
+    NoChatTemplate {
+        path: std::path::PathBuf,
+        family: &'static str,
+    },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("bad generation parameter: {0}")]

@@ -136,7 +136,10 @@ impl Finish {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A generated token (every one, the final end-of-generation token included).
-    Token { id: u32, logprob: Option<TokenLogprob> },
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
     /// Text that became complete: whole UTF-8 characters, clear of any stop string. Special
     /// tokens (end of turn, ...) have no text.
     Text(String),
@@ -175,13 +178,33 @@ impl Session {
     /// Starts a generation: prepares the prompt (tokenizing or rendering the template, and the
     /// overflow policy) and checks the parameters. The work happens in
     /// [`Generation::next_event`]; the prompt reuses whatever prefix the session holds.
-    pub fn generate<'s>(&'s mut self, model: &LoadedModel, input: &Input, params: GenerateParams) -> Result<Generation<'s>> {
-        params.sampling.validate(model.model.config.vocab_size).map_err(EngineError::BadParams)?;
+    pub fn generate<'s>(
+        &'s mut self,
+        model: &LoadedModel,
+        input: &Input,
+        params: GenerateParams,
+    ) -> Result<Generation<'s>> {
+        params
+            .sampling
+            .validate(model.model.config.vocab_size)
+            .map_err(EngineError::BadParams)?;
         if params.max_tokens == 0 {
-            return Err(EngineError::BadParams("max_tokens must be at least 1".into()));
+            return Err(EngineError::BadParams(
+                "max_tokens must be at least 1".into(),
+            ));
         }
-        let prompt = prepare(model, input, self.capacity(), params.max_tokens, params.overflow)?;
-        let usage = Usage { prompt_tokens: prompt.ids.len(), dropped_messages: prompt.dropped_messages, ..Usage::default() };
+        let prompt = prepare(
+            model,
+            input,
+            self.capacity(),
+            params.max_tokens,
+            params.overflow,
+        )?;
+        let usage = Usage {
+            prompt_tokens: prompt.ids.len(),
+            dropped_messages: prompt.dropped_messages,
+            ..Usage::default()
+        };
         Ok(Generation {
             session: self,
             tokenizer: model.tokenizer.clone(),
@@ -274,7 +297,8 @@ impl Generation<'_> {
                 self.finish(FinishReason::ContextFull);
                 return Ok(());
             }
-            self.session.run(exec, &[token], Logits::Last, &mut self.logits)?;
+            self.session
+                .run(exec, &[token], Logits::Last, &mut self.logits)?;
         }
         let id = self.sampler.sample(&mut self.logits, self.session.tokens());
         let logprob = self.top_logprobs.map(|n| logprobs(&self.logits, id, n));

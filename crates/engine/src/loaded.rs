@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use anelm_model::{Model, ModelSource};
 use anelm_tokenize::{
-    builtin_template, gguf_chat_template, hf_chat_template, ChatTemplate, Message, RenderOptions, Tokenizer,
+    builtin_template, gguf_chat_template, hf_chat_template, ChatTemplate, Message, RenderOptions,
+    Tokenizer,
 };
 
 use crate::error::{EngineError, Result};
@@ -30,15 +31,24 @@ impl LoadedModel {
         let model = anelm_model::load(path)?;
         let tokenizer = match &model.source {
             ModelSource::Gguf { metadata, .. } => Some(Tokenizer::from_gguf(metadata)?),
-            ModelSource::HfDir { dir } if dir.join("tokenizer.json").exists() => Some(Tokenizer::from_hf_dir(dir)?),
+            ModelSource::HfDir { dir } if dir.join("tokenizer.json").exists() => {
+                Some(Tokenizer::from_hf_dir(dir)?)
+            }
             ModelSource::HfDir { .. } => None,
         };
-        Ok(LoadedModel { model: Arc::new(model), tokenizer: tokenizer.map(Arc::new) })
+        Ok(LoadedModel {
+            model: Arc::new(model),
+            tokenizer: tokenizer.map(Arc::new),
+        })
     }
 
     /// The tokenizer, or an error naming the model that has none.
     pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>> {
-        self.tokenizer.as_ref().ok_or_else(|| EngineError::NoTokenizer { path: self.model.source.path().to_path_buf() })
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| EngineError::NoTokenizer {
+                path: self.model.source.path().to_path_buf(),
+            })
     }
 
     /// The chat template: the model's own (GGUF `tokenizer.chat_template`, or the Hugging Face
@@ -59,8 +69,10 @@ impl LoadedModel {
             return Ok(ChatTemplate::new(&source, origin, bos, eos)?);
         }
         let family = self.model.config.family.name();
-        let builtin = builtin_template(family)
-            .ok_or_else(|| EngineError::NoChatTemplate { path: self.model.source.path().to_path_buf(), family })?;
+        let builtin = builtin_template(family).ok_or_else(|| EngineError::NoChatTemplate {
+            path: self.model.source.path().to_path_buf(),
+            family,
+        })?;
         Ok(ChatTemplate::builtin(builtin, bos, eos))
     }
 
@@ -68,7 +80,9 @@ impl LoadedModel {
     /// rule) and the end-of-turn token the chat template writes after an assistant message.
     /// None without a tokenizer.
     pub fn stop_ids(&self) -> Vec<u32> {
-        let Some(tok) = &self.tokenizer else { return Vec::new() };
+        let Some(tok) = &self.tokenizer else {
+            return Vec::new();
+        };
         let mut ids = tok.eog_ids();
         if let Some(id) = self.chat_template().ok().and_then(|t| end_of_turn(tok, &t)) {
             ids.push(id);

@@ -50,7 +50,9 @@ pub fn prepare(
     let (ids, dropped_messages) = match input {
         Input::Ids(ids) => (ids.clone(), 0),
         Input::Text(text) => (model.tokenizer()?.encode(text, true, true)?, 0),
-        Input::Messages(msgs) if overflow == Overflow::DropOldestTurns => fit_messages(model, msgs, capacity, max_tokens)?,
+        Input::Messages(msgs) if overflow == Overflow::DropOldestTurns => {
+            fit_messages(model, msgs, capacity, max_tokens)?
+        }
         Input::Messages(msgs) => (chat_ids(model, msgs)?, 0),
     };
     if ids.is_empty() {
@@ -61,23 +63,41 @@ pub fn prepare(
         return Err(EngineError::TokenOutOfRange { id, vocab });
     }
     if ids.len() >= capacity {
-        return Err(EngineError::ContextOverflow { prompt_tokens: ids.len(), capacity, dropped_messages });
+        return Err(EngineError::ContextOverflow {
+            prompt_tokens: ids.len(),
+            capacity,
+            dropped_messages,
+        });
     }
-    Ok(Prompt { ids, dropped_messages })
+    Ok(Prompt {
+        ids,
+        dropped_messages,
+    })
 }
 
 /// A conversation's tokens: the template's text with the assistant header, its special-token
 /// text read as special tokens, nothing added (templates write their own BOS).
 pub fn chat_ids(model: &LoadedModel, msgs: &[Message]) -> Result<Vec<u32>> {
     let template = model.chat_template()?;
-    let text = template.render(msgs, &RenderOptions { add_generation_prompt: true, tools: None })?;
+    let text = template.render(
+        msgs,
+        &RenderOptions {
+            add_generation_prompt: true,
+            tools: None,
+        },
+    )?;
     Ok(model.tokenizer()?.encode(&text, false, true)?)
 }
 
 /// Drops whole turns (a user message and the replies up to the next user message), oldest
 /// first, until the prompt and `max_tokens` fit or only the system message and the last turn
 /// are left.
-fn fit_messages(model: &LoadedModel, msgs: &[Message], capacity: usize, max_tokens: usize) -> Result<(Vec<u32>, usize)> {
+fn fit_messages(
+    model: &LoadedModel,
+    msgs: &[Message],
+    capacity: usize,
+    max_tokens: usize,
+) -> Result<(Vec<u32>, usize)> {
     let mut kept = msgs.to_vec();
     let first = usize::from(kept.first().is_some_and(|m| m.role == "system"));
     loop {
@@ -86,7 +106,12 @@ fn fit_messages(model: &LoadedModel, msgs: &[Message], capacity: usize, max_toke
             return Ok((ids, msgs.len() - kept.len()));
         }
         // The oldest turn ends where the next user message starts; the last one always stays.
-        let next_user = kept.iter().enumerate().skip(first + 1).find(|(_, m)| m.role == "user").map(|(i, _)| i);
+        let next_user = kept
+            .iter()
+            .enumerate()
+            .skip(first + 1)
+            .find(|(_, m)| m.role == "user")
+            .map(|(i, _)| i);
         match next_user {
             Some(end) => {
                 kept.drain(first..end);

@@ -17,7 +17,9 @@ impl Rng {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     /// A seed from the clock, for when the caller gives none.
@@ -54,9 +56,15 @@ mod tests {
 
     #[test]
     fn same_seed_same_stream_and_uniform_enough() {
-        let a: Vec<u64> = (0..100).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
-        let b: Vec<u64> = (0..100).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
-        let c: Vec<u64> = (0..100).scan(Rng::new(43), |r, _| Some(r.next_u64())).collect();
+        let a: Vec<u64> = (0..100)
+            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
+            .collect();
+        let b: Vec<u64> = (0..100)
+            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
+            .collect();
+        let c: Vec<u64> = (0..100)
+            .scan(Rng::new(43), |r, _| Some(r.next_u64()))
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
         let mut r = Rng::new(0);

@@ -57,12 +57,21 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Always the most likely token (after bias and penalties).
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Self::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Self::default()
+        }
     }
 
     /// Checks every value; the message names the bad parameter.
     pub fn validate(&self, vocab: usize) -> Result<(), String> {
-        let finite = |name: &str, v: f32| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number, got {v}")) };
+        let finite = |name: &str, v: f32| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a finite number, got {v}"))
+            }
+        };
         finite("temperature", self.temperature)?;
         finite("top_p", self.top_p)?;
         finite("min_p", self.min_p)?;
@@ -70,7 +79,10 @@ impl SamplingParams {
         finite("presence_penalty", self.presence_penalty)?;
         finite("frequency_penalty", self.frequency_penalty)?;
         if self.temperature < 0.0 {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+            return Err(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -79,14 +91,21 @@ impl SamplingParams {
             return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if self.repeat_penalty <= 0.0 {
-            return Err(format!("repeat_penalty must be > 0, got {}", self.repeat_penalty));
+            return Err(format!(
+                "repeat_penalty must be > 0, got {}",
+                self.repeat_penalty
+            ));
         }
         for &(id, bias) in &self.logit_bias {
             if id as usize >= vocab {
-                return Err(format!("logit_bias: token id {id} is outside the vocabulary (size {vocab})"));
+                return Err(format!(
+                    "logit_bias: token id {id} is outside the vocabulary (size {vocab})"
+                ));
             }
             if bias.is_nan() || bias == f32::INFINITY {
-                return Err(format!("logit_bias: the bias of token {id} must be a number or -inf, got {bias}"));
+                return Err(format!(
+                    "logit_bias: the bias of token {id} must be a number or -inf, got {bias}"
+                ));
             }
         }
         Ok(())
@@ -144,7 +163,10 @@ impl Ord for Weakest {
 pub fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
     let mut heap = BinaryHeap::with_capacity(k + 1);
     for (i, &logit) in logits.iter().enumerate() {
-        let c = Candidate { id: i as u32, logit };
+        let c = Candidate {
+            id: i as u32,
+            logit,
+        };
         if heap.len() < k {
             heap.push(Weakest(c));
         } else if let Some(weakest) = heap.peek() {
@@ -199,7 +221,10 @@ pub fn logprobs(logits: &[f32], chosen: u32, n: usize) -> TokenLogprob {
     let lp = |l: f32| (l as f64 - log_z) as f32;
     let top = if n == 0 { Vec::new() } else { top_k(logits, n) };
     TokenLogprob {
-        logprob: lp(logits.get(chosen as usize).copied().unwrap_or(f32::NEG_INFINITY)),
+        logprob: lp(logits
+            .get(chosen as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY)),
         top: top.into_iter().map(|c| (c.id, lp(c.logit))).collect(),
     }
 }
@@ -218,7 +243,14 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let seed = params.seed.unwrap_or_else(Rng::entropy_seed);
-        Sampler { params, seed, rng: Rng::new(seed), generated: HashMap::new(), cands: Vec::new(), window: Vec::new() }
+        Sampler {
+            params,
+            seed,
+            rng: Rng::new(seed),
+            generated: HashMap::new(),
+            cands: Vec::new(),
+            window: Vec::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -241,12 +273,17 @@ impl Sampler {
         let p = &self.params;
         if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
             self.window.clear();
-            self.window.extend_from_slice(&context[context.len().saturating_sub(p.repeat_last_n)..]);
+            self.window
+                .extend_from_slice(&context[context.len().saturating_sub(p.repeat_last_n)..]);
             self.window.sort_unstable();
             self.window.dedup();
             for &id in &self.window {
                 if let Some(l) = logits.get_mut(id as usize) {
-                    *l = if *l <= 0.0 { *l * p.repeat_penalty } else { *l / p.repeat_penalty };
+                    *l = if *l <= 0.0 {
+                        *l * p.repeat_penalty
+                    } else {
+                        *l / p.repeat_penalty
+                    };
                 }
             }
         }
@@ -284,7 +321,11 @@ impl Sampler {
         });
         // Min-p keeps a most-likely-first prefix, as top-p does, so it may go first: the
         // result is the shorter prefix either way. Its threshold is the first floor.
-        let mut floor = if p.min_p > 0.0 { max + p.min_p.ln() } else { f32::NEG_INFINITY };
+        let mut floor = if p.min_p > 0.0 {
+            max + p.min_p.ln()
+        } else {
+            f32::NEG_INFINITY
+        };
         if use_top_k {
             self.cands.retain(|c| c.logit >= floor);
         } else {
@@ -302,9 +343,13 @@ impl Sampler {
                     width *= 2.0;
                 }
             }
-            self.cands.extend(
-                logits.iter().enumerate().filter(|(_, &l)| l >= floor).map(|(i, &logit)| Candidate { id: i as u32, logit }),
-            );
+            self.cands
+                .extend(logits.iter().enumerate().filter(|(_, &l)| l >= floor).map(
+                    |(i, &logit)| Candidate {
+                        id: i as u32,
+                        logit,
+                    },
+                ));
         }
         if let Some(target) = top_p_target {
             keep_top_p(&mut self.cands, target, max);
@@ -320,7 +365,10 @@ impl Sampler {
         let inv_t = 1.0 / self.params.temperature;
         self.candidates(logits);
         let cands = &self.cands;
-        let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+        let max = cands
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
         let weight = |c: &Candidate| (((c.logit - max) * inv_t) as f64).exp();
         let total: f64 = cands.iter().map(weight).sum();
         let mut u = self.rng.next_f64() * total;

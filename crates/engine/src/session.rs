@@ -16,7 +16,10 @@ pub struct Session {
 impl Session {
     /// A session holding up to `capacity` positions.
     pub fn new(exec: &dyn Executor, capacity: usize) -> Result<Session> {
-        Ok(Session { state: exec.new_state(capacity)?, tokens: Vec::new() })
+        Ok(Session {
+            state: exec.new_state(capacity)?,
+            tokens: Vec::new(),
+        })
     }
 
     /// The tokens whose keys and values the state holds.
@@ -42,27 +45,50 @@ impl Session {
     /// Makes the session hold exactly `prompt` and writes the logits after its last token into
     /// `logits`. Reuses the longest common prefix with the cached tokens (at least one token is
     /// always recomputed, to produce logits); returns how many tokens were reused.
-    pub fn prefill(&mut self, exec: &mut dyn Executor, prompt: &[u32], logits: &mut Vec<f32>) -> Result<usize> {
+    pub fn prefill(
+        &mut self,
+        exec: &mut dyn Executor,
+        prompt: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<usize> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
         if prompt.len() > self.capacity() {
-            return Err(EngineError::PromptTooLong { tokens: prompt.len(), capacity: self.capacity() });
+            return Err(EngineError::PromptTooLong {
+                tokens: prompt.len(),
+                capacity: self.capacity(),
+            });
         }
-        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         let reused = common.min(prompt.len() - 1);
         self.truncate(reused);
         let rest = &prompt[reused..];
         let n_chunks = rest.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
-            let want = if i + 1 == n_chunks { Logits::Last } else { Logits::None };
+            let want = if i + 1 == n_chunks {
+                Logits::Last
+            } else {
+                Logits::None
+            };
             self.run(exec, chunk, want, logits)?;
         }
         Ok(reused)
     }
 
     /// Appends `tokens` and writes the requested logits.
-    pub fn run(&mut self, exec: &mut dyn Executor, tokens: &[u32], want: Logits, logits: &mut Vec<f32>) -> Result<()> {
+    pub fn run(
+        &mut self,
+        exec: &mut dyn Executor,
+        tokens: &[u32],
+        want: Logits,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         exec.forward(self.state.as_mut(), tokens, want, logits)?;
         self.tokens.extend_from_slice(tokens);
         Ok(())

@@ -20,12 +20,20 @@ pub enum StopScan {
 impl StopStrings {
     /// Empty strings are ignored (they would stop everything at once).
     pub fn new(stops: &[String]) -> StopStrings {
-        StopStrings { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), held: String::new() }
+        StopStrings {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            held: String::new(),
+        }
     }
 
     pub fn push(&mut self, text: &str) -> StopScan {
         self.held.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let before = self.held[..at].to_string();
             self.held.clear();
             return StopScan::Stopped(before);

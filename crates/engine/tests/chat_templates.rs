@@ -7,43 +7,84 @@
 use std::path::PathBuf;
 
 use anelm_engine::{LoadedModel, Message, RenderOptions};
+use anelm_testkit::{model as model_path, tiny as hf_tiny, GEMMA3, SMOLLM2};
 use anelm_tokenize::ChatTemplateError;
 use serde_json::Value;
-use anelm_testkit::{model as model_path, tiny as hf_tiny, GEMMA3, SMOLLM2};
 
 fn fixture(rel: &str) -> PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(rel)
 }
 
 fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
-    std::sync::Arc::new(LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    std::sync::Arc::new(
+        LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
 }
 
 fn check(case: &str, model: PathBuf) {
-    let golden: Value = serde_json::from_str(&std::fs::read_to_string(fixture(&format!("chat_templates/{case}.json"))).unwrap()).unwrap();
-    let conversations: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("chat_templates/conversations.json")).unwrap()).unwrap();
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(&format!("chat_templates/{case}.json"))).unwrap(),
+    )
+    .unwrap();
+    let conversations: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("chat_templates/conversations.json")).unwrap(),
+    )
+    .unwrap();
     let loaded: std::sync::Arc<LoadedModel> = load(&model);
     let template = loaded.chat_template().unwrap();
 
     // The same template and special-token strings the script used.
     let origin = template.origin().to_string();
     match golden["template"].as_str().unwrap() {
-        "gguf" => assert!(origin.contains("tokenizer.chat_template"), "{case}: {origin}"),
-        builtin => assert_eq!(format!("built-in template '{}'", builtin.trim_start_matches("builtin:")), origin, "{case}"),
+        "gguf" => assert!(
+            origin.contains("tokenizer.chat_template"),
+            "{case}: {origin}"
+        ),
+        builtin => assert_eq!(
+            format!(
+                "built-in template '{}'",
+                builtin.trim_start_matches("builtin:")
+            ),
+            origin,
+            "{case}"
+        ),
     }
-    assert_eq!(template.bos_token(), golden["bos_token"].as_str(), "{case}: bos_token");
-    assert_eq!(template.eos_token(), golden["eos_token"].as_str(), "{case}: eos_token");
+    assert_eq!(
+        template.bos_token(),
+        golden["bos_token"].as_str(),
+        "{case}: bos_token"
+    );
+    assert_eq!(
+        template.eos_token(),
+        golden["eos_token"].as_str(),
+        "{case}: eos_token"
+    );
 
     let renders = golden["renders"].as_array().unwrap();
-    assert_eq!(renders.len(), 2 * conversations.as_object().unwrap().len(), "{case}: every conversation, both ways");
+    assert_eq!(
+        renders.len(),
+        2 * conversations.as_object().unwrap().len(),
+        "{case}: every conversation, both ways"
+    );
     for r in renders {
         let name = r["conversation"].as_str().unwrap();
         let messages: Vec<Message> = serde_json::from_value(conversations[name].clone()).unwrap();
-        let opts = RenderOptions { add_generation_prompt: r["add_generation_prompt"].as_bool().unwrap(), tools: None };
+        let opts = RenderOptions {
+            add_generation_prompt: r["add_generation_prompt"].as_bool().unwrap(),
+            tools: None,
+        };
         let got = template.render(&messages, &opts);
-        let what = format!("{case}/{name} (add_generation_prompt={})", opts.add_generation_prompt);
-        match (r.get("expected").and_then(Value::as_str), r.get("error").and_then(Value::as_str), got) {
+        let what = format!(
+            "{case}/{name} (add_generation_prompt={})",
+            opts.add_generation_prompt
+        );
+        match (
+            r.get("expected").and_then(Value::as_str),
+            r.get("error").and_then(Value::as_str),
+            got,
+        ) {
             (Some(want), _, Ok(text)) => assert_eq!(text, want, "{what}"),
             (None, Some("raised"), Err(ChatTemplateError::Raised { msg, .. })) => {
                 assert_eq!(msg, r["message"].as_str().unwrap(), "{what}")

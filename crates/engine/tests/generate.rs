@@ -8,14 +8,16 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
 use anelm_engine::{
-    EngineError, Event, Finish, FinishReason, GenerateParams, Input, LoadedModel, Message, Overflow, SamplingParams,
-    Session,
+    EngineError, Event, Finish, FinishReason, GenerateParams, Input, LoadedModel, Message,
+    Overflow, SamplingParams, Session,
 };
 use anelm_model::{ExecError, Executor, KvState, Logits};
 use anelm_testkit::{model as model_path, SMOLLM2};
 
 fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
-    std::sync::Arc::new(LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    std::sync::Arc::new(
+        LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
 }
 
 struct ScriptState {
@@ -49,19 +51,39 @@ struct Scripted {
 
 impl Scripted {
     fn new(vocab: usize, prompt_len: usize, script: &[u32]) -> Scripted {
-        Scripted { vocab, prompt_len, script: script.to_vec(), passes: Arc::default() }
+        Scripted {
+            vocab,
+            prompt_len,
+            script: script.to_vec(),
+            passes: Arc::default(),
+        }
     }
 }
 
 impl Executor for Scripted {
     fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
-        Ok(Box::new(ScriptState { tokens: Vec::new(), capacity }))
+        Ok(Box::new(ScriptState {
+            tokens: Vec::new(),
+            capacity,
+        }))
     }
 
-    fn forward(&mut self, state: &mut dyn KvState, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<(), ExecError> {
-        let st = state.as_any_mut().downcast_mut::<ScriptState>().ok_or(ExecError::ForeignState)?;
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let st = state
+            .as_any_mut()
+            .downcast_mut::<ScriptState>()
+            .ok_or(ExecError::ForeignState)?;
         if st.tokens.len() + tokens.len() > st.capacity {
-            return Err(ExecError::ContextFull { needed: st.tokens.len() + tokens.len(), capacity: st.capacity });
+            return Err(ExecError::ContextFull {
+                needed: st.tokens.len() + tokens.len(),
+                capacity: st.capacity,
+            });
         }
         st.tokens.extend_from_slice(tokens);
         self.passes.lock().unwrap().push(tokens.len());
@@ -70,7 +92,11 @@ impl Executor for Scripted {
         out.resize(rows * self.vocab, 0.0);
         for r in 0..rows {
             let pos = st.tokens.len() - rows + r + 1; // tokens seen once this row is processed
-            let favoured = pos.checked_sub(self.prompt_len).and_then(|i| self.script.get(i)).copied().unwrap_or(0);
+            let favoured = pos
+                .checked_sub(self.prompt_len)
+                .and_then(|i| self.script.get(i))
+                .copied()
+                .unwrap_or(0);
             out[r * self.vocab + favoured as usize] = 10.0;
         }
         Ok(())
@@ -86,26 +112,55 @@ fn smollm2() -> Arc<LoadedModel> {
 }
 
 fn greedy(max_tokens: usize) -> GenerateParams {
-    GenerateParams { sampling: SamplingParams::greedy(), max_tokens, ..GenerateParams::default() }
+    GenerateParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        ..GenerateParams::default()
+    }
 }
 
 /// Runs a generation to the end, returning the events.
-fn collect(session: &mut Session, exec: &mut dyn Executor, model: &LoadedModel, input: &Input, params: GenerateParams) -> Vec<Event> {
+fn collect(
+    session: &mut Session,
+    exec: &mut dyn Executor,
+    model: &LoadedModel,
+    input: &Input,
+    params: GenerateParams,
+) -> Vec<Event> {
     let mut events = Vec::new();
-    session.generate_with(exec, model, input, params, |e| {
-        events.push(e.clone());
-        ControlFlow::Continue(())
-    })
-    .unwrap();
+    session
+        .generate_with(exec, model, input, params, |e| {
+            events.push(e.clone());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
     events
 }
 
 fn texts(events: &[Event]) -> Vec<String> {
-    events.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.clone()) } else { None }).collect()
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Text(t) = e {
+                Some(t.clone())
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 fn token_ids(events: &[Event]) -> Vec<u32> {
-    events.iter().filter_map(|e| if let Event::Token { id, .. } = e { Some(*id) } else { None }).collect()
+    events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Token { id, .. } = e {
+                Some(*id)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 fn finish(events: &[Event]) -> Finish {
@@ -125,17 +180,34 @@ fn split_utf8_characters_stream_whole() {
     let text = "Emoji 😀🎉 and 中文字 and é!";
     let ids = tok.encode(text, false, false).unwrap();
     // The test means something only if some token carries part of a character.
-    assert!(ids.iter().any(|&id| std::str::from_utf8(&tok.token_to_piece(id)).is_err()), "no split character in {ids:?}");
+    assert!(
+        ids.iter()
+            .any(|&id| std::str::from_utf8(&tok.token_to_piece(id)).is_err()),
+        "no split character in {ids:?}"
+    );
     let mut script = ids.clone();
     script.push(EOS);
     let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &script);
     let mut session = Session::new(&exec, 64).unwrap();
-    let events = collect(&mut session, &mut exec, &model, &Input::Ids(PROMPT.to_vec()), greedy(64));
+    let events = collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(PROMPT.to_vec()),
+        greedy(64),
+    );
     let pieces = texts(&events);
     assert_eq!(pieces.concat(), text);
     assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
-    assert!(pieces.len() < ids.len(), "tokens holding part of a character emit nothing: {pieces:?}");
-    assert_eq!(token_ids(&events), script, "every token is reported, the end-of-generation token too");
+    assert!(
+        pieces.len() < ids.len(),
+        "tokens holding part of a character emit nothing: {pieces:?}"
+    );
+    assert_eq!(
+        token_ids(&events),
+        script,
+        "every token is reported, the end-of-generation token too"
+    );
     let f = finish(&events);
     assert_eq!(f.reason, FinishReason::Stop);
     assert_eq!(f.usage.completion_tokens, script.len());
@@ -145,21 +217,38 @@ fn split_utf8_characters_stream_whole() {
 fn a_stop_string_is_held_back_and_never_emitted() {
     let model = smollm2();
     let tok = model.tokenizer().unwrap();
-    let ids = tok.encode("Sure thing.\nUser: and more text", false, false).unwrap();
+    let ids = tok
+        .encode("Sure thing.\nUser: and more text", false, false)
+        .unwrap();
     let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &ids);
     let mut session = Session::new(&exec, 64).unwrap();
-    let params = GenerateParams { stop: vec!["\nUser:".into()], ..greedy(64) };
-    let events = collect(&mut session, &mut exec, &model, &Input::Ids(PROMPT.to_vec()), params);
+    let params = GenerateParams {
+        stop: vec!["\nUser:".into()],
+        ..greedy(64)
+    };
+    let events = collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(PROMPT.to_vec()),
+        params,
+    );
     let pieces = texts(&events);
     let mut so_far = String::new();
     for p in &pieces {
         so_far += p;
-        assert!(!so_far.contains('\n'), "part of the stop string was emitted: {so_far:?}");
+        assert!(
+            !so_far.contains('\n'),
+            "part of the stop string was emitted: {so_far:?}"
+        );
     }
     assert_eq!(so_far, "Sure thing.");
     let f = finish(&events);
     assert_eq!(f.reason, FinishReason::StopString);
-    assert!(f.usage.completion_tokens < ids.len(), "generation ended at the stop string");
+    assert!(
+        f.usage.completion_tokens < ids.len(),
+        "generation ended at the stop string"
+    );
 }
 
 #[test]
@@ -170,15 +259,33 @@ fn limits_end_the_generation_with_their_reason() {
     // max_tokens
     let mut exec = Scripted::new(vocab, PROMPT.len(), &script);
     let mut session = Session::new(&exec, 64).unwrap();
-    let f = finish(&collect(&mut session, &mut exec, &model, &Input::Ids(PROMPT.to_vec()), greedy(5)));
-    assert_eq!((f.reason, f.usage.completion_tokens, f.usage.prompt_tokens), (FinishReason::Length, 5, 3));
+    let f = finish(&collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(PROMPT.to_vec()),
+        greedy(5),
+    ));
+    assert_eq!(
+        (f.reason, f.usage.completion_tokens, f.usage.prompt_tokens),
+        (FinishReason::Length, 5, 3)
+    );
     assert_eq!(f.reason.openai(), "length");
     // A full context is reported, not an error: 8 positions hold the prompt and 5 fed tokens,
     // and the 6th drawn token cannot be fed.
     let mut session = Session::new(&exec, 8).unwrap();
-    let events = collect(&mut session, &mut exec, &model, &Input::Ids(PROMPT.to_vec()), greedy(100));
+    let events = collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(PROMPT.to_vec()),
+        greedy(100),
+    );
     let f = finish(&events);
-    assert_eq!((f.reason, f.usage.completion_tokens), (FinishReason::ContextFull, 6));
+    assert_eq!(
+        (f.reason, f.usage.completion_tokens),
+        (FinishReason::ContextFull, 6)
+    );
     assert_eq!(token_ids(&events), script[..6]);
 }
 
@@ -191,14 +298,27 @@ fn cancelling_stops_within_a_token() {
     let mut session = Session::new(&exec, 64).unwrap();
     let mut seen = 0;
     let f = session
-        .generate_with(&mut exec, &model, &Input::Ids(PROMPT.to_vec()), greedy(50), |e| {
-            if matches!(e, Event::Token { .. }) {
-                seen += 1;
-            }
-            if seen == 3 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
-        })
+        .generate_with(
+            &mut exec,
+            &model,
+            &Input::Ids(PROMPT.to_vec()),
+            greedy(50),
+            |e| {
+                if matches!(e, Event::Token { .. }) {
+                    seen += 1;
+                }
+                if seen == 3 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        )
         .unwrap();
-    assert_eq!((f.reason, f.usage.completion_tokens), (FinishReason::Cancelled, 3));
+    assert_eq!(
+        (f.reason, f.usage.completion_tokens),
+        (FinishReason::Cancelled, 3)
+    );
     // One prefill pass and two single-token passes: nothing ran after the cancel.
     assert_eq!(*passes.lock().unwrap(), [3, 1, 1]);
 }
@@ -209,13 +329,26 @@ fn logprobs_come_from_the_logits() {
     let vocab = model.model.config.vocab_size;
     let mut exec = Scripted::new(vocab, PROMPT.len(), &[42, 43]);
     let mut session = Session::new(&exec, 64).unwrap();
-    let params = GenerateParams { logprobs: Some(3), ..greedy(2) };
-    let events = collect(&mut session, &mut exec, &model, &Input::Ids(PROMPT.to_vec()), params);
+    let params = GenerateParams {
+        logprobs: Some(3),
+        ..greedy(2)
+    };
+    let events = collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(PROMPT.to_vec()),
+        params,
+    );
     // One logit of 10, the rest 0.
     let want = 10.0 - ((10.0f64).exp() + (vocab - 1) as f64).ln();
     let mut n = 0;
     for e in &events {
-        if let Event::Token { id, logprob: Some(lp) } = e {
+        if let Event::Token {
+            id,
+            logprob: Some(lp),
+        } = e
+        {
             assert!((lp.logprob as f64 - want).abs() < 1e-4, "{lp:?}");
             assert_eq!(lp.top.len(), 3);
             assert_eq!(lp.top[0].0, *id);
@@ -232,30 +365,58 @@ fn a_prompt_extending_the_cache_prefills_only_the_suffix() {
     let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &script);
     let passes = exec.passes.clone();
     let mut session = Session::new(&exec, 64).unwrap();
-    collect(&mut session, &mut exec, &model, &Input::Ids(PROMPT.to_vec()), greedy(10));
+    collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(PROMPT.to_vec()),
+        greedy(10),
+    );
     // The session holds the prompt and the fed tokens (not the final EOS).
     assert_eq!(session.tokens(), [1, 504, 3575, 500, 501, 502]);
     passes.lock().unwrap().clear();
     let mut next = session.tokens().to_vec();
     next.extend([EOS, 7, 8]);
-    let events = collect(&mut session, &mut exec, &model, &Input::Ids(next.clone()), greedy(1));
+    let events = collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(next.clone()),
+        greedy(1),
+    );
     let f = finish(&events);
     assert_eq!(f.usage.cached_tokens, 6);
     assert_eq!(f.timings.prefilled_tokens, 3);
     assert_eq!(passes.lock().unwrap()[0], 3, "only the suffix was computed");
     // The same prompt again recomputes only its last token (its logits are needed).
-    let f = finish(&collect(&mut session, &mut exec, &model, &Input::Ids(next.clone()), greedy(1)));
+    let f = finish(&collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(next.clone()),
+        greedy(1),
+    ));
     assert_eq!(f.usage.cached_tokens, next.len() - 1);
     // A prompt that diverges early keeps only the common prefix.
-    let f = finish(&collect(&mut session, &mut exec, &model, &Input::Ids(vec![1, 504, 9, 9]), greedy(1)));
+    let f = finish(&collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(vec![1, 504, 9, 9]),
+        greedy(1),
+    ));
     assert_eq!(f.usage.cached_tokens, 2);
 }
 
 fn long_chat(turns: usize) -> Vec<Message> {
     let mut m = vec![Message::system("You are terse.")];
     for i in 0..turns {
-        m.push(Message::user(&format!("Question number {i}: tell me something about the number {i}.")));
-        m.push(Message::assistant(&format!("The number {i} is a number, and that is all there is to say about {i}.")));
+        m.push(Message::user(&format!(
+            "Question number {i}: tell me something about the number {i}."
+        )));
+        m.push(Message::assistant(&format!(
+            "The number {i} is a number, and that is all there is to say about {i}."
+        )));
     }
     m.push(Message::user("Last question: what is the last number?"));
     m
@@ -270,38 +431,85 @@ fn context_overflow_is_refused_or_reported() {
     let capacity = full / 2;
     let mut session = Session::new(&exec, capacity).unwrap();
 
-    let err = session.generate(&model, &Input::Messages(chat.clone()), greedy(16)).err().unwrap();
+    let err = session
+        .generate(&model, &Input::Messages(chat.clone()), greedy(16))
+        .err()
+        .unwrap();
     match err {
-        EngineError::ContextOverflow { prompt_tokens, capacity: c, dropped_messages } => {
+        EngineError::ContextOverflow {
+            prompt_tokens,
+            capacity: c,
+            dropped_messages,
+        } => {
             assert_eq!((prompt_tokens, c, dropped_messages), (full, capacity, 0))
         }
         other => panic!("expected an overflow, got {other}"),
     }
 
-    let params = GenerateParams { overflow: Overflow::DropOldestTurns, ..greedy(16) };
-    let generation = session.generate(&model, &Input::Messages(chat.clone()), params.clone()).unwrap();
+    let params = GenerateParams {
+        overflow: Overflow::DropOldestTurns,
+        ..greedy(16)
+    };
+    let generation = session
+        .generate(&model, &Input::Messages(chat.clone()), params.clone())
+        .unwrap();
     let prompt = generation.prompt().to_vec();
     drop(generation);
-    assert!(prompt.len() + 16 <= capacity, "{} + 16 > {capacity}", prompt.len());
+    assert!(
+        prompt.len() + 16 <= capacity,
+        "{} + 16 > {capacity}",
+        prompt.len()
+    );
     let text = model.tokenizer().unwrap().decode_lossy(&prompt);
-    assert!(text.contains("You are terse.") && text.contains("Last question"), "system and last turn stay: {text}");
-    assert!(!text.contains("Question number 0:"), "the oldest turn went first");
+    assert!(
+        text.contains("You are terse.") && text.contains("Last question"),
+        "system and last turn stay: {text}"
+    );
+    assert!(
+        !text.contains("Question number 0:"),
+        "the oldest turn went first"
+    );
     assert!(text.contains("Question number 9:"), "the newest turns stay");
     // Whole turns go: the count of dropped messages is even here and reported.
     let mut exec = Scripted::new(model.model.config.vocab_size, prompt.len(), &[EOS]);
-    let f = session.generate_with(&mut exec, &model, &Input::Messages(chat), params.clone(), |_| ControlFlow::Continue(())).unwrap();
-    assert!(f.usage.dropped_messages > 0 && f.usage.dropped_messages.is_multiple_of(2), "{:?}", f.usage);
+    let f = session
+        .generate_with(
+            &mut exec,
+            &model,
+            &Input::Messages(chat),
+            params.clone(),
+            |_| ControlFlow::Continue(()),
+        )
+        .unwrap();
+    assert!(
+        f.usage.dropped_messages > 0 && f.usage.dropped_messages.is_multiple_of(2),
+        "{:?}",
+        f.usage
+    );
     assert_eq!(f.usage.prompt_tokens, prompt.len());
 
     // A last turn that cannot fit by itself is refused, with what was dropped.
-    let huge = vec![Message::user("Q"), Message::assistant("A"), Message::user(&"word ".repeat(capacity))];
-    match session.generate(&model, &Input::Messages(huge), params).err().unwrap() {
-        EngineError::ContextOverflow { dropped_messages, .. } => assert_eq!(dropped_messages, 2),
+    let huge = vec![
+        Message::user("Q"),
+        Message::assistant("A"),
+        Message::user(&"word ".repeat(capacity)),
+    ];
+    match session
+        .generate(&model, &Input::Messages(huge), params)
+        .err()
+        .unwrap()
+    {
+        EngineError::ContextOverflow {
+            dropped_messages, ..
+        } => assert_eq!(dropped_messages, 2),
         other => panic!("expected an overflow, got {other}"),
     }
     // Other inputs cannot drop turns: refused.
     let ids = Input::Ids(vec![1; capacity]);
-    assert!(matches!(session.generate(&model, &ids, greedy(1)).err().unwrap(), EngineError::ContextOverflow { .. }));
+    assert!(matches!(
+        session.generate(&model, &ids, greedy(1)).err().unwrap(),
+        EngineError::ContextOverflow { .. }
+    ));
 }
 
 #[test]
@@ -310,10 +518,23 @@ fn bad_requests_are_clear_errors() {
     let vocab = model.model.config.vocab_size;
     let exec = Scripted::new(vocab, 0, &[]);
     let mut session = Session::new(&exec, 64).unwrap();
-    let err = |input: Input, params: GenerateParams, session: &mut Session| session.generate(&model, &input, params).err().unwrap().to_string();
+    let err = |input: Input, params: GenerateParams, session: &mut Session| {
+        session
+            .generate(&model, &input, params)
+            .err()
+            .unwrap()
+            .to_string()
+    };
     assert!(err(Input::Ids(vec![]), greedy(1), &mut session).contains("empty"));
-    assert!(err(Input::Ids(vec![vocab as u32]), greedy(1), &mut session).contains("outside the vocabulary"));
-    let bad = GenerateParams { sampling: SamplingParams { top_p: 2.0, ..SamplingParams::default() }, ..greedy(1) };
+    assert!(err(Input::Ids(vec![vocab as u32]), greedy(1), &mut session)
+        .contains("outside the vocabulary"));
+    let bad = GenerateParams {
+        sampling: SamplingParams {
+            top_p: 2.0,
+            ..SamplingParams::default()
+        },
+        ..greedy(1)
+    };
     assert!(err(Input::Ids(vec![1]), bad, &mut session).contains("top_p"));
     assert!(err(Input::Ids(vec![1]), greedy(0), &mut session).contains("max_tokens"));
 }

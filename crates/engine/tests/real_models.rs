@@ -5,15 +5,25 @@
 use std::ops::ControlFlow;
 
 use anelm_cpu::CpuExecutor;
-use anelm_engine::{Event, Finish, GenerateParams, Input, LoadedModel, Message, SamplingParams, Session};
+use anelm_engine::{
+    Event, Finish, GenerateParams, Input, LoadedModel, Message, SamplingParams, Session,
+};
 use anelm_model::Executor;
 use anelm_testkit::{model as model_path, GEMMA3, SMOLLM2};
 
 fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
-    std::sync::Arc::new(LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    std::sync::Arc::new(
+        LoadedModel::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
 }
 
-fn run(session: &mut Session, exec: &mut dyn Executor, model: &LoadedModel, input: &Input, params: GenerateParams) -> (Vec<u32>, String, Finish) {
+fn run(
+    session: &mut Session,
+    exec: &mut dyn Executor,
+    model: &LoadedModel,
+    input: &Input,
+    params: GenerateParams,
+) -> (Vec<u32>, String, Finish) {
     let (mut ids, mut text) = (Vec::new(), String::new());
     let finish = session
         .generate_with(exec, model, input, params, |e| {
@@ -29,11 +39,18 @@ fn run(session: &mut Session, exec: &mut dyn Executor, model: &LoadedModel, inpu
 }
 
 fn greedy(max_tokens: usize) -> GenerateParams {
-    GenerateParams { sampling: SamplingParams::greedy(), max_tokens, ..GenerateParams::default() }
+    GenerateParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        ..GenerateParams::default()
+    }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn prefix_reuse_equals_fresh(file: &str) {
@@ -41,22 +58,41 @@ fn prefix_reuse_equals_fresh(file: &str) {
     let mut exec = CpuExecutor::new(model.model.clone(), 0);
     let mut session = Session::new(&exec, 1024).unwrap();
     let mut chat = vec![Message::user("Write one sentence about the sea.")];
-    let (_, answer, first) = run(&mut session, &mut exec, &model, &Input::Messages(chat.clone()), greedy(12));
+    let (_, answer, first) = run(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Messages(chat.clone()),
+        greedy(12),
+    );
     assert_eq!(first.usage.cached_tokens, 0);
     chat.push(Message::assistant(&answer));
     chat.push(Message::user("Now one about the mountains."));
     let input = Input::Messages(chat);
 
-    let (cached_ids, cached_text, cached) = run(&mut session, &mut exec, &model, &input, greedy(16));
+    let (cached_ids, cached_text, cached) =
+        run(&mut session, &mut exec, &model, &input, greedy(16));
     let mut fresh_session = Session::new(&exec, 1024).unwrap();
-    let (fresh_ids, fresh_text, fresh) = run(&mut fresh_session, &mut exec, &model, &input, greedy(16));
+    let (fresh_ids, fresh_text, fresh) =
+        run(&mut fresh_session, &mut exec, &model, &input, greedy(16));
 
     // The second turn extends the first prompt: at least all of it came from the cache.
-    assert!(cached.usage.cached_tokens >= first.usage.prompt_tokens, "{:?} vs {:?}", cached.usage, first.usage);
-    assert_eq!(cached.timings.prefilled_tokens, cached.usage.prompt_tokens - cached.usage.cached_tokens);
+    assert!(
+        cached.usage.cached_tokens >= first.usage.prompt_tokens,
+        "{:?} vs {:?}",
+        cached.usage,
+        first.usage
+    );
+    assert_eq!(
+        cached.timings.prefilled_tokens,
+        cached.usage.prompt_tokens - cached.usage.cached_tokens
+    );
     assert_eq!(fresh.usage.cached_tokens, 0);
     assert_eq!(cached.usage.prompt_tokens, fresh.usage.prompt_tokens);
-    assert_eq!(cached_ids, fresh_ids, "{file}: {cached_text:?} vs {fresh_text:?}");
+    assert_eq!(
+        cached_ids, fresh_ids,
+        "{file}: {cached_text:?} vs {fresh_text:?}"
+    );
     assert_eq!(cached_text, fresh_text);
 
     // And the logits after the prompt agree (the cached keys and values came from
@@ -92,7 +128,14 @@ fn a_seed_reproduces_sampled_text() {
     let input = Input::Text("Once upon a time".into());
     let sample = |seed: u64, exec: &mut CpuExecutor| {
         let params = GenerateParams {
-            sampling: SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(seed), ..SamplingParams::default() },
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: Some(seed),
+                ..SamplingParams::default()
+            },
             max_tokens: 24,
             ..GenerateParams::default()
         };

@@ -5,8 +5,10 @@
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 
+use anelm_engine::{
+    Event, Finish, FinishReason, GenerateParams, Input, Message, Overflow, Session,
+};
 use anyhow::Result;
-use anelm_engine::{Event, Finish, FinishReason, GenerateParams, Input, Message, Overflow, Session};
 
 use super::common::ModelArgs;
 use super::run::SamplingArgs;
@@ -62,7 +64,10 @@ pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let template = loaded.chat_template()?;
     let mut exec = a.model.executor(&loaded)?;
-    let ctx = a.ctx.unwrap_or(DEFAULT_CTX).min(loaded.model.max_positions());
+    let ctx = a
+        .ctx
+        .unwrap_or(DEFAULT_CTX)
+        .min(loaded.model.max_positions());
     let mut session = Session::new(exec.as_ref(), ctx)?;
     let mut chat = Chat {
         system: a.system.clone(),
@@ -75,7 +80,10 @@ pub fn run(a: Args) -> Result<()> {
             ..GenerateParams::default()
         },
     };
-    chat.params.sampling.validate(loaded.model.config.vocab_size).map_err(anyhow::Error::msg)?;
+    chat.params
+        .sampling
+        .validate(loaded.model.config.vocab_size)
+        .map_err(anyhow::Error::msg)?;
     eprintln!(
         "anelm chat: {} ({}), context {ctx} tokens, template: {}. /help for commands.",
         loaded.model.config.name,
@@ -117,8 +125,13 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Runs a command; false means leave.
 fn command(cmd: &str, chat: &mut Chat, session: &mut Session) -> bool {
-    let (name, arg) = cmd.split_once(' ').map_or((cmd, ""), |(n, a)| (n, a.trim()));
-    let number = |what: &str| arg.parse::<f32>().map_err(|_| format!("/{what} needs a number, got '{arg}'"));
+    let (name, arg) = cmd
+        .split_once(' ')
+        .map_or((cmd, ""), |(n, a)| (n, a.trim()));
+    let number = |what: &str| {
+        arg.parse::<f32>()
+            .map_err(|_| format!("/{what} needs a number, got '{arg}'"))
+    };
     let result = match name {
         "quit" | "exit" => return false,
         "help" => Ok(HELP.to_string()),
@@ -129,7 +142,11 @@ fn command(cmd: &str, chat: &mut Chat, session: &mut Session) -> bool {
         }
         "system" => {
             chat.system = (!arg.is_empty()).then(|| arg.to_string());
-            Ok(if arg.is_empty() { "system message removed".into() } else { "system message set".into() })
+            Ok(if arg.is_empty() {
+                "system message removed".into()
+            } else {
+                "system message set".into()
+            })
         }
         "temp" => number("temp").and_then(|t| {
             let mut s = chat.params.sampling.clone();
@@ -171,7 +188,11 @@ fn answer(
         if let Event::Text(delta) = event {
             text.push_str(delta);
             // A closed terminal ends the answer.
-            if out.write_all(delta.as_bytes()).and_then(|()| out.flush()).is_err() {
+            if out
+                .write_all(delta.as_bytes())
+                .and_then(|()| out.flush())
+                .is_err()
+            {
                 return ControlFlow::Break(());
             }
         }
@@ -193,7 +214,10 @@ fn report(f: &Finish) {
         f.usage.cached_tokens
     );
     if f.usage.dropped_messages > 0 {
-        line += &format!(" | dropped the {} oldest messages to fit the context", f.usage.dropped_messages);
+        line += &format!(
+            " | dropped the {} oldest messages to fit the context",
+            f.usage.dropped_messages
+        );
     }
     match f.reason {
         FinishReason::Length => line += " | cut at --max-tokens",

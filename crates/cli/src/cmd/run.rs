@@ -3,9 +3,9 @@
 
 use std::io::Write;
 
-use anyhow::{bail, Context, Result};
 use anelm_engine::prompt::chat_ids;
 use anelm_engine::{Event, GenerateParams, Input, Message, SamplingParams, Session, TokenLogprob};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::common::{prompt_ids, ModelArgs};
@@ -46,11 +46,18 @@ pub struct SamplingArgs {
 }
 
 fn parse_bias(s: &str) -> Result<(u32, f32), String> {
-    let (id, bias) = s.split_once('=').ok_or_else(|| format!("'{s}': expected ID=BIAS"))?;
-    let id = id.trim().parse().map_err(|_| format!("'{id}' is not a token id"))?;
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}': expected ID=BIAS"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{id}' is not a token id"))?;
     let bias = match bias.trim() {
         "-inf" => f32::NEG_INFINITY,
-        b => b.parse().map_err(|_| format!("'{b}' is not a number (or -inf)"))?,
+        b => b
+            .parse()
+            .map_err(|_| format!("'{b}' is not a number (or -inf)"))?,
     };
     Ok((id, bias))
 }
@@ -151,25 +158,35 @@ pub fn run(a: Args) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let (mut ids, mut text, mut logprobs) = (Vec::new(), String::new(), Vec::new());
     let stream_text = !a.json && loaded.tokenizer.is_some();
-    let finish = session.generate_with(exec.as_mut(), &loaded, &Input::Ids(prompt.clone()), params, |event| {
-        match event {
-            Event::Token { id, logprob } => {
-                ids.push(*id);
-                if let Some(TokenLogprob { logprob, top }) = logprob {
-                    logprobs.push(LogprobJson { id: *id, logprob: *logprob, top: top.clone() });
+    let finish = session.generate_with(
+        exec.as_mut(),
+        &loaded,
+        &Input::Ids(prompt.clone()),
+        params,
+        |event| {
+            match event {
+                Event::Token { id, logprob } => {
+                    ids.push(*id);
+                    if let Some(TokenLogprob { logprob, top }) = logprob {
+                        logprobs.push(LogprobJson {
+                            id: *id,
+                            logprob: *logprob,
+                            top: top.clone(),
+                        });
+                    }
                 }
-            }
-            Event::Text(delta) => {
-                text.push_str(delta);
-                if stream_text {
-                    let _ = stdout.write_all(delta.as_bytes());
-                    let _ = stdout.flush();
+                Event::Text(delta) => {
+                    text.push_str(delta);
+                    if stream_text {
+                        let _ = stdout.write_all(delta.as_bytes());
+                        let _ = stdout.flush();
+                    }
                 }
+                Event::Finish(_) => {}
             }
-            Event::Finish(_) => {}
-        }
-        std::ops::ControlFlow::Continue(())
-    })?;
+            std::ops::ControlFlow::Continue(())
+        },
+    )?;
     tracing::info!(
         reason = finish.reason.as_str(),
         seed = finish.seed,

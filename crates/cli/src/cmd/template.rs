@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
 use anelm_engine::{Message, RenderOptions};
+use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::common::ModelArgs;
@@ -23,12 +23,16 @@ pub struct Args {
 
 /// The messages (and tools) of a file, with errors that name it.
 fn read_messages(path: &Path) -> Result<(Vec<Message>, Option<Vec<Value>>)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let json: Value = serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
     let (messages, tools) = match json {
         Value::Array(_) => (json, None),
         Value::Object(mut o) => {
-            let messages = o.remove("messages").with_context(|| format!("{}: no \"messages\" array", path.display()))?;
+            let messages = o
+                .remove("messages")
+                .with_context(|| format!("{}: no \"messages\" array", path.display()))?;
             let tools = match o.remove("tools") {
                 None | Some(Value::Null) => None,
                 Some(Value::Array(t)) => Some(t),
@@ -36,10 +40,17 @@ fn read_messages(path: &Path) -> Result<(Vec<Message>, Option<Vec<Value>>)> {
             };
             (messages, tools)
         }
-        _ => bail!("{}: expected a messages array or an object with \"messages\"", path.display()),
+        _ => bail!(
+            "{}: expected a messages array or an object with \"messages\"",
+            path.display()
+        ),
     };
-    let messages: Vec<Message> = serde_json::from_value(messages)
-        .with_context(|| format!("{}: each message needs a \"role\" (and usually \"content\")", path.display()))?;
+    let messages: Vec<Message> = serde_json::from_value(messages).with_context(|| {
+        format!(
+            "{}: each message needs a \"role\" (and usually \"content\")",
+            path.display()
+        )
+    })?;
     if messages.is_empty() {
         bail!("{}: the conversation is empty", path.display());
     }
@@ -51,7 +62,10 @@ pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let template = loaded.chat_template()?;
     tracing::info!("template: {}", template.origin());
-    let opts = RenderOptions { add_generation_prompt: !a.no_generation_prompt, tools };
+    let opts = RenderOptions {
+        add_generation_prompt: !a.no_generation_prompt,
+        tools,
+    };
     print!("{}", template.render(&messages, &opts)?);
     Ok(())
 }

@@ -35,7 +35,11 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Message {
-        Message { role: role.into(), content: content.into(), extra: serde_json::Map::new() }
+        Message {
+            role: role.into(),
+            content: content.into(),
+            extra: serde_json::Map::new(),
+        }
     }
     pub fn system(content: &str) -> Message {
         Message::new("system", content)
@@ -139,17 +143,27 @@ impl ChatTemplate {
         eos_token: Option<String>,
     ) -> Result<ChatTemplate, ChatTemplateError> {
         let mut env = Environment::new();
-        let syntax = SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
-        let syntax = syntax.map_err(|e| ChatTemplateError::Syntax { origin: origin.clone(), msg: e.to_string() })?;
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build();
+        let syntax = syntax.map_err(|e| ChatTemplateError::Syntax {
+            origin: origin.clone(),
+            msg: e.to_string(),
+        })?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("{RAISED}{msg}"),
+            ))
         });
         env.add_function("strftime_now", |format: String| -> Result<Value, Error> {
             let now = jiff::Zoned::now();
-            let text = jiff::fmt::strtime::format(&format, &now)
-                .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}")))?;
+            let text = jiff::fmt::strtime::format(&format, &now).map_err(|e| {
+                Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}"))
+            })?;
             Ok(Value::from(text))
         });
         env.add_filter("tojson", pyjson::tojson);
@@ -157,17 +171,30 @@ impl ChatTemplate {
         env.add_filter("string", pystr::string);
         env.set_formatter(pystr::format);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
-            .map_err(|e| ChatTemplateError::Syntax { origin: origin.clone(), msg: describe(&e) })?;
-        Ok(ChatTemplate { env, origin, bos_token, eos_token })
+            .map_err(|e| ChatTemplateError::Syntax {
+                origin: origin.clone(),
+                msg: describe(&e),
+            })?;
+        Ok(ChatTemplate {
+            env,
+            origin,
+            bos_token,
+            eos_token,
+        })
     }
 
     /// A family's built-in template; the model's own special-token strings win where it has
     /// a tokenizer to take them from.
-    pub fn builtin(t: BuiltinTemplate, bos_token: Option<String>, eos_token: Option<String>) -> ChatTemplate {
+    pub fn builtin(
+        t: BuiltinTemplate,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> ChatTemplate {
         let bos = bos_token.or(t.bos_token.map(str::to_string));
         let eos = eos_token.or(t.eos_token.map(str::to_string));
         // The built-in sources are fixed and tested; a failure here is a bug in this crate.
-        ChatTemplate::new(t.source, TemplateOrigin::Builtin(t.name), bos, eos).expect("built-in chat templates compile")
+        ChatTemplate::new(t.source, TemplateOrigin::Builtin(t.name), bos, eos)
+            .expect("built-in chat templates compile")
     }
 
     pub fn origin(&self) -> &TemplateOrigin {
@@ -183,9 +210,16 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation.
-    pub fn render(&self, messages: &[Message], opts: &RenderOptions) -> Result<String, ChatTemplateError> {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        opts: &RenderOptions,
+    ) -> Result<String, ChatTemplateError> {
         let to_value = |json: serde_json::Value| {
-            Value::deserialize(json).map_err(|e| ChatTemplateError::Render { origin: self.origin.clone(), msg: e.to_string() })
+            Value::deserialize(json).map_err(|e| ChatTemplateError::Render {
+                origin: self.origin.clone(),
+                msg: e.to_string(),
+            })
         };
         let messages = to_value(messages.iter().map(Message::to_template_value).collect())?;
         let tools = match &opts.tools {
@@ -196,7 +230,10 @@ impl ChatTemplate {
             ("messages", messages),
             ("tools", tools),
             ("documents", Value::from(())),
-            ("add_generation_prompt", Value::from(opts.add_generation_prompt)),
+            (
+                "add_generation_prompt",
+                Value::from(opts.add_generation_prompt),
+            ),
         ]);
         if let Some(b) = &self.bos_token {
             ctx.insert("bos_token", Value::from(b.as_str()));
@@ -205,15 +242,24 @@ impl ChatTemplate {
             ctx.insert("eos_token", Value::from(e.as_str()));
         }
         let ctx = Value::from_object(ctx);
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| self.render_error(&e))?;
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| self.render_error(&e))?;
         tmpl.render(ctx).map_err(|e| self.render_error(&e))
     }
 
     fn render_error(&self, e: &Error) -> ChatTemplateError {
         let origin = self.origin.clone();
         match e.detail().and_then(|d| d.strip_prefix(RAISED)) {
-            Some(msg) => ChatTemplateError::Raised { origin, msg: msg.to_string() },
-            None => ChatTemplateError::Render { origin, msg: describe(e) },
+            Some(msg) => ChatTemplateError::Raised {
+                origin,
+                msg: msg.to_string(),
+            },
+            None => ChatTemplateError::Render {
+                origin,
+                msg: describe(e),
+            },
         }
     }
 }

@@ -20,7 +20,8 @@ pub fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         Some(v) if v.is_none() => None,
         Some(v) => Some(match v.as_str() {
             Some(s) => s.to_string(),
-            None => " ".repeat(usize::try_from(v).map_err(|_| bad("indent must be a count or a string"))?),
+            None => " "
+                .repeat(usize::try_from(v).map_err(|_| bad("indent must be a count or a string"))?),
         }),
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
@@ -64,7 +65,9 @@ fn write_value(out: &mut String, v: &Value, style: &Style, depth: usize) -> Resu
         ValueKind::String => write_string(out, v.as_str().unwrap_or_default(), style.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
-            write_container(out, style, depth, '[', ']', &items, |out, item, depth| write_value(out, item, style, depth))?;
+            write_container(out, style, depth, '[', ']', &items, |out, item, depth| {
+                write_value(out, item, style, depth)
+            })?;
         }
         ValueKind::Map => {
             let mut entries = Vec::new();
@@ -75,17 +78,30 @@ fn write_value(out: &mut String, v: &Value, style: &Style, depth: usize) -> Resu
             if style.sort_keys {
                 entries.sort_by_key(|e| e.0.to_string());
             }
-            write_container(out, style, depth, '{', '}', &entries, |out, (key, val), depth| {
-                match key.as_str() {
-                    Some(s) => write_string(out, s, style.ensure_ascii),
-                    // Python turns non-string keys into strings.
-                    None => write_string(out, &key.to_string(), style.ensure_ascii),
-                }
-                out.push_str(&style.key_sep);
-                write_value(out, val, style, depth)
-            })?;
+            write_container(
+                out,
+                style,
+                depth,
+                '{',
+                '}',
+                &entries,
+                |out, (key, val), depth| {
+                    match key.as_str() {
+                        Some(s) => write_string(out, s, style.ensure_ascii),
+                        // Python turns non-string keys into strings.
+                        None => write_string(out, &key.to_string(), style.ensure_ascii),
+                    }
+                    out.push_str(&style.key_sep);
+                    write_value(out, val, style, depth)
+                },
+            )?;
         }
-        _ => return Err(bad(&format!("cannot serialize a value of kind {}", v.kind()))),
+        _ => {
+            return Err(bad(&format!(
+                "cannot serialize a value of kind {}",
+                v.kind()
+            )))
+        }
     }
     Ok(())
 }
@@ -133,13 +149,19 @@ pub fn python_float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     // `{:e}` gives the shortest round-trip digits: "-1.2345e-7".
     let sci = format!("{f:e}");
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let (sign, mantissa) = mantissa
+        .strip_prefix('-')
+        .map_or(("", mantissa), |m| ("-", m));
     let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
     if (-4..16).contains(&exp) {
         let point = exp + 1;
@@ -148,11 +170,19 @@ pub fn python_float_repr(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{body}")
     } else {
-        let frac = if digits.len() > 1 { format!(".{}", &digits[1..]) } else { String::new() };
+        let frac = if digits.len() > 1 {
+            format!(".{}", &digits[1..])
+        } else {
+            String::new()
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{}{frac}e{esign}{:02}", &digits[..1], exp.abs())
     }

@@ -23,10 +23,15 @@ fn py_repr(v: &Value) -> String {
         ValueKind::Undefined => String::new(),
         ValueKind::None => "None".into(),
         ValueKind::Bool => if v.is_true() { "True" } else { "False" }.into(),
-        ValueKind::Number if !v.is_integer() => f64::try_from(v.clone()).map_or_else(|_| v.to_string(), python_float_repr),
+        ValueKind::Number if !v.is_integer() => {
+            f64::try_from(v.clone()).map_or_else(|_| v.to_string(), python_float_repr)
+        }
         ValueKind::String => repr_str(v.as_str().unwrap_or_default()),
         ValueKind::Seq | ValueKind::Iterable => match v.try_iter() {
-            Ok(items) => format!("[{}]", items.map(|i| py_repr(&i)).collect::<Vec<_>>().join(", ")),
+            Ok(items) => format!(
+                "[{}]",
+                items.map(|i| py_repr(&i)).collect::<Vec<_>>().join(", ")
+            ),
             Err(_) => v.to_string(),
         },
         ValueKind::Map => match v.try_iter() {
@@ -47,7 +52,11 @@ fn py_repr(v: &Value) -> String {
 
 /// Python's string repr: single quotes unless the text has `'` and no `"`.
 fn repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -60,7 +69,9 @@ fn repr_str(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -83,7 +94,11 @@ pub fn string(v: &Value) -> String {
 }
 
 /// The environment's formatter: how `{{ value }}` prints.
-pub fn format(out: &mut minijinja::Output, _state: &mut minijinja::State, v: &Value) -> Result<(), Error> {
+pub fn format(
+    out: &mut minijinja::Output,
+    _state: &mut minijinja::State,
+    v: &Value,
+) -> Result<(), Error> {
     out.write_str(&py_str(v)).map_err(Error::from)
 }
 
@@ -93,8 +108,14 @@ mod tests {
 
     #[test]
     fn prints_as_python() {
-        let v: Value = Value::deserialize(serde_json::json!([{"type": "text", "text": "it's"}, null, true, 1, 2.5, "a\"b"])).unwrap();
-        assert_eq!(py_str(&v), r#"[{'type': 'text', 'text': "it's"}, None, True, 1, 2.5, 'a"b']"#);
+        let v: Value = Value::deserialize(
+            serde_json::json!([{"type": "text", "text": "it's"}, null, true, 1, 2.5, "a\"b"]),
+        )
+        .unwrap();
+        assert_eq!(
+            py_str(&v),
+            r#"[{'type': 'text', 'text': "it's"}, None, True, 1, 2.5, 'a"b']"#
+        );
         assert_eq!(py_str(&Value::from(1.0f64)), "1.0");
         assert_eq!(trim(&Value::from("  x \n"), None), "x");
         assert_eq!(trim(&Value::from("xxaxx"), Some("x".into())), "a");

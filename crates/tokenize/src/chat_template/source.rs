@@ -12,10 +12,18 @@ use super::{ChatTemplateError, TemplateOrigin};
 const GGUF_KEY: &str = "tokenizer.chat_template";
 
 /// `tokenizer.chat_template` of a GGUF file, if present.
-pub fn gguf_chat_template(meta: &Metadata) -> Result<Option<(String, TemplateOrigin)>, ChatTemplateError> {
-    let file_error = |msg: String| ChatTemplateError::File { path: meta.path().to_path_buf(), msg };
+pub fn gguf_chat_template(
+    meta: &Metadata,
+) -> Result<Option<(String, TemplateOrigin)>, ChatTemplateError> {
+    let file_error = |msg: String| ChatTemplateError::File {
+        path: meta.path().to_path_buf(),
+        msg,
+    };
     match meta.str_opt(GGUF_KEY) {
-        Ok(Some(s)) => Ok(Some((s.to_string(), TemplateOrigin::Gguf(meta.path().to_path_buf())))),
+        Ok(Some(s)) => Ok(Some((
+            s.to_string(),
+            TemplateOrigin::Gguf(meta.path().to_path_buf()),
+        ))),
         Ok(None) => Ok(None),
         Err(e) => Err(file_error(format!("metadata key '{GGUF_KEY}': {e}"))),
     }
@@ -32,8 +40,10 @@ pub fn hf_chat_template(dir: &Path) -> Result<Option<(String, TemplateOrigin)>, 
     for name in ["chat_template.json", "tokenizer_config.json"] {
         let path = dir.join(name);
         let Some(text) = read(&path)? else { continue };
-        let json: Value = serde_json::from_str(&text)
-            .map_err(|e| ChatTemplateError::File { path: path.clone(), msg: format!("invalid JSON: {e}") })?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| ChatTemplateError::File {
+            path: path.clone(),
+            msg: format!("invalid JSON: {e}"),
+        })?;
         if let Some(t) = template_field(&path, json.get("chat_template"))? {
             return Ok(Some((t, TemplateOrigin::HfFile(path))));
         }
@@ -45,18 +55,29 @@ fn read(path: &Path) -> Result<Option<String>, ChatTemplateError> {
     match std::fs::read_to_string(path) {
         Ok(t) => Ok(Some(t)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ChatTemplateError::File { path: path.to_path_buf(), msg: e.to_string() }),
+        Err(e) => Err(ChatTemplateError::File {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        }),
     }
 }
 
 fn template_field(path: &Path, v: Option<&Value>) -> Result<Option<String>, ChatTemplateError> {
-    let bad = |msg: &str| ChatTemplateError::File { path: path.to_path_buf(), msg: format!("chat_template: {msg}") };
+    let bad = |msg: &str| ChatTemplateError::File {
+        path: path.to_path_buf(),
+        msg: format!("chat_template: {msg}"),
+    };
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Array(named)) => {
-            let default = named.iter().find(|t| t.get("name").and_then(Value::as_str) == Some("default"));
-            match default.and_then(|t| t.get("template")).and_then(Value::as_str) {
+            let default = named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"));
+            match default
+                .and_then(|t| t.get("template"))
+                .and_then(Value::as_str)
+            {
                 Some(s) => Ok(Some(s.to_string())),
                 None => Err(bad("a list of named templates without a 'default' one")),
             }

@@ -1,7 +1,13 @@
 use super::*;
 
 fn template(source: &str) -> ChatTemplate {
-    ChatTemplate::new(source, TemplateOrigin::Builtin("test"), Some("<s>".into()), Some("</s>".into())).unwrap()
+    ChatTemplate::new(
+        source,
+        TemplateOrigin::Builtin("test"),
+        Some("<s>".into()),
+        Some("</s>".into()),
+    )
+    .unwrap()
 }
 
 fn render(source: &str, messages: &[Message]) -> Result<String, ChatTemplateError> {
@@ -16,28 +22,42 @@ fn py(encoded: &str) -> String {
 const TOOL: &str = r#"{"name": "get_weather", "description": "Temp in \"°C\" <now> & \\ tab\t", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "default": 3}, "ratio": {"type": "number", "default": 0.25}}, "required": ["city"], "empty": {}, "none": []}, "emoji": "😀", "null": null, "flag": true}"#;
 
 fn tool_options() -> RenderOptions {
-    RenderOptions { add_generation_prompt: false, tools: Some(vec![serde_json::from_str(TOOL).unwrap()]) }
+    RenderOptions {
+        add_generation_prompt: false,
+        tools: Some(vec![serde_json::from_str(TOOL).unwrap()]),
+    }
 }
 
 #[test]
 fn tojson_is_python_json_dumps() {
     // Expected strings: Python 3.11 json.dumps on the same object.
     let t = template("{{ tools[0] | tojson }}");
-    let want = py(r#""{\"name\": \"get_weather\", \"description\": \"Temp in \\\"\u00b0C\\\" <now> & \\\\ tab\\t\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"default\": 3}, \"ratio\": {\"type\": \"number\", \"default\": 0.25}}, \"required\": [\"city\"], \"empty\": {}, \"none\": []}, \"emoji\": \"\ud83d\ude00\", \"null\": null, \"flag\": true}""#);
+    let want = py(
+        r#""{\"name\": \"get_weather\", \"description\": \"Temp in \\\"\u00b0C\\\" <now> & \\\\ tab\\t\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"default\": 3}, \"ratio\": {\"type\": \"number\", \"default\": 0.25}}, \"required\": [\"city\"], \"empty\": {}, \"none\": []}, \"emoji\": \"\ud83d\ude00\", \"null\": null, \"flag\": true}""#,
+    );
     assert_eq!(t.render(&[], &tool_options()).unwrap(), want);
 
     let t = template("{{ tools[0].parameters | tojson(indent=2, sort_keys=true) }}");
-    let want = py(r#""{\n  \"empty\": {},\n  \"none\": [],\n  \"properties\": {\n    \"city\": {\n      \"type\": \"string\"\n    },\n    \"days\": {\n      \"default\": 3,\n      \"type\": \"integer\"\n    },\n    \"ratio\": {\n      \"default\": 0.25,\n      \"type\": \"number\"\n    }\n  },\n  \"required\": [\n    \"city\"\n  ],\n  \"type\": \"object\"\n}""#);
+    let want = py(
+        r#""{\n  \"empty\": {},\n  \"none\": [],\n  \"properties\": {\n    \"city\": {\n      \"type\": \"string\"\n    },\n    \"days\": {\n      \"default\": 3,\n      \"type\": \"integer\"\n    },\n    \"ratio\": {\n      \"default\": 0.25,\n      \"type\": \"number\"\n    }\n  },\n  \"required\": [\n    \"city\"\n  ],\n  \"type\": \"object\"\n}""#,
+    );
     assert_eq!(t.render(&[], &tool_options()).unwrap(), want);
 
     let t = template("{{ tools[0] | tojson(ensure_ascii=true) }}");
-    let want = py(r#""{\"name\": \"get_weather\", \"description\": \"Temp in \\\"\\u00b0C\\\" <now> & \\\\ tab\\t\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"default\": 3}, \"ratio\": {\"type\": \"number\", \"default\": 0.25}}, \"required\": [\"city\"], \"empty\": {}, \"none\": []}, \"emoji\": \"\\ud83d\\ude00\", \"null\": null, \"flag\": true}""#);
+    let want = py(
+        r#""{\"name\": \"get_weather\", \"description\": \"Temp in \\\"\\u00b0C\\\" <now> & \\\\ tab\\t\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"default\": 3}, \"ratio\": {\"type\": \"number\", \"default\": 0.25}}, \"required\": [\"city\"], \"empty\": {}, \"none\": []}, \"emoji\": \"\\ud83d\\ude00\", \"null\": null, \"flag\": true}""#,
+    );
     assert_eq!(t.render(&[], &tool_options()).unwrap(), want);
 
     let t = template("{{ tools | tojson(separators=[',', ':']) }}");
     let out = t.render(&[], &tool_options()).unwrap();
-    assert!(out.starts_with(r#"[{"name":"get_weather","description":"#), "{out}");
-    assert!(template("{{ tools | tojson(bogus=1) }}").render(&[], &tool_options()).is_err());
+    assert!(
+        out.starts_with(r#"[{"name":"get_weather","description":"#),
+        "{out}"
+    );
+    assert!(template("{{ tools | tojson(bogus=1) }}")
+        .render(&[], &tool_options())
+        .is_err());
 }
 
 #[test]
@@ -49,12 +69,22 @@ fn whitespace_control_is_transformers() {
 
 #[test]
 fn raise_exception_is_a_refusal_with_its_message() {
-    let err = render("{{ raise_exception('Only user and assistant roles are supported!') }}", &[]).unwrap_err();
+    let err = render(
+        "{{ raise_exception('Only user and assistant roles are supported!') }}",
+        &[],
+    )
+    .unwrap_err();
     match err {
-        ChatTemplateError::Raised { msg, .. } => assert_eq!(msg, "Only user and assistant roles are supported!"),
+        ChatTemplateError::Raised { msg, .. } => {
+            assert_eq!(msg, "Only user and assistant roles are supported!")
+        }
         other => panic!("expected a refusal, got {other}"),
     }
-    let err = render("{{ messages[0].content.nosuchmethod() }}", &[Message::user("x")]).unwrap_err();
+    let err = render(
+        "{{ messages[0].content.nosuchmethod() }}",
+        &[Message::user("x")],
+    )
+    .unwrap_err();
     assert!(matches!(err, ChatTemplateError::Render { .. }), "{err}");
 }
 
@@ -63,7 +93,10 @@ fn python_string_and_dict_methods() {
     let src = "{{ messages[0].content.strip().upper() }}|{{ 'a,b'.split(',') | join('+') }}|\
                {{ messages[0].content.startswith(' he') }}|{% for k, v in {'x': 1}.items() %}{{ k }}={{ v }}{% endfor %}|\
                {{ 'abc'.replace('b', 'B') }}|{{ '  q'.lstrip() }}";
-    assert_eq!(render(src, &[Message::user(" hello ")]).unwrap(), "HELLO|a+b|True|x=1|aBc|q");
+    assert_eq!(
+        render(src, &[Message::user(" hello ")]).unwrap(),
+        "HELLO|a+b|True|x=1|aBc|q"
+    );
 }
 
 #[test]
@@ -81,34 +114,71 @@ fn variables_match_apply_chat_template() {
     // tools and documents are defined as none; special tokens are the given strings.
     let mut call = Message::new("assistant", "");
     call.content = serde_json::Value::Null;
-    call.extra.insert("tool_calls".into(), serde_json::json!([{"function": {"name": "f", "arguments": {"b": 1, "a": 2}}}]));
+    call.extra.insert(
+        "tool_calls".into(),
+        serde_json::json!([{"function": {"name": "f", "arguments": {"b": 1, "a": 2}}}]),
+    );
     let src = "{{ bos_token }}{{ messages[0].content is defined }} {{ messages[0].tool_calls[0].function.arguments | tojson }} \
                {{ tools is none }} {{ documents is none }} {{ add_generation_prompt }}{{ eos_token }}";
     let t = template(src);
-    let opts = RenderOptions { add_generation_prompt: true, tools: None };
-    assert_eq!(t.render(&[call], &opts).unwrap(), "<s>False {\"b\": 1, \"a\": 2} True True True</s>");
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        tools: None,
+    };
+    assert_eq!(
+        t.render(&[call], &opts).unwrap(),
+        "<s>False {\"b\": 1, \"a\": 2} True True True</s>"
+    );
     // Unset special tokens stay undefined.
-    let t = ChatTemplate::new("[{{ bos_token }}]{{ bos_token is defined }}", TemplateOrigin::Builtin("t"), None, None).unwrap();
+    let t = ChatTemplate::new(
+        "[{{ bos_token }}]{{ bos_token is defined }}",
+        TemplateOrigin::Builtin("t"),
+        None,
+        None,
+    )
+    .unwrap();
     assert_eq!(t.render(&[], &RenderOptions::default()).unwrap(), "[]False");
 }
 
 #[test]
 fn syntax_errors_name_the_origin() {
     let path = PathBuf::from("/models/x.gguf");
-    let err = ChatTemplate::new("{% for %}", TemplateOrigin::Gguf(path), None, None).err().unwrap();
+    let err = ChatTemplate::new("{% for %}", TemplateOrigin::Gguf(path), None, None)
+        .err()
+        .unwrap();
     let text = err.to_string();
     assert!(matches!(err, ChatTemplateError::Syntax { .. }));
-    assert!(text.contains("/models/x.gguf") && text.contains("does not parse"), "{text}");
+    assert!(
+        text.contains("/models/x.gguf") && text.contains("does not parse"),
+        "{text}"
+    );
 }
 
 #[test]
 fn every_builtin_template_renders_a_conversation() {
-    let chat = [Message::user("Hi"), Message::assistant("Hello"), Message::user("Bye")];
-    for family in ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gpt2"] {
+    let chat = [
+        Message::user("Hi"),
+        Message::assistant("Hello"),
+        Message::user("Bye"),
+    ];
+    for family in [
+        "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gpt2",
+    ] {
         let b = builtin_template(family).unwrap();
         let t = ChatTemplate::builtin(b, None, None);
-        let out = t.render(&chat, &RenderOptions { add_generation_prompt: true, tools: None }).unwrap();
-        assert!(out.contains("Hi") && out.contains("Hello") && out.contains("Bye"), "{family}: {out}");
+        let out = t
+            .render(
+                &chat,
+                &RenderOptions {
+                    add_generation_prompt: true,
+                    tools: None,
+                },
+            )
+            .unwrap();
+        assert!(
+            out.contains("Hi") && out.contains("Hello") && out.contains("Bye"),
+            "{family}: {out}"
+        );
     }
     assert!(builtin_template("bert").is_none());
 }
@@ -119,7 +189,10 @@ fn messages_parse_from_openai_json() {
                    {"role": "tool", "content": "42", "tool_call_id": "c1"}]"#;
     let msgs: Vec<Message> = serde_json::from_str(json).unwrap();
     assert_eq!(msgs[0].text(), "ab");
-    assert_eq!(msgs[1].extra.get("tool_call_id").and_then(|v| v.as_str()), Some("c1"));
+    assert_eq!(
+        msgs[1].extra.get("tool_call_id").and_then(|v| v.as_str()),
+        Some("c1")
+    );
 }
 
 #[test]
@@ -129,15 +202,28 @@ fn hf_template_files_are_found_in_transformers_order() {
     let cfg = dir.path().join("tokenizer_config.json");
     std::fs::write(&cfg, r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#).unwrap();
     let (src, origin) = hf_chat_template(dir.path()).unwrap().unwrap();
-    assert_eq!((src.as_str(), origin), ("D", TemplateOrigin::HfFile(cfg.clone())));
+    assert_eq!(
+        (src.as_str(), origin),
+        ("D", TemplateOrigin::HfFile(cfg.clone()))
+    );
     std::fs::write(dir.path().join("chat_template.jinja"), "J").unwrap();
     assert_eq!(hf_chat_template(dir.path()).unwrap().unwrap().0, "J");
     std::fs::remove_file(dir.path().join("chat_template.jinja")).unwrap();
 
-    std::fs::write(&cfg, r#"{"chat_template": [{"name": "tool_use", "template": "T"}]}"#).unwrap();
+    std::fs::write(
+        &cfg,
+        r#"{"chat_template": [{"name": "tool_use", "template": "T"}]}"#,
+    )
+    .unwrap();
     let err = hf_chat_template(dir.path()).unwrap_err().to_string();
-    assert!(err.contains("tokenizer_config.json") && err.contains("default"), "{err}");
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("default"),
+        "{err}"
+    );
     std::fs::write(&cfg, "{not json").unwrap();
     let err = hf_chat_template(dir.path()).unwrap_err().to_string();
-    assert!(err.contains("tokenizer_config.json") && err.contains("invalid JSON"), "{err}");
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("invalid JSON"),
+        "{err}"
+    );
 }
