@@ -83,7 +83,7 @@ pub fn chat_ids(model: &LoadedModel, msgs: &[Message]) -> Result<Vec<u32>> {
         msgs,
         &RenderOptions {
             add_generation_prompt: true,
-            tools: None,
+            ..RenderOptions::default()
         },
     )?;
     Ok(model.tokenizer()?.encode(&text, false, true)?)

@@ -73,7 +73,7 @@ fn check(case: &str, model: PathBuf) {
         let messages: Vec<Message> = serde_json::from_value(conversations[name].clone()).unwrap();
         let opts = RenderOptions {
             add_generation_prompt: r["add_generation_prompt"].as_bool().unwrap(),
-            tools: None,
+            ..RenderOptions::default()
         };
         let got = template.render(&messages, &opts);
         let what = format!(

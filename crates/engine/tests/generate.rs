@@ -12,7 +12,7 @@ use anelm_engine::{
     Overflow, SamplingParams, Session,
 };
 use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{model as model_path, SMOLLM2};
+use anelm_testkit::{model as model_path, GEMMA3, SMOLLM2};
 
 fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
     std::sync::Arc::new(
@@ -173,20 +173,21 @@ fn finish(events: &[Event]) -> Finish {
 const PROMPT: [u32; 3] = [1, 504, 3575];
 const EOS: u32 = 2;
 
-#[test]
-fn split_utf8_characters_stream_whole() {
-    let model = smollm2();
+/// Streams `text` (scripted token by token) through a generation with `file`'s tokenizer.
+fn split_characters_stream_whole(file: &str) {
+    let model = load(&model_path(file));
     let tok = model.tokenizer().unwrap();
-    let text = "Emoji 😀🎉 and 中文字 and é!";
+    let text = "Emoji 😀🎉 and 中文字 and é! 𠜎𠜱 🫠";
     let ids = tok.encode(text, false, false).unwrap();
     // The test means something only if some token carries part of a character.
     assert!(
         ids.iter()
             .any(|&id| std::str::from_utf8(&tok.token_to_piece(id)).is_err()),
-        "no split character in {ids:?}"
+        "{file}: no split character in {ids:?}"
     );
+    let eos = tok.eos().unwrap();
     let mut script = ids.clone();
-    script.push(EOS);
+    script.push(eos);
     let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &script);
     let mut session = Session::new(&exec, 64).unwrap();
     let events = collect(
@@ -197,11 +198,14 @@ fn split_utf8_characters_stream_whole() {
         greedy(64),
     );
     let pieces = texts(&events);
-    assert_eq!(pieces.concat(), text);
-    assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
+    assert_eq!(pieces.concat(), text, "{file}");
+    assert!(
+        pieces.iter().all(|p| !p.contains('\u{FFFD}')),
+        "{file}: {pieces:?}"
+    );
     assert!(
         pieces.len() < ids.len(),
-        "tokens holding part of a character emit nothing: {pieces:?}"
+        "{file}: tokens holding part of a character emit nothing: {pieces:?}"
     );
     assert_eq!(
         token_ids(&events),
@@ -211,6 +215,16 @@ fn split_utf8_characters_stream_whole() {
     let f = finish(&events);
     assert_eq!(f.reason, FinishReason::Stop);
     assert_eq!(f.usage.completion_tokens, script.len());
+}
+
+#[test]
+fn split_utf8_characters_stream_whole_smollm2() {
+    split_characters_stream_whole(SMOLLM2);
+}
+
+#[test]
+fn split_utf8_characters_stream_whole_gemma3() {
+    split_characters_stream_whole(GEMMA3);
 }
 
 #[test]

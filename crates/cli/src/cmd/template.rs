@@ -65,6 +65,7 @@ pub fn run(a: Args) -> Result<()> {
     let opts = RenderOptions {
         add_generation_prompt: !a.no_generation_prompt,
         tools,
+        ..RenderOptions::default()
     };
     print!("{}", template.render(&messages, &opts)?);
     Ok(())

@@ -83,6 +83,9 @@ pub struct RenderOptions {
     pub add_generation_prompt: bool,
     /// Tool (function) schemas, OpenAI style, for templates that describe tools.
     pub tools: Option<Vec<serde_json::Value>>,
+    /// More template variables (e.g. `enable_thinking`), as transformers' extra keyword
+    /// arguments; they override the special-token strings of the same name.
+    pub variables: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Where a template came from, for messages.
@@ -226,21 +229,24 @@ impl ChatTemplate {
             Some(t) => to_value(serde_json::Value::Array(t.clone()))?,
             None => Value::from(()),
         };
-        let mut ctx = BTreeMap::from([
-            ("messages", messages),
-            ("tools", tools),
-            ("documents", Value::from(())),
-            (
-                "add_generation_prompt",
-                Value::from(opts.add_generation_prompt),
-            ),
-        ]);
+        // Special tokens first, the caller's variables over them, the conversation over all.
+        let mut ctx = BTreeMap::new();
         if let Some(b) = &self.bos_token {
-            ctx.insert("bos_token", Value::from(b.as_str()));
+            ctx.insert("bos_token".to_string(), Value::from(b.as_str()));
         }
         if let Some(e) = &self.eos_token {
-            ctx.insert("eos_token", Value::from(e.as_str()));
+            ctx.insert("eos_token".to_string(), Value::from(e.as_str()));
         }
+        for (k, v) in &opts.variables {
+            ctx.insert(k.clone(), to_value(v.clone())?);
+        }
+        ctx.insert("messages".into(), messages);
+        ctx.insert("tools".into(), tools);
+        ctx.insert("documents".into(), Value::from(()));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(opts.add_generation_prompt),
+        );
         let ctx = Value::from_object(ctx);
         let tmpl = self
             .env

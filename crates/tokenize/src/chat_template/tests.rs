@@ -25,6 +25,7 @@ fn tool_options() -> RenderOptions {
     RenderOptions {
         add_generation_prompt: false,
         tools: Some(vec![serde_json::from_str(TOOL).unwrap()]),
+        ..RenderOptions::default()
     }
 }
 
@@ -123,7 +124,7 @@ fn variables_match_apply_chat_template() {
     let t = template(src);
     let opts = RenderOptions {
         add_generation_prompt: true,
-        tools: None,
+        ..RenderOptions::default()
     };
     assert_eq!(
         t.render(&[call], &opts).unwrap(),
@@ -171,7 +172,7 @@ fn every_builtin_template_renders_a_conversation() {
                 &chat,
                 &RenderOptions {
                     add_generation_prompt: true,
-                    tools: None,
+                    ..RenderOptions::default()
                 },
             )
             .unwrap();
@@ -225,5 +226,21 @@ fn hf_template_files_are_found_in_transformers_order() {
     assert!(
         err.contains("tokenizer_config.json") && err.contains("invalid JSON"),
         "{err}"
+    );
+}
+
+#[test]
+fn extra_variables_reach_the_template() {
+    let t = template("{{ bos_token }}|{{ enable_thinking }}|{{ messages | length }}");
+    let mut opts = RenderOptions::default();
+    opts.variables
+        .insert("enable_thinking".into(), false.into());
+    opts.variables.insert("bos_token".into(), "<B>".into());
+    // A variable cannot replace the conversation.
+    opts.variables
+        .insert("messages".into(), serde_json::json!([1, 2, 3]));
+    assert_eq!(
+        t.render(&[Message::user("x")], &opts).unwrap(),
+        "<B>|False|1"
     );
 }
