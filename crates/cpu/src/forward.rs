@@ -18,7 +18,7 @@ use anelm_model::plan::{Activation, Ffn, Layer, Linear};
 use anelm_model::{ExecError, Executor, KvState, Logits, Model, Weight};
 
 use crate::attention::{attend_group, Cache};
-use crate::kernels::select;
+use crate::kernels::{select, select_exact, Kernel};
 use crate::kv::{CpuKv, KvData, KvDtype, Layers};
 use crate::kernels::packed::Packed;
 use crate::matmul::{matmul, pack_for, Input};
@@ -41,11 +41,14 @@ const ATTN_BLOCK: usize = 8;
 pub struct CpuOptions {
     /// Threads (0: one per physical core).
     pub threads: usize,
-    /// KV cache element type (None: f16 when every layer matrix is quantised, else f32, so that
-    /// unquantised models keep exact f32 attention).
+    /// KV cache element type (None: f16 when every layer matrix is quantised and `exact` is
+    /// off, else f32, so that unquantised models and exact runs keep f32 attention).
     pub kv: Option<KvDtype>,
     /// Instruction set (None: the best the CPU has).
     pub isa: Option<Isa>,
+    /// Exact f32 products for quantised weights too (rows dequantised, activations kept f32)
+    /// instead of 8-bit activations; several times slower, for checking results.
+    pub exact: bool,
 }
 
 pub struct CpuExecutor {
@@ -55,6 +58,7 @@ pub struct CpuExecutor {
     kv: KvDtype,
     id: usize,
     bufs: Buffers,
+    exact: bool,
     /// Repacked copies of weights, by the address of their `Weight` in the model.
     packed: HashMap<usize, Packed>,
 }
@@ -68,10 +72,11 @@ impl CpuExecutor {
     pub fn with_options(model: Arc<Model>, opts: CpuOptions) -> Self {
         let threads = if opts.threads == 0 { physical_cores() } else { opts.threads };
         let isa = opts.isa.filter(|i| Isa::available().contains(i)).unwrap_or_else(Isa::detect);
-        let kv = opts.kv.unwrap_or_else(|| if all_quantized(&model) { KvDtype::F16 } else { KvDtype::F32 });
+        let kv = opts.kv.unwrap_or_else(|| if all_quantized(&model) && !opts.exact { KvDtype::F16 } else { KvDtype::F32 });
         let bufs = Buffers::new(&Dims::of(&model), 0, threads);
-        let packed = pack_all(&model, isa);
-        CpuExecutor { model, pool: Pool::new(threads), isa, kv, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), bufs, packed }
+        let packed = if opts.exact { HashMap::new() } else { pack_all(&model, isa) };
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        CpuExecutor { model, pool: Pool::new(threads), isa, kv, id, bufs, exact: opts.exact, packed }
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -264,7 +269,7 @@ impl Executor for CpuExecutor {
             let (rows, out_rows) = if lo < hi { (lo - done..hi - done, lo - want.start..hi - want.start) } else { (0..0, 0..0) };
             let chunk = Chunk { tokens: &tokens[done..done + len], p0: kv.len, rows };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
-            let env = Env { m: &self.model, pool: &self.pool, isa: self.isa, packed: &self.packed };
+            let env = Env { m: &self.model, pool: &self.pool, isa: self.isa, exact: self.exact, packed: &self.packed };
             match &mut kv.data {
                 KvData::F32(l) => run_chunk(&env, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
                 KvData::F16(l) => run_chunk(&env, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
@@ -309,6 +314,7 @@ struct Env<'a> {
     m: &'a Model,
     pool: &'a Pool,
     isa: Isa,
+    exact: bool,
     packed: &'a HashMap<usize, Packed>,
 }
 
@@ -330,7 +336,7 @@ fn run_chunk<E: KvElem>(env: &Env<'_>, b: &mut Buffers, cache: &mut Layers<E>, c
     let offsets = &cache.offset;
     env.pool.run(|ctx| {
         let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
-        let mut f = Forward { m, isa, packed: env.packed, ctx, v: &views, c, n: c.tokens.len(), capacity, p: &mut p };
+        let mut f = Forward { m, isa, exact: env.exact, packed: env.packed, ctx, v: &views, c, n: c.tokens.len(), capacity, p: &mut p };
         // SAFETY (for every step): each step writes only the shared rows or elements its thread
         // claimed, and a barrier separates it from the steps that read them.
         unsafe {
@@ -348,6 +354,7 @@ fn run_chunk<E: KvElem>(env: &Env<'_>, b: &mut Buffers, cache: &mut Layers<E>, c
 struct Forward<'a, E> {
     m: &'a Model,
     isa: Isa,
+    exact: bool,
     packed: &'a HashMap<usize, Packed>,
     ctx: &'a Ctx<'a>,
     v: &'a Views<'a, E>,
@@ -358,12 +365,20 @@ struct Forward<'a, E> {
 }
 
 impl<E: KvElem> Forward<'_, E> {
+    fn kernel(&self, w: &Weight) -> Kernel {
+        if self.exact {
+            select_exact(w.dtype, self.isa)
+        } else {
+            select(w.dtype, self.isa)
+        }
+    }
+
     /// Puts rows `rows` of `src` (width `w`) into this thread's input buffers, for a product with
     /// each weight of `ws`: f32 into `xn` (unless `src` is `xn`), 8-bit into the Q8 buffers.
     fn prepare(&mut self, src: Src<'_>, w: usize, rows: Range<usize>, ws: &[&Weight]) {
         let mut kinds = [false; 3];
         for wt in ws {
-            kinds[select(wt.dtype, self.isa).act() as usize] = true;
+            kinds[self.kernel(wt).act() as usize] = true;
         }
         let p = &mut *self.p;
         let row = |t: usize| t * w..(t + 1) * w;
@@ -391,14 +406,15 @@ impl<E: KvElem> Forward<'_, E> {
     /// `out = x Wᵀ + b` for this thread's prepared inputs; see [`matmul`] for `align`/`done`.
     fn product(&mut self, w: &Weight, bias: Option<&[f32]>, out: &SharedSlice<'_, f32>, align: usize, done: impl FnMut(Range<usize>, Range<usize>)) {
         let (n, cols) = (self.n, w.cols);
+        let kernel = self.kernel(w);
         let p = &mut *self.p;
-        let input = match select(w.dtype, self.isa).act() {
+        let input = match kernel.act() {
             ActKind::F32 => Input::F32(&p.xn[..n * cols]),
             ActKind::Q8B32 => Input::Q8(&p.q8b),
             ActKind::Q8K => Input::Q8(&p.q8k),
         };
         let packed = self.packed.get(&(w as *const Weight as usize));
-        matmul(self.ctx, self.isa, w, bias, input, n, out, &mut p.scratch, packed, align, done);
+        matmul(self.ctx, kernel, w, bias, input, n, out, &mut p.scratch, packed, align, done);
     }
 
     fn linear(&mut self, lin: &Linear, out: &SharedSlice<'_, f32>) {

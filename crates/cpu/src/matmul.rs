@@ -10,7 +10,7 @@ use anelm_model::Weight;
 use crate::kernels::packed::Packed;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::packed::{Layout, ROWS};
-use crate::kernels::{select, Kernel, MAX_ROWS};
+use crate::kernels::{Kernel, MAX_ROWS};
 use crate::pool::Ctx;
 use crate::q8::{Q8Buf, Q8Row};
 use crate::shared::SharedSlice;
@@ -44,7 +44,7 @@ fn block_rows(rows: usize, align: usize) -> usize {
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     ctx: &Ctx,
-    isa: Isa,
+    kernel: Kernel,
     w: &Weight,
     bias: Option<&[f32]>,
     input: Input<'_>,
@@ -56,7 +56,6 @@ pub fn matmul(
     mut done: impl FnMut(Range<usize>, Range<usize>),
 ) {
     let (rows, cols) = (w.rows, w.cols);
-    let kernel = select(w.dtype, isa);
     let all = w.bytes();
     let rb = all.len() / rows.max(1);
     let br = block_rows(rows, align);

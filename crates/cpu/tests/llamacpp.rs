@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anelm_cpu::CpuExecutor;
+use anelm_cpu::{CpuExecutor, CpuOptions};
 use anelm_model::{Executor, Logits};
 use serde_json::Value;
 
@@ -40,10 +40,11 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-fn check_model(gguf: &str, fixture_name: &str) {
+/// `exact`: f32 products for the quantised weights too, instead of the default 8-bit activations.
+fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
     let fx = fixture(fixture_name);
     let model = Arc::new(anelm_model::load(&model_path(gguf)).unwrap());
-    let mut exec = CpuExecutor::new(model, 2);
+    let mut exec = CpuExecutor::with_options(model, CpuOptions { threads: 2, exact, ..CpuOptions::default() });
     let vocab = exec.vocab_size();
     for p in fx["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
@@ -80,7 +81,8 @@ fn check_model(gguf: &str, fixture_name: &str) {
         let precise = max_diff(&p["precise"]["top10_after_prompt"]);
         let default = max_diff(&p["top10_after_prompt"]);
         println!(
-            "{gguf} {name:12}: {agree}/{checked} confident steps agree; top-10 max |diff| {precise:.3} vs precise, {default:.3} vs default"
+            "{gguf}{} {name:12}: {agree}/{checked} confident steps agree; top-10 max |diff| {precise:.3} vs precise, {default:.3} vs default",
+            if exact { " (exact)" } else { "" }
         );
         assert!(precise.min(default) <= 1.0, "{name}: top-10 logits differ by {precise} (precise), {default} (default)");
     }
@@ -88,10 +90,20 @@ fn check_model(gguf: &str, fixture_name: &str) {
 
 #[test]
 fn smollm2_matches_llamacpp() {
-    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1.prompts.json");
+    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1.prompts.json", false);
 }
 
 #[test]
 fn gemma3_matches_llamacpp() {
-    check_model("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m.prompts.json");
+    check_model("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m.prompts.json", false);
+}
+
+#[test]
+fn smollm2_exact_matches_llamacpp() {
+    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1.prompts.json", true);
+}
+
+#[test]
+fn gemma3_exact_matches_llamacpp() {
+    check_model("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m.prompts.json", true);
 }

@@ -99,6 +99,15 @@ pub fn select(dtype: GgmlType, isa: Isa) -> Kernel {
     }
 }
 
+/// The kernel for `dtype` with f32 activations: quantised types dequantise their rows instead of
+/// quantising the activations, so every product is exact f32 arithmetic (slower; for checking).
+pub fn select_exact(dtype: GgmlType, isa: Isa) -> Kernel {
+    match select(dtype, isa) {
+        Kernel::Q8 { .. } => select(GgmlType::Q2K, isa),
+        k => k,
+    }
+}
+
 /// Block byte sizes (ggml's `block_*` structs).
 pub mod bytes {
     pub const Q4_0: usize = 18;
