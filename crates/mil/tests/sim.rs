@@ -139,3 +139,29 @@ fn unsupported_ops_and_bad_inputs_are_named() {
         .to_string();
     assert!(e.contains("input x"), "{e}");
 }
+
+#[test]
+fn reductions_over_channels_keep_columns_independent() {
+    let build = |axis: i32| {
+        let mut f = FunctionBuilder::new("main", Opset::Ios18);
+        let x = f.input("x", TensorType::fp16([1, 4, 1, 8])).unwrap();
+        let a = f.unary("abs", x).unwrap();
+        let m = f.reduce("reduce_max", a, &[axis], true).unwrap();
+        let y = f.name_next("y").real_div(x, m).unwrap();
+        f.output(y).unwrap();
+        Simulator::new(&f.finish().unwrap()).unwrap()
+    };
+    let sim = build(1);
+    assert_eq!(sim.column_width(), Some(8));
+    let x = Tensor::fp16([1, 4, 1, 2], vec![1.0, -8.0, 2.0, 4.0, -4.0, 2.0, 0.5, 1.0]).unwrap();
+    let y = sim.run(vec![x]).unwrap().remove(0);
+    assert_eq!(
+        y.floats().unwrap(),
+        &[0.25, -1.0, 0.5, 0.5, -1.0, 0.25, 0.125, 0.125]
+    );
+    assert_eq!(
+        build(3).column_width(),
+        None,
+        "a reduction over the columns mixes them"
+    );
+}

@@ -242,25 +242,37 @@ mod x86 {
         }
         let chunks = k.div_ceil(LANES);
         let check_every = PARTIAL_CHECK_EVERY / LANES;
-        for o in 0..m {
-            let row = a.as_ptr().add(o * k) as *const u16;
+        // While every lane is below 2^11 the 16-lane sum is below 2^15: the exact (and dearer)
+        // horizontal sum is only needed past that.
+        let lane_limit = _mm512_set1_ps(PARTIAL_LIMIT / LANES as f32);
+        // Rows in blocks of R share each load of the input column.
+        for o0 in (0..m).step_by(R) {
+            let rows = R.min(m - o0);
+            let row = |r: usize| a.as_ptr().add((o0 + r.min(rows - 1)) * k) as *const i16;
             for j in 0..n {
                 let x = cols.as_ptr().add(j * k);
-                let mut acc = _mm512_setzero_ps();
-                let mut over = false;
+                let mut acc = [_mm512_setzero_ps(); R];
+                let mut over = [false; R];
                 for ch in 0..chunks {
                     let live = mask(k - ch * LANES);
-                    let w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                        live,
-                        row.add(ch * LANES) as *const i16,
-                    ));
                     let xv = _mm512_maskz_loadu_ps(live, x.add(ch * LANES));
-                    acc = accumulate(acc, _mm512_mul_ps(w, xv));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let w =
+                            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, row(r).add(ch * LANES)));
+                        *a = accumulate(*a, _mm512_mul_ps(w, xv));
+                    }
                     if (ch + 1) % check_every == 0 {
-                        over |= _mm512_reduce_add_ps(acc).abs() >= PARTIAL_LIMIT;
+                        for (a, o) in acc.iter().zip(over.iter_mut()) {
+                            if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(*a), lane_limit) != 0
+                            {
+                                *o |= _mm512_reduce_add_ps(*a).abs() >= PARTIAL_LIMIT;
+                            }
+                        }
                     }
                 }
-                y[o * ldy + j] = finish(_mm512_reduce_add_ps(acc), over);
+                for r in 0..rows {
+                    y[(o0 + r) * ldy + j] = finish(_mm512_reduce_add_ps(acc[r]), over[r]);
+                }
             }
         }
     }

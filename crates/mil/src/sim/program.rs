@@ -226,7 +226,8 @@ impl Simulator {
 
     /// `Some(W)` when every input and output is `[1, C, 1, W]` and every op keeps the columns
     /// (the last axis) independent — conv 1×1, elementwise ops with constants constant along
-    /// the columns, casts, channel concat/split. Such a function may be run on the first
+    /// the columns, casts, channel concat/split, reductions / softmax / layer_norm over other
+    /// axes (keeping dims). Such a function may be run on the first
     /// `n ≤ W` columns only: the results are exactly those columns of a full run.
     pub fn column_width(&self) -> Option<usize> {
         let w = self.inputs.first().and_then(|(_, t, _)| plane_width(t))?;
@@ -240,9 +241,16 @@ impl Simulator {
             None => true,
         };
         let channel_axis = |a: i64| a == 1 || a == -3;
+        let not_width = |axes: &Option<Vec<i64>>| {
+            axes.as_ref()
+                .is_some_and(|v| v.iter().all(|&a| a != 3 && a != -1))
+        };
         let steps_ok = self.steps.iter().all(|s| match &s.kind {
             Kind::Conv { bias, .. } => bias.is_none_or(const_ok),
             Kind::Unary { .. } | Kind::Cast { .. } => true,
+            Kind::Reduce { axes, keep, .. } => *keep && not_width(axes),
+            Kind::Softmax { axis, .. } => not_width(&Some(vec![*axis])),
+            Kind::LayerNorm { axes, .. } => not_width(axes),
             Kind::Binary { x, y, .. } | Kind::Compare { x, y, .. } => const_ok(*x) && const_ok(*y),
             Kind::Select { cond, a, b } => const_ok(*cond) && const_ok(*a) && const_ok(*b),
             Kind::Concat { xs, axis } => channel_axis(*axis) && xs.iter().all(|&x| const_ok(x)),

@@ -1,0 +1,148 @@
+//! Kernel by kernel: every projection a forward pass makes runs on the device and on the f32
+//! reference with the same input, and the outputs are compared.
+
+use std::sync::Arc;
+
+use anelm_model::{Executor, Logits, Model};
+
+use crate::compare::{argmax, diff};
+use crate::device::Device;
+use crate::error::{AneError, Result};
+use crate::exec::{DeviceProjections, ProjectionExecutor, Projections, ReferenceProjections};
+use crate::lower::{LoweringOptions, Projection};
+
+/// How far one kernel's output was from the reference.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelCheck {
+    pub kernel: String,
+    /// Tokens (columns) it was checked on.
+    pub tokens: usize,
+    pub max_abs_diff: f32,
+    /// `max_abs_diff` over the reference's largest magnitude.
+    pub rel_err: f32,
+}
+
+/// The kernel name of a projection (the files `anelm compile` writes; all head tiles together).
+pub fn kernel_name(p: Projection) -> String {
+    match p {
+        Projection::Qkv(i) => format!("layer{i:02}_qkv"),
+        Projection::O(i) => format!("layer{i:02}_o"),
+        Projection::Ffn(i) => format!("layer{i:02}_ffn"),
+        Projection::Head => "lm_head".into(),
+    }
+}
+
+/// Runs `device`, then `reference` on the same input, records the difference and passes the
+/// device's output on.
+pub struct CheckingProjections<D, R> {
+    pub device: D,
+    pub reference: R,
+    pub checks: Vec<KernelCheck>,
+}
+
+impl<D: Projections, R: Projections> CheckingProjections<D, R> {
+    pub fn new(device: D, reference: R) -> Self {
+        CheckingProjections {
+            device,
+            reference,
+            checks: Vec::new(),
+        }
+    }
+}
+
+impl<D: Projections, R: Projections> Projections for CheckingProjections<D, R> {
+    fn project(&mut self, p: Projection, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        self.device.project(p, x, n, out)?;
+        let mut want = vec![0f32; out.len()];
+        self.reference.project(p, x, n, &mut want)?;
+        let (max_abs_diff, rel_err) = diff(out, &want);
+        self.checks.push(KernelCheck {
+            kernel: kernel_name(p),
+            tokens: n,
+            max_abs_diff,
+            rel_err,
+        });
+        Ok(())
+    }
+
+    fn max_tokens(&self) -> usize {
+        self.device.max_tokens().min(self.reference.max_tokens())
+    }
+}
+
+/// Every kernel of `model` on `device` against the f32 reference, on the activations of
+/// `prompt` (one prefill evaluation per kernel) and of the greedy token after it (decode, one
+/// column): one check per kernel evaluation, in order.
+pub fn check_kernels<D: Device>(
+    model: &Arc<Model>,
+    device: D,
+    opts: &LoweringOptions,
+    prompt: &[u32],
+) -> Result<Vec<KernelCheck>> {
+    let dev = DeviceProjections::new(model, device, opts, |_| {})?;
+    let mut exec = ProjectionExecutor::new(
+        model.clone(),
+        CheckingProjections::new(dev, ReferenceProjections::new(model.clone())),
+    );
+    let mut state = exec.new_state(prompt.len() + 1)?;
+    let mut logits = Vec::new();
+    exec.forward(state.as_mut(), prompt, Logits::Last, &mut logits)?;
+    exec.forward(
+        state.as_mut(),
+        &[argmax(&logits)],
+        Logits::Last,
+        &mut logits,
+    )?;
+    Ok(std::mem::take(&mut exec.projections_mut().checks))
+}
+
+/// The hidden state after each layer `0..=upto` of a forward pass over `prompt`.
+fn hidden_states<P: Projections>(
+    exec: &mut ProjectionExecutor<P>,
+    prompt: &[u32],
+    upto: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = vec![Vec::new(); upto + 1];
+    let mut state = exec.new_state(prompt.len())?;
+    exec.forward_traced(
+        state.as_mut(),
+        prompt,
+        Logits::None,
+        &mut Vec::new(),
+        &mut |l, x| {
+            if l <= upto {
+                out[l].extend_from_slice(x);
+            }
+        },
+    )?;
+    Ok(out)
+}
+
+/// The hidden state after each layer `0..=upto`, through `device`'s kernels and through the
+/// f32 reference (same CPU-side code), over `prompt`: per layer (max |diff|, relative error).
+pub fn compare_layers<D: Device>(
+    model: &Arc<Model>,
+    device: D,
+    opts: &LoweringOptions,
+    prompt: &[u32],
+    upto: usize,
+) -> Result<Vec<(f32, f32)>> {
+    if upto >= model.n_layers() {
+        return Err(AneError::Unsupported(format!(
+            "layer {upto} asked for; the model has {} (0..={})",
+            model.n_layers(),
+            model.n_layers().saturating_sub(1)
+        )));
+    }
+    let got = hidden_states(
+        &mut ProjectionExecutor::on_device(model.clone(), device, opts)?,
+        prompt,
+        upto,
+    )?;
+    let want = hidden_states(
+        &mut ProjectionExecutor::new(model.clone(), ReferenceProjections::new(model.clone())),
+        prompt,
+        upto,
+    )?;
+    Ok(got.iter().zip(&want).map(|(a, b)| diff(a, b)).collect())
+}

@@ -1,0 +1,142 @@
+//! How two runs of a model are compared: errors of vectors relative to the reference's largest
+//! magnitude, and greedy decoding side by side.
+
+use std::time::Instant;
+
+use anelm_model::{ExecError, Executor, Logits};
+
+/// max |a - b| and that divided by max |b| (b is the reference).
+pub fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let max_abs = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(
+            0f32,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        );
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    (
+        max_abs,
+        if scale > 0.0 {
+            max_abs / scale
+        } else {
+            max_abs
+        },
+    )
+}
+
+/// Index of the largest value; ties go to the lowest index (llama.cpp's greedy sampler).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A prompt of a comparison.
+#[derive(Clone, Debug)]
+pub struct PromptCase {
+    pub name: String,
+    pub ids: Vec<u32>,
+}
+
+/// One prompt through both executors.
+#[derive(Clone, Debug)]
+pub struct PromptComparison {
+    pub name: String,
+    pub n_prompt: usize,
+    /// Largest relative error of the logits over the steps where both runs had seen the same
+    /// tokens (after the prompt, then after each agreeing greedy token).
+    pub max_rel_err: f32,
+    pub max_abs_diff: f32,
+    pub greedy_reference: Vec<u32>,
+    pub greedy_device: Vec<u32>,
+}
+
+impl PromptComparison {
+    pub fn greedy_same(&self) -> bool {
+        self.greedy_reference == self.greedy_device
+    }
+}
+
+/// The greedy steps of one executor and the logits before each of them.
+fn greedy(
+    exec: &mut dyn Executor,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(Vec<u32>, Vec<Vec<f32>>), ExecError> {
+    let mut state = exec.new_state(prompt.len() + n)?;
+    let mut logits = Vec::new();
+    exec.forward(state.as_mut(), prompt, Logits::Last, &mut logits)?;
+    let (mut ids, mut all) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let next = argmax(&logits);
+        ids.push(next);
+        all.push(std::mem::take(&mut logits));
+        if i + 1 < n {
+            exec.forward(state.as_mut(), &[next], Logits::Last, &mut logits)?;
+        }
+    }
+    Ok((ids, all))
+}
+
+/// Runs every prompt and `n_greedy` greedy tokens (no end-of-text stop) through `device` and
+/// `reference`; returns the comparisons and the seconds each executor took.
+pub fn compare_greedy(
+    device: &mut dyn Executor,
+    reference: &mut dyn Executor,
+    prompts: &[PromptCase],
+    n_greedy: usize,
+) -> Result<(Vec<PromptComparison>, f64, f64), ExecError> {
+    let (mut t_dev, mut t_ref) = (0f64, 0f64);
+    let mut out = Vec::new();
+    for p in prompts {
+        let t = Instant::now();
+        let (ids_ref, logits_ref) = greedy(reference, &p.ids, n_greedy)?;
+        t_ref += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let (ids_dev, logits_dev) = greedy(device, &p.ids, n_greedy)?;
+        t_dev += t.elapsed().as_secs_f64();
+        // Step i's logits follow the same tokens in both runs while all earlier ids agree.
+        let agreeing = 1 + ids_ref
+            .iter()
+            .zip(&ids_dev)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let (mut max_abs, mut max_rel) = (0f32, 0f32);
+        for (a, b) in logits_dev.iter().zip(&logits_ref).take(agreeing) {
+            let (d, r) = diff(a, b);
+            max_abs = max_abs.max(d);
+            max_rel = max_rel.max(r);
+        }
+        out.push(PromptComparison {
+            name: p.name.clone(),
+            n_prompt: p.ids.len(),
+            max_rel_err: max_rel,
+            max_abs_diff: max_abs,
+            greedy_reference: ids_ref,
+            greedy_device: ids_dev,
+        });
+    }
+    Ok((out, t_dev, t_ref))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_to_the_reference_scale() {
+        assert_eq!(diff(&[1.0, 2.0], &[1.0, 4.0]), (2.0, 0.5));
+        assert_eq!(
+            diff(&[f32::NAN], &[1.0]).0,
+            f32::INFINITY,
+            "NaN is never close"
+        );
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+    }
+}

@@ -1,0 +1,101 @@
+//! The model with every matrix it multiplies dequantised to f32. The CPU engine then takes f32
+//! activations and an f32 KV cache instead of 8-bit activations and an f16 cache: exact
+//! arithmetic on the very weights the kernels were lowered from — the reference the device path
+//! is verified against (the quantised engine's own rounding moves logits by a few percent).
+
+use anelm_model::plan::{Attention, Ffn, Layer, Linear, Mixer, Norm};
+use anelm_model::{Model, ModelSource, Weight};
+
+use crate::error::Result;
+
+fn f32_weight(w: &Weight) -> Result<Weight> {
+    Ok(Weight::from_f32(&w.name, w.rows, w.cols, &w.to_f32()?))
+}
+
+fn copy(w: &Weight) -> Weight {
+    Weight::from_bytes(&w.name, w.dtype, w.rows, w.cols, w.bytes().to_vec())
+}
+
+fn linear(l: &Linear) -> Result<Linear> {
+    Ok(Linear {
+        weight: f32_weight(&l.weight)?,
+        bias: l.bias.clone(),
+    })
+}
+
+fn norm(n: &Norm) -> Norm {
+    Norm {
+        kind: n.kind,
+        eps: n.eps,
+        weight: n.weight.clone(),
+        bias: n.bias.clone(),
+    }
+}
+
+fn layer(l: &Layer) -> Result<Layer> {
+    let a = l.attention();
+    let attention = Attention {
+        n_heads: a.n_heads,
+        n_kv_heads: a.n_kv_heads,
+        head_dim: a.head_dim,
+        scale: a.scale,
+        window: a.window,
+        softcap: a.softcap,
+        rope: a.rope.clone(),
+        q: linear(&a.q)?,
+        k: linear(&a.k)?,
+        v: linear(&a.v)?,
+        o: linear(&a.o)?,
+        q_norm: a.q_norm.as_ref().map(norm),
+        k_norm: a.k_norm.as_ref().map(norm),
+    };
+    let ffn = match &l.ffn {
+        Ffn::Gated {
+            act,
+            gate,
+            up,
+            down,
+        } => Ffn::Gated {
+            act: *act,
+            gate: linear(gate)?,
+            up: linear(up)?,
+            down: linear(down)?,
+        },
+        Ffn::Plain { act, up, down } => Ffn::Plain {
+            act: *act,
+            up: linear(up)?,
+            down: linear(down)?,
+        },
+    };
+    Ok(Layer {
+        attn_norm: norm(&l.attn_norm),
+        mixer: Mixer::Attention(attention),
+        post_attn_norm: l.post_attn_norm.as_ref().map(norm),
+        ffn_norm: norm(&l.ffn_norm),
+        ffn,
+        post_ffn_norm: l.post_ffn_norm.as_ref().map(norm),
+    })
+}
+
+/// A copy of `m` whose layer matrices and output head are f32 (embeddings, read a row at a
+/// time and dequantised exactly by every executor, keep their type).
+pub fn dequantized(m: &Model) -> Result<Model> {
+    let source = match &m.source {
+        ModelSource::Gguf { path, metadata } => ModelSource::Gguf {
+            path: path.clone(),
+            metadata: metadata.clone(),
+        },
+        ModelSource::HfDir { dir } => ModelSource::HfDir { dir: dir.clone() },
+    };
+    Ok(Model {
+        config: m.config.clone(),
+        source,
+        embedding: copy(&m.embedding),
+        embed_scale: m.embed_scale,
+        pos_embedding: m.pos_embedding.as_ref().map(copy),
+        layers: m.layers.iter().map(layer).collect::<Result<_>>()?,
+        final_norm: norm(&m.final_norm),
+        lm_head: f32_weight(&m.lm_head)?,
+        final_softcap: m.final_softcap,
+    })
+}

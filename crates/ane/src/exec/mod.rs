@@ -1,0 +1,300 @@
+//! The executor of the projection strategy: the linear layers as kernels ([`Projections`]:
+//! compiled on a device, or the f32 reference), the rest on the CPU in f32 — embeddings, norms,
+//! QK-norm, RoPE, the KV cache, attention, residuals, soft-caps.
+
+mod device;
+mod kv;
+mod reference;
+
+pub use device::DeviceProjections;
+pub use kv::{attend, ProjectionKv};
+pub use reference::{activation, ReferenceProjections};
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use anelm_cpu::ops::{norm_row, rope_head, softcap};
+use anelm_model::plan::Norm;
+use anelm_model::{ExecError, Executor, KvState, Logits, Model};
+
+use crate::device::Device;
+use crate::error::Result;
+use crate::lower::{LoweringOptions, Projection};
+
+/// Runs the linear layers of a model.
+pub trait Projections: Send {
+    /// `out` = projection `p` of the `n` token-major rows of `x`, token-major; a row of `out`
+    /// is as wide as the whole projection's result (`q + 2 kv`, hidden, vocabulary).
+    fn project(&mut self, p: Projection, x: &[f32], n: usize, out: &mut [f32]) -> Result<()>;
+
+    /// Most tokens one call takes.
+    fn max_tokens(&self) -> usize {
+        usize::MAX
+    }
+}
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// A top-2 gap below this fraction of the largest |logit| is within fp16 noise.
+const NEAR_TIE: f32 = 3e-3;
+/// Most logits recomputed per row.
+const MAX_RECOMPUTED: usize = 64;
+
+/// Where the two largest logits are closer than fp16 noise, recomputes every logit that close
+/// to the top in f32 on the CPU (from the f32 final-normed hidden state `x`), so that the
+/// argmax does not hang on the head kernel's rounding.
+fn settle_near_ties(head: &anelm_model::Weight, x: &[f32], logits: &mut [f32]) -> Result<()> {
+    let scale = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let margin = NEAR_TIE * scale;
+    let mut top: Vec<usize> = Vec::new();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for (i, &v) in logits.iter().enumerate() {
+        if v >= max - margin {
+            top.push(i);
+        }
+    }
+    if top.len() < 2 {
+        return Ok(());
+    }
+    top.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    top.truncate(MAX_RECOMPUTED);
+    let mut row = vec![0f32; head.cols];
+    for i in top {
+        head.dequantize_row(i, &mut row)?;
+        logits[i] = row.iter().zip(x).map(|(w, x)| w * x).sum();
+    }
+    Ok(())
+}
+
+pub struct ProjectionExecutor<P> {
+    model: Arc<Model>,
+    proj: P,
+    id: usize,
+}
+
+fn norm_rows(norm: &Norm, x: &mut [f32], width: usize) {
+    x.chunks_exact_mut(width).for_each(|r| norm_row(norm, r));
+}
+
+impl<P: Projections> ProjectionExecutor<P> {
+    pub fn new(model: Arc<Model>, proj: P) -> Self {
+        ProjectionExecutor {
+            model,
+            proj,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn projections(&self) -> &P {
+        &self.proj
+    }
+
+    pub fn projections_mut(&mut self) -> &mut P {
+        &mut self.proj
+    }
+
+    /// [`Executor::forward`], calling `on_layer(layer, hidden)` with the hidden state (`n`
+    /// token-major rows) after every layer of every chunk.
+    pub fn forward_traced(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+        on_layer: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ExecError> {
+        let kv = state
+            .as_any_mut()
+            .downcast_mut::<ProjectionKv>()
+            .ok_or(ExecError::ForeignState)?;
+        if kv.owner != self.id {
+            return Err(ExecError::ForeignState);
+        }
+        out.clear();
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ExecError::TokenOutOfRange { id, vocab });
+        }
+        if kv.len + tokens.len() > kv.capacity() {
+            return Err(ExecError::ContextFull {
+                needed: kv.len + tokens.len(),
+                capacity: kv.capacity(),
+            });
+        }
+        let n = tokens.len();
+        let want = n - logits.rows(n)..n;
+        out.resize(want.len() * vocab, 0.0);
+        let step = self.proj.max_tokens().max(1);
+        let mut done = 0;
+        while done < n {
+            let len = step.min(n - done);
+            let (lo, hi) = (want.start.max(done), done + len);
+            let rows = if lo < hi { lo - done..hi - done } else { 0..0 };
+            let dst = if lo < hi {
+                &mut out[(lo - want.start) * vocab..(hi - want.start) * vocab]
+            } else {
+                &mut [][..]
+            };
+            self.chunk(kv, &tokens[done..done + len], rows, dst, on_layer)?;
+            kv.len += len;
+            done += len;
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
+        Ok(())
+    }
+
+    /// One chunk of tokens at positions `kv.len..`; logits of chunk rows `rows` into `out`.
+    fn chunk(
+        &mut self,
+        kv: &mut ProjectionKv,
+        tokens: &[u32],
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        on_layer: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        let m = Arc::clone(&self.model);
+        let (n, h, p0) = (tokens.len(), m.config.hidden_size, kv.len);
+        let mut x = vec![0f32; n * h];
+        for (t, row) in x.chunks_exact_mut(h).enumerate() {
+            m.embedding.dequantize_row(tokens[t] as usize, row)?;
+            if let Some(s) = m.embed_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+            if let Some(pe) = &m.pos_embedding {
+                let mut p = vec![0f32; h];
+                pe.dequantize_row(p0 + t, &mut p)?;
+                row.iter_mut().zip(&p).for_each(|(v, p)| *v += p);
+            }
+        }
+        let mut xn = vec![0f32; n * h];
+        let mut y = vec![0f32; n * h];
+        for (li, layer) in m.layers.iter().enumerate() {
+            let a = layer.attention();
+            let (hd, qd, kvd) = (
+                a.head_dim,
+                a.n_heads * a.head_dim,
+                a.n_kv_heads * a.head_dim,
+            );
+            xn.copy_from_slice(&x);
+            norm_rows(&layer.attn_norm, &mut xn, h);
+            let mut qkv = vec![0f32; n * (qd + 2 * kvd)];
+            self.proj.project(Projection::Qkv(li), &xn, n, &mut qkv)?;
+            let mut q = vec![0f32; n * qd];
+            let half = a.rope.as_ref().map_or(0, |r| r.dims / 2);
+            let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
+            for (t, row) in qkv.chunks_exact_mut(qd + 2 * kvd).enumerate() {
+                let (qt, rest) = row.split_at_mut(qd);
+                let (kt, vt) = rest.split_at_mut(kvd);
+                if let Some(qn) = &a.q_norm {
+                    norm_rows(qn, qt, hd);
+                }
+                if let Some(kn) = &a.k_norm {
+                    norm_rows(kn, kt, hd);
+                }
+                if let Some(rope) = &a.rope {
+                    rope.angles(p0 + t, &mut cos, &mut sin);
+                    qt.chunks_exact_mut(hd)
+                        .chain(kt.chunks_exact_mut(hd))
+                        .for_each(|head| rope_head(rope, head, &cos, &sin));
+                }
+                q[t * qd..(t + 1) * qd].copy_from_slice(qt);
+                let at = (p0 + t) * kvd;
+                kv.k[li][at..at + kvd].copy_from_slice(kt);
+                kv.v[li][at..at + kvd].copy_from_slice(vt);
+            }
+            let mut att = vec![0f32; n * qd];
+            attend(a, &q, n, p0, &kv.k[li], &kv.v[li], &mut att);
+            self.proj.project(Projection::O(li), &att, n, &mut y)?;
+            if let Some(pn) = &layer.post_attn_norm {
+                norm_rows(pn, &mut y, h);
+            }
+            x.iter_mut().zip(&y).for_each(|(x, y)| *x += y);
+            xn.copy_from_slice(&x);
+            norm_rows(&layer.ffn_norm, &mut xn, h);
+            self.proj.project(Projection::Ffn(li), &xn, n, &mut y)?;
+            if let Some(pn) = &layer.post_ffn_norm {
+                norm_rows(pn, &mut y, h);
+            }
+            x.iter_mut().zip(&y).for_each(|(x, y)| *x += y);
+            on_layer(li, &x);
+        }
+        if !rows.is_empty() {
+            let mut xr = x[rows.start * h..rows.end * h].to_vec();
+            norm_rows(&m.final_norm, &mut xr, h);
+            self.proj.project(Projection::Head, &xr, rows.len(), out)?;
+            let vocab = m.config.vocab_size;
+            for (logits, x) in out.chunks_exact_mut(vocab).zip(xr.chunks_exact(h)) {
+                settle_near_ties(&m.lm_head, x, logits)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> ProjectionExecutor<DeviceProjections<D>> {
+    /// Lowers `model`, compiles every kernel on `device` and binds their buffers.
+    pub fn on_device(model: Arc<Model>, device: D, opts: &LoweringOptions) -> Result<Self> {
+        let proj = DeviceProjections::new(&model, device, opts, |_| {})?;
+        Ok(Self::new(model, proj))
+    }
+}
+
+impl<P: Projections> Executor for ProjectionExecutor<P> {
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
+        let max = self.model.max_positions();
+        if capacity > max {
+            return Err(ExecError::ContextFull {
+                needed: capacity,
+                capacity: max,
+            });
+        }
+        let dims: Vec<usize> = self
+            .model
+            .layers
+            .iter()
+            .map(|l| l.attention().n_kv_heads * l.attention().head_dim)
+            .collect();
+        Ok(Box::new(ProjectionKv::new(self.id, &dims, capacity)))
+    }
+
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        self.forward_traced(state, tokens, logits, out, &mut |_, _| {})
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anelm_model::Weight;
+
+    #[test]
+    fn near_ties_are_recomputed_in_f32() {
+        // Rows: logit = 1.0 * x0 + w1 * x1 with x = [1, 1].
+        let head = Weight::from_f32("head", 3, 2, &[10.0, 0.004, 10.0, 0.0, 1.0, 0.0]);
+        let x = [1.0, 1.0];
+        // fp16-rounded logits: rows 0 and 1 tie (10.004 is 10.0 in fp16), row 2 is far.
+        let mut logits = [10.0, 10.0, 1.0];
+        settle_near_ties(&head, &x, &mut logits).unwrap();
+        assert_eq!(logits, [10.004, 10.0, 1.0]);
+        // A clear winner is left alone.
+        let mut clear = [10.0, 9.0, 1.0];
+        settle_near_ties(&head, &x, &mut clear).unwrap();
+        assert_eq!(clear, [10.0, 9.0, 1.0]);
+    }
+}

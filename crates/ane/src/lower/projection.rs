@@ -1,0 +1,304 @@
+//! The programs of the projection strategy, one per [`KernelSpec`].
+
+use std::sync::Arc;
+
+use anelm_mil::{DType, FunctionBuilder, Opset, Program, TensorType, ValueId, WeightData};
+use anelm_model::plan::{Activation, Ffn, Linear};
+use anelm_model::Model;
+
+use super::weights::{row_range, stacked, stacked_bias};
+use super::{KernelSpec, LoweringOptions, Port, Projection, DESCALE};
+use crate::error::{AneError, Result};
+use crate::unit::CompileUnit;
+
+/// `gelu_tanh(g) = 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))) = g · sigmoid(g (A + B g²))`:
+/// sigmoid compiles where gelu does not (FACTS §1.5), and `g²` overflows fp16 only beyond
+/// |g| = 256, where the sigmoid saturates correctly anyway (g³ would overflow beyond 40).
+const GELU_A: f32 = 1.595_769; // 2 √(2/π)
+const GELU_B: f32 = 0.071_354_82; // 2 √(2/π) · 0.044715
+
+fn port(name: &str, channels: usize) -> Port {
+    Port {
+        name: name.to_string(),
+        channels,
+        first: 0,
+    }
+}
+
+/// Every kernel of the projection strategy for `model`, in execution order.
+pub fn projection_kernels(model: &Model, opts: &LoweringOptions) -> Vec<KernelSpec> {
+    let h = model.config.hidden_size;
+    let mut out = Vec::new();
+    for (i, l) in model.layers.iter().enumerate() {
+        let a = l.attention();
+        let (q, kv) = (a.q.out_features(), a.k.out_features() + a.v.out_features());
+        let spec = |suffix: &str, projection, input: Port, output: Port| KernelSpec {
+            name: format!("layer{i:02}_{suffix}"),
+            projection,
+            total_rows: output.channels,
+            input,
+            outputs: vec![output],
+        };
+        out.push(spec(
+            "qkv",
+            Projection::Qkv(i),
+            port("x", h),
+            port("qkv", q + kv),
+        ));
+        out.push(spec(
+            "o",
+            Projection::O(i),
+            port("x", a.o.in_features()),
+            port("y", h),
+        ));
+        out.push(spec("ffn", Projection::Ffn(i), port("x", h), port("y", h)));
+    }
+    let vocab = model.lm_head.rows;
+    let tile = opts.head_tile_rows.max(1);
+    let tiles: Vec<(usize, usize)> = (0..vocab)
+        .step_by(tile)
+        .map(|r| (r, tile.min(vocab - r)))
+        .collect();
+    let per_program = (opts.head_program_bytes / (tile * h * 2).max(1)).max(1);
+    let groups: Vec<&[(usize, usize)]> = tiles.chunks(per_program).collect();
+    for (g, group) in groups.iter().enumerate() {
+        let name = if groups.len() == 1 {
+            "lm_head".to_string()
+        } else {
+            format!("lm_head{g}")
+        };
+        let outputs = group
+            .iter()
+            .enumerate()
+            .map(|(t, &(first, rows))| Port {
+                name: format!("logits{t}"),
+                channels: rows,
+                first,
+            })
+            .collect();
+        out.push(KernelSpec {
+            name,
+            projection: Projection::Head,
+            input: port("x", h),
+            outputs,
+            total_rows: vocab,
+        });
+    }
+    out
+}
+
+/// A kernel's program and the bound its input scaling needs.
+pub struct Lowered {
+    pub unit: CompileUnit,
+    /// The largest row L1 norm of the (fp16) weights that read the kernel's input.
+    pub input_bound: f32,
+}
+
+/// The program being built, with the values every conv needs.
+struct Builder {
+    f: FunctionBuilder,
+    /// The `[1, 1, 1, W]` per-column descale input.
+    descale: ValueId,
+    /// The largest row L1 norm of the weights of convs over scaled inputs.
+    bound: f32,
+}
+
+fn max_row_l1(w: &WeightData, cols: usize) -> f32 {
+    w.to_f32()
+        .chunks_exact(cols)
+        .map(|r| r.iter().map(|v| v.abs() as f64).sum::<f64>())
+        .fold(0.0, f64::max) as f32
+}
+
+/// The bound partial sums are kept under (half the 2^15 at which the ANE returns 0).
+const PARTIAL_TARGET: f32 = 16384.0;
+
+impl Builder {
+    /// `y = x Wᵀ (+ b)` as a 1×1 conv, its result multiplied by `descale` (per column) before
+    /// the bias; the output value is named `name`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        descale: Option<ValueId>,
+        w: Arc<WeightData>,
+        rows: usize,
+        cols: usize,
+        bias: Option<Vec<f32>>,
+    ) -> Result<ValueId> {
+        let f = &mut self.f;
+        let wt = f.weight(
+            &format!("{name}_w"),
+            TensorType::fp16([rows, cols, 1, 1]),
+            w,
+        )?;
+        let mut y = f.name_next(&format!("{name}_conv")).conv1x1(x, wt)?;
+        if let Some(d) = descale {
+            y = f.name_next(&format!("{name}_descaled")).mul(y, d)?;
+        }
+        if let Some(b) = bias {
+            let bt = f.weight(
+                &format!("{name}_b"),
+                TensorType::fp16([1, rows, 1, 1]),
+                WeightData::f16_from_f32(&b),
+            )?;
+            y = f.name_next(&format!("{name}_biased")).add(y, bt)?;
+        }
+        f.rename(y, name)?;
+        Ok(y)
+    }
+
+    /// A linear over the kernel's (CPU-scaled) input: descaled by the descale input, its
+    /// weights counted in the input bound.
+    fn input_linear(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        w: Arc<WeightData>,
+        rows: usize,
+        cols: usize,
+        bias: Option<Vec<f32>>,
+    ) -> Result<ValueId> {
+        self.bound = self.bound.max(max_row_l1(&w, cols));
+        let d = self.descale;
+        self.linear(name, x, Some(d), w, rows, cols, bias)
+    }
+
+    fn input_linear_of(&mut self, name: &str, x: ValueId, l: &Linear) -> Result<ValueId> {
+        self.input_linear(
+            name,
+            x,
+            stacked(&[&l.weight])?,
+            l.out_features(),
+            l.in_features(),
+            stacked_bias(&[l]),
+        )
+    }
+
+    /// A linear over an intermediate value `h` (the FFN's hidden state): `h` is first brought
+    /// per column to a largest magnitude of `2^14 / L1` (`L1` the weights' largest row L1 norm),
+    /// so that partial sums stay ≤ 2^14 and products far above the flush threshold, and the
+    /// result is scaled back. The factor is an fp16 quotient, so this costs two roundings.
+    fn normalized_linear(&mut self, name: &str, h: ValueId, l: &Linear) -> Result<ValueId> {
+        let (rows, cols) = (l.out_features(), l.in_features());
+        let w = stacked(&[&l.weight])?;
+        let l1 = max_row_l1(&w, cols).max(f32::MIN_POSITIVE);
+        let target = (PARTIAL_TARGET / l1).min(32768.0);
+        let f = &mut self.f;
+        let a = f.name_next(&format!("{name}_abs")).unary("abs", h)?;
+        let m = f
+            .name_next(&format!("{name}_max"))
+            .reduce("reduce_max", a, &[1], true)?;
+        // The floor keeps an all-zero column finite (its factor ≤ 2^15).
+        let m = f
+            .name_next(&format!("{name}_maxf"))
+            .binary_scalar("add", m, target / 32768.0)?;
+        let c = f.scalar(&format!("{name}_target"), DType::Fp16, target)?;
+        let scale = f.name_next(&format!("{name}_scale")).real_div(c, m)?;
+        let back = f.name_next(&format!("{name}_back")).real_div(m, c)?;
+        let hs = f.name_next(&format!("{name}_in")).mul(h, scale)?;
+        self.linear(name, hs, Some(back), w, rows, cols, stacked_bias(&[l]))
+    }
+}
+
+fn activate(f: &mut FunctionBuilder, act: Activation, g: ValueId, name: &str) -> Result<ValueId> {
+    Ok(match act {
+        Activation::Silu => {
+            let s = f.name_next(&format!("{name}_sig")).sigmoid(g)?;
+            f.name_next(name).mul(g, s)?
+        }
+        Activation::GeluTanh => {
+            let g2 = f.name_next(&format!("{name}_sq")).mul(g, g)?;
+            let t = f
+                .name_next(&format!("{name}_b"))
+                .binary_scalar("mul", g2, GELU_B)?;
+            let t = f
+                .name_next(&format!("{name}_ab"))
+                .binary_scalar("add", t, GELU_A)?;
+            let z = f.name_next(&format!("{name}_z")).mul(t, g)?;
+            let s = f.name_next(&format!("{name}_sig")).sigmoid(z)?;
+            f.name_next(name).mul(g, s)?
+        }
+    })
+}
+
+/// Builds the program of `spec` with the model's weights.
+pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> Result<Lowered> {
+    let w = opts.width;
+    let mut f = FunctionBuilder::new("main", Opset::Ios18);
+    let x = f.input(
+        &spec.input.name,
+        TensorType::fp16([1, spec.input.channels, 1, w]),
+    )?;
+    let descale = f.input(DESCALE, TensorType::fp16([1, 1, 1, w]))?;
+    let mut b = Builder {
+        f,
+        descale,
+        bound: 0.0,
+    };
+    let layer = |i: usize| {
+        model.layers.get(i).ok_or_else(|| {
+            AneError::Unsupported(format!("{}: the model has no layer {i}", spec.name))
+        })
+    };
+    let mut outputs = Vec::new();
+    match spec.projection {
+        Projection::Qkv(i) => {
+            let a = layer(i)?.attention();
+            let ls = [&a.q, &a.k, &a.v];
+            let ws = stacked(&ls.map(|l| &l.weight))?;
+            let rows = ls.iter().map(|l| l.out_features()).sum();
+            outputs.push(b.input_linear(
+                &spec.outputs[0].name,
+                x,
+                ws,
+                rows,
+                a.q.in_features(),
+                stacked_bias(&ls),
+            )?);
+        }
+        Projection::O(i) => {
+            outputs.push(b.input_linear_of(&spec.outputs[0].name, x, &layer(i)?.attention().o)?)
+        }
+        Projection::Ffn(i) => {
+            let hidden = match &layer(i)?.ffn {
+                Ffn::Gated { act, gate, up, .. } => {
+                    let g = b.input_linear_of("gate", x, gate)?;
+                    let u = b.input_linear_of("up", x, up)?;
+                    let a = activate(&mut b.f, *act, g, "act")?;
+                    b.f.name_next("hidden").mul(a, u)?
+                }
+                Ffn::Plain { act, up, .. } => {
+                    let u = b.input_linear_of("up", x, up)?;
+                    activate(&mut b.f, *act, u, "hidden")?
+                }
+            };
+            let down = match &layer(i)?.ffn {
+                Ffn::Gated { down, .. } | Ffn::Plain { down, .. } => down,
+            };
+            outputs.push(b.normalized_linear(&spec.outputs[0].name, hidden, down)?);
+        }
+        Projection::Head => {
+            let head = &model.lm_head;
+            for p in &spec.outputs {
+                outputs.push(b.input_linear(
+                    &p.name,
+                    x,
+                    row_range(head, p.first, p.channels)?,
+                    p.channels,
+                    head.cols,
+                    None,
+                )?);
+            }
+        }
+    }
+    for o in outputs {
+        b.f.output(o)?;
+    }
+    let unit = CompileUnit::new(&spec.name, Program::single(b.f.finish()?))?;
+    Ok(Lowered {
+        unit,
+        input_bound: b.bound,
+    })
+}
