@@ -23,6 +23,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Chat with the model in the terminal.
     Chat(cmd::chat::Args),
+    /// Serve the OpenAI and Anthropic APIs and a web chat over HTTP.
+    Serve(cmd::serve::Args),
     /// Print the prompt a conversation (a JSON messages file) becomes under the chat template.
     Template(cmd::template::Args),
     /// Evaluate a prompt: argmax at every position, the last logits, greedy tokens (JSON).
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Template(a) => cmd::template::run(a),
         Command::Eval(a) => cmd::eval::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),

@@ -9,5 +9,6 @@ pub mod mil;
 pub mod perplexity;
 pub mod probe;
 pub mod run;
+pub mod serve;
 pub mod template;
 pub mod tokenize;

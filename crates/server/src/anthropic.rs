@@ -1,0 +1,297 @@
+//! The Anthropic API: `POST /v1/messages` (streaming and not) and
+//! `POST /v1/messages/count_tokens`. Errors take Anthropic's shape.
+
+use std::sync::Arc;
+
+use anelm_engine::{Finish, FinishReason, GenerateParams, Message};
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::app::App;
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::ids::new_id;
+use crate::params::{max_tokens, Sampling};
+use crate::scheduler::{Job, Update};
+use crate::stream::{self, Translate};
+
+#[derive(Debug, Deserialize)]
+pub struct MessagesRequest {
+    model: String,
+    max_tokens: i64,
+    #[serde(flatten)]
+    conversation: Conversation,
+    stop_sequences: Option<Vec<String>>,
+    stream: Option<bool>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+}
+
+/// What both routes read: the messages, the system prompt, the tools.
+#[derive(Debug, Deserialize)]
+pub struct Conversation {
+    messages: Vec<InMessage>,
+    system: Option<Content>,
+    tools: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CountRequest {
+    model: String,
+    #[serde(flatten)]
+    conversation: Conversation,
+}
+
+#[derive(Debug, Deserialize)]
+struct InMessage {
+    role: String,
+    content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Block {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+impl Content {
+    fn text(self, field: &str) -> Result<String, ApiError> {
+        match self {
+            Content::Text(t) => Ok(t),
+            Content::Blocks(blocks) => {
+                let mut text = String::new();
+                for (j, b) in blocks.into_iter().enumerate() {
+                    match (b.kind.as_str(), b.text) {
+                        ("text", Some(t)) => text += &t,
+                        (kind, _) => {
+                            return Err(ApiError::bad_param(
+                                &format!("{field}[{j}]"),
+                                format!("only text content blocks are supported, got '{kind}'"),
+                            ))
+                        }
+                    }
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+impl Conversation {
+    /// The prompt's tokens. A last assistant message is the start of the reply (prefill).
+    async fn prompt(self, app: &App) -> Result<Vec<u32>, ApiError> {
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::bad_param("tools", "tools are not supported on /v1/messages"));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::bad_param("messages", "messages must not be empty"));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len() + 1);
+        if let Some(system) = self.system {
+            messages.push(Message::system(&system.text("system")?));
+        }
+        for (i, m) in self.messages.into_iter().enumerate() {
+            if m.role != "user" && m.role != "assistant" {
+                return Err(ApiError::bad_param(
+                    &format!("messages[{i}].role"),
+                    format!("role must be 'user' or 'assistant', got '{}'", m.role),
+                ));
+            }
+            let text = m.content.text(&format!("messages[{i}].content"))?;
+            messages.push(Message::new(&m.role, &text));
+        }
+        let prefill = match messages.last() {
+            Some(m) if m.role == "assistant" => messages.pop().map(|m| m.text()),
+            _ => None,
+        };
+        app.tokenize(move |m| m.chat_prompt(&messages, None, prefill.as_deref()))
+            .await
+    }
+}
+
+/// `POST /v1/messages/count_tokens`.
+pub async fn count_tokens(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<CountRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let count = async {
+        app.model.check_name(&req.model)?;
+        req.conversation.prompt(&app).await
+    };
+    let prompt = count.await.map_err(ApiError::anthropic)?;
+    Ok(Json(json!({"input_tokens": prompt.len()})))
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<MessagesRequest>,
+) -> Result<Response, ApiError> {
+    respond(app, req).await.map_err(ApiError::anthropic)
+}
+
+async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiError> {
+    app.model.check_name(&req.model)?;
+    let sampling = Sampling {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        ..Sampling::default()
+    }
+    .to_params(app.model.vocab_size(), 1.0)?;
+    max_tokens("max_tokens", Some(req.max_tokens), 0, app.model.ctx)?;
+    let prompt = req.conversation.prompt(&app).await?;
+    let stops = req.stop_sequences.unwrap_or_default();
+    let params = GenerateParams {
+        sampling,
+        max_tokens: max_tokens("max_tokens", Some(req.max_tokens), prompt.len(), app.model.ctx)?,
+        stop: stops.clone(),
+        ..GenerateParams::default()
+    };
+    let input_tokens = prompt.len();
+    let rx = app.submit(Job {
+        prompt,
+        choices: vec![params],
+    })?;
+    let reply = Reply {
+        app: app.clone(),
+        id: new_id("msg_"),
+        stops,
+    };
+    if req.stream.unwrap_or(false) {
+        return Ok(stream::sse(
+            rx,
+            MessageStream {
+                reply,
+                input_tokens,
+                text: String::new(),
+                tokens: Vec::new(),
+            },
+        ));
+    }
+    let mut choices = stream::collect(rx, 1).await?;
+    let c = choices.remove(0);
+    let stop_sequence = reply.stop_sequence(&c.finish, &c.tokens, &c.text);
+    Ok(Json(json!({
+        "id": reply.id,
+        "type": "message",
+        "role": "assistant",
+        "model": app.model.id,
+        "content": [{"type": "text", "text": c.text}],
+        "stop_reason": stop_reason(c.finish.reason),
+        "stop_sequence": stop_sequence,
+        "usage": usage(&c.finish),
+    }))
+    .into_response())
+}
+
+struct Reply {
+    app: Arc<App>,
+    id: String,
+    stops: Vec<String>,
+}
+
+impl Reply {
+    fn stop_sequence(&self, finish: &Finish, tokens: &[u32], text: &str) -> Option<String> {
+        stream::matched_stop(&self.app.model, finish, tokens, text, &self.stops)
+    }
+}
+
+fn stop_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop | FinishReason::Cancelled => "end_turn",
+        FinishReason::StopString => "stop_sequence",
+        FinishReason::Length | FinishReason::ContextFull => "max_tokens",
+    }
+}
+
+fn usage(finish: &Finish) -> Value {
+    json!({
+        "input_tokens": finish.usage.prompt_tokens,
+        "output_tokens": finish.usage.completion_tokens,
+    })
+}
+
+/// Streaming, in Anthropic's order: `message_start`, `content_block_start`, `ping`,
+/// `content_block_delta`…, `content_block_stop`, `message_delta`, `message_stop`.
+struct MessageStream {
+    reply: Reply,
+    input_tokens: usize,
+    /// What was sent, and the tokens behind it (to name the stop sequence at the end).
+    text: String,
+    tokens: Vec<u32>,
+}
+
+fn event(name: &str, data: Value) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+impl Translate for MessageStream {
+    fn opening(&mut self) -> Vec<Event> {
+        vec![
+            event(
+                "message_start",
+                json!({"type": "message_start", "message": {
+                    "id": self.reply.id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": self.reply.app.model.id,
+                    "content": [],
+                    "stop_reason": null,
+                    "stop_sequence": null,
+                    "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+                }}),
+            ),
+            event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ),
+            event("ping", json!({"type": "ping"})),
+        ]
+    }
+
+    fn update(&mut self, update: Update) -> Vec<Event> {
+        match update {
+            Update::Token { id, .. } => {
+                self.tokens.push(id);
+                Vec::new()
+            }
+            Update::Text { text, .. } => {
+                self.text += &text;
+                vec![event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                )]
+            }
+            Update::Finish { finish, .. } => {
+                let stop_sequence = self.reply.stop_sequence(&finish, &self.tokens, &self.text);
+                vec![
+                    event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                    event(
+                        "message_delta",
+                        json!({"type": "message_delta",
+                               "delta": {"stop_reason": stop_reason(finish.reason), "stop_sequence": stop_sequence},
+                               "usage": {"output_tokens": finish.usage.completion_tokens}}),
+                    ),
+                    event("message_stop", json!({"type": "message_stop"})),
+                ]
+            }
+            Update::Failed(message) => {
+                vec![event("error", ApiError::internal(message).anthropic().body())]
+            }
+        }
+    }
+}

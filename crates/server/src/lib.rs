@@ -1,0 +1,167 @@
+//! anelm's HTTP server: the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), `/health`
+//! and a web chat at `/`, over one model and one executor.
+//!
+//! HTTP runs on tokio; generation runs on plain threads (the [`scheduler`]'s slots), which take
+//! turns on the executor one token at a time. Requests wait in a bounded queue; past it they
+//! are refused with 503 and `Retry-After`.
+//!
+//! ```no_run
+//! # fn demo(loaded: anelm_engine::LoadedModel, exec: Box<dyn anelm_model::Executor>) -> Result<(), anelm_server::ServerError> {
+//! let server = anelm_server::Server::start(anelm_server::ServerConfig::default(), loaded, exec)?;
+//! println!("listening on http://{}", server.addr());
+//! server.wait_for_ctrl_c()
+//! # }
+//! ```
+
+mod anthropic;
+mod app;
+mod auth;
+mod error;
+mod extract;
+mod ids;
+mod model;
+mod openai;
+mod params;
+mod scheduler;
+mod sessions;
+mod stream;
+mod tools;
+mod webui;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anelm_engine::LoadedModel;
+use anelm_model::Executor;
+use tokio::sync::oneshot;
+
+pub use scheduler::{SchedulerConfig, Stats};
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Address to listen on; loopback unless asked otherwise.
+    pub host: String,
+    /// 0 picks a free port ([`Server::addr`] tells which).
+    pub port: u16,
+    /// When set, every `/v1` request must carry it (`Authorization: Bearer` or `x-api-key`).
+    pub api_key: Option<String>,
+    /// The name clients use for the model (default: the file name without `.gguf`).
+    pub model_id: Option<String>,
+    /// Context size of each conversation (default: the model's, at most 4096).
+    pub ctx: Option<usize>,
+    /// Largest request body accepted, in bytes.
+    pub body_limit: usize,
+    pub scheduler: SchedulerConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_key: None,
+            model_id: None,
+            ctx: None,
+            body_limit: 4 << 20,
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0}")]
+    Model(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running server; dropping it stops it.
+pub struct Server {
+    addr: SocketAddr,
+    app: Arc<app::App>,
+    shutdown: Option<oneshot::Sender<()>>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Server {
+    /// Binds, starts the generation slots and serves in the background.
+    pub fn start(
+        config: ServerConfig,
+        loaded: LoadedModel,
+        exec: Box<dyn Executor>,
+    ) -> Result<Server, ServerError> {
+        let app = Arc::new(app::App::new(&config, loaded, exec)?);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("anelm-http")
+            .enable_all()
+            .build()?;
+        let addr_text = format!("{}:{}", config.host, config.port);
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(&addr_text))
+            .map_err(|source| ServerError::Bind {
+                addr: addr_text.clone(),
+                source,
+            })?;
+        let addr = listener.local_addr()?;
+        let router = app::router(app.clone(), &config);
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        runtime.spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(async {
+                let _ = stopped.await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!("server stopped: {e}");
+            }
+        });
+        tracing::info!("serving {} on http://{addr}", app.model.id);
+        Ok(Server {
+            addr,
+            app,
+            shutdown: Some(shutdown),
+            runtime: Some(runtime),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The id clients name the model by.
+    pub fn model_id(&self) -> &str {
+        &self.app.model.id
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.app.scheduler.stats()
+    }
+
+    /// Serves until Ctrl-C (or SIGINT).
+    pub fn wait_for_ctrl_c(self) -> Result<(), ServerError> {
+        if let Some(rt) = &self.runtime {
+            rt.block_on(tokio::signal::ctrl_c())?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        self.app.scheduler.close();
+        // Open streams would hold a graceful shutdown forever; the slots end after their step.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The served model: its name, its tokenizer and chat template (compiled once), its context, and
+//! how requests become prompt tokens.
+
+use std::sync::Arc;
+
+use anelm_engine::{ChatTemplate, LoadedModel, Message, RenderOptions};
+use anelm_tokenize::Tokenizer;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::ServerError;
+
+pub struct ServedModel {
+    pub id: String,
+    pub loaded: Arc<LoadedModel>,
+    pub tokenizer: Arc<Tokenizer>,
+    template: ChatTemplate,
+    /// Positions in each conversation's context.
+    pub ctx: usize,
+    /// Whether the chat template writes tool descriptions into the prompt.
+    pub tools_supported: bool,
+    /// When the server started (OpenAI's `created` of the model).
+    pub created: u64,
+}
+
+/// Default context when the model allows more: long chats, modest KV memory per session.
+const DEFAULT_CTX: usize = 4096;
+
+impl ServedModel {
+    pub fn new(
+        loaded: LoadedModel,
+        id: Option<String>,
+        ctx: Option<usize>,
+    ) -> Result<ServedModel, ServerError> {
+        let path = loaded.model.source.path().to_path_buf();
+        let tokenizer = loaded
+            .tokenizer()
+            .map_err(|e| ServerError::Model(e.to_string()))?
+            .clone();
+        let template = loaded
+            .chat_template()
+            .map_err(|e| ServerError::Model(e.to_string()))?;
+        let max = loaded.model.max_positions();
+        let ctx = ctx.unwrap_or(DEFAULT_CTX.min(max));
+        if ctx < 2 || ctx > max {
+            return Err(ServerError::Model(format!(
+                "{}: a context of {ctx} tokens is not possible; the model allows 2 to {max}",
+                path.display()
+            )));
+        }
+        let id = id.unwrap_or_else(|| {
+            let name = path.file_name().map_or_else(
+                || "model".to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            name.strip_suffix(".gguf").unwrap_or(&name).to_string()
+        });
+        let tools_supported = describes_tools(&template);
+        Ok(ServedModel {
+            id,
+            loaded: Arc::new(loaded),
+            tokenizer,
+            template,
+            ctx,
+            tools_supported,
+            created: crate::ids::unix_seconds(),
+        })
+    }
+
+    /// Checks the `model` field of a request.
+    pub fn check_name(&self, asked: &str) -> Result<(), ApiError> {
+        if asked == self.id {
+            Ok(())
+        } else {
+            Err(ApiError::unknown_model(asked, &self.id))
+        }
+    }
+
+    /// A conversation's prompt: the chat template's text ending with the assistant's header,
+    /// its special-token text read as special tokens, nothing added (templates write their own
+    /// BOS) — as the engine renders `Input::Messages`, with the tools added. `prefill` is the
+    /// start of the reply, which the model continues.
+    pub fn chat_prompt(
+        &self,
+        messages: &[Message],
+        tools: Option<Vec<Value>>,
+        prefill: Option<&str>,
+    ) -> Result<Vec<u32>, ApiError> {
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            tools,
+            ..RenderOptions::default()
+        };
+        let mut text = self
+            .template
+            .render(messages, &opts)
+            .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+        text.push_str(prefill.unwrap_or(""));
+        self.checked(self.tokenizer.encode(&text, false, true))
+    }
+
+    /// A plain-text prompt, tokenized as llama.cpp tokenizes one (BOS as the model says).
+    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.checked(self.tokenizer.encode(text, true, true))
+    }
+
+    /// Token ids given by the client, checked against the vocabulary.
+    pub fn id_prompt(&self, ids: Vec<u32>) -> Result<Vec<u32>, ApiError> {
+        let vocab = self.loaded.model.config.vocab_size;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ApiError::bad_param(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            ));
+        }
+        self.checked(Ok(ids))
+    }
+
+    /// A prompt must leave room for at least one generated token.
+    fn checked(&self, ids: anelm_tokenize::Result<Vec<u32>>) -> Result<Vec<u32>, ApiError> {
+        let ids = ids.map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if ids.is_empty() {
+            return Err(ApiError::bad_request("The prompt is empty"));
+        }
+        if ids.len() >= self.ctx {
+            return Err(ApiError::context_exceeded(ids.len(), self.ctx));
+        }
+        Ok(ids)
+    }
+
+    /// The text of generated tokens (special tokens have none), for finding which stop string
+    /// ended a generation.
+    pub fn text_of(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids
+            .iter()
+            .filter(|&&id| !self.tokenizer.is_special(id))
+            .flat_map(|&id| self.tokenizer.token_to_piece(id))
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// A token as text, and its bytes (OpenAI's logprobs `token` and `bytes`).
+    pub fn piece(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self.tokenizer.token_to_piece(id);
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.loaded.model.config.vocab_size
+    }
+}
+
+/// A template describes tools when giving it one changes what it writes.
+fn describes_tools(template: &ChatTemplate) -> bool {
+    let chat = [Message::user("hello")];
+    let probe = serde_json::json!({
+        "type": "function",
+        "function": {"name": "anelm_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}
+    });
+    let plain = template.render(&chat, &RenderOptions::default());
+    let with_tools = template.render(
+        &chat,
+        &RenderOptions {
+            tools: Some(vec![probe]),
+            ..RenderOptions::default()
+        },
+    );
+    matches!((plain, with_tools), (Ok(a), Ok(b)) if a != b)
+}

@@ -1,0 +1,448 @@
+//! `POST /v1/chat/completions`.
+
+use std::sync::Arc;
+
+use anelm_engine::{Finish, GenerateParams, Message, TokenLogprob};
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{chat_logprobs, stream_end, usage_json, StreamOptions};
+use crate::app::App;
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::ids::{new_id, unix_seconds};
+use crate::params::{choices, max_tokens, Sampling, Stop};
+use crate::scheduler::{Job, Update};
+use crate::stream::{self, json_event, Translate};
+use crate::tools::{self, ToolCall};
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    model: String,
+    messages: Vec<ChatMessage>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    n: Option<i64>,
+    stop: Option<Stop>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    response_format: Option<ResponseFormat>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    #[serde(flatten)]
+    sampling: Sampling,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResponseFormat {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+    name: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+/// The most alternatives per token OpenAI allows.
+const MAX_TOP_LOGPROBS: i64 = 20;
+
+pub async fn handle(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<ChatRequest>,
+) -> Result<Response, ApiError> {
+    app.model.check_name(&req.model)?;
+    let messages = req
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| m.into_message(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "messages must not be empty"));
+    }
+    if let Some(f) = &req.response_format {
+        if f.kind != "text" {
+            return Err(ApiError::bad_param(
+                "response_format",
+                format!("response_format '{}' is not supported; only 'text' is", f.kind),
+            ));
+        }
+    }
+    let tools = active_tools(&app, req.tools, req.tool_choice.as_ref())?;
+    let declared = tools.as_deref().map(tools::declared_names);
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (false, Some(_)) => {
+            return Err(ApiError::bad_param("top_logprobs", "top_logprobs needs logprobs: true"))
+        }
+        (false, None) => None,
+        (true, None) => Some(0),
+        (true, Some(n)) if (0..=MAX_TOP_LOGPROBS).contains(&n) => Some(n as usize),
+        (true, Some(n)) => {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {n}"),
+            ))
+        }
+    };
+    let sampling = req.sampling.to_params(app.model.vocab_size(), 2.0)?;
+    let (limit_name, limit) = match req.max_completion_tokens {
+        Some(n) => ("max_completion_tokens", Some(n)),
+        None => ("max_tokens", req.max_tokens),
+    };
+    // Check the limit before the (possibly long) tokenizing; its bound needs the prompt.
+    max_tokens(limit_name, limit, 0, app.model.ctx)?;
+    let prompt = app
+        .tokenize(move |m| m.chat_prompt(&messages, tools, None))
+        .await?;
+    let stop = Stop::into_vec(req.stop);
+    let params = GenerateParams {
+        sampling,
+        max_tokens: max_tokens(limit_name, limit, prompt.len(), app.model.ctx)?,
+        stop: stop.clone(),
+        logprobs,
+        ..GenerateParams::default()
+    };
+    let choices = choices(req.n, params)?;
+    let n = choices.len();
+    let rx = app.submit(Job { prompt, choices })?;
+    let reply = Reply {
+        app: app.clone(),
+        id: new_id("chatcmpl-"),
+        created: unix_seconds(),
+        declared,
+        logprobs: logprobs.is_some(),
+    };
+    if req.stream.unwrap_or(false) {
+        let include_usage = req
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        return Ok(stream::sse(rx, ChatStream::new(reply, n, include_usage)));
+    }
+    let choices = stream::collect(rx, n).await?;
+    Ok(Json(reply.body(&choices)).into_response())
+}
+
+impl ChatMessage {
+    fn into_message(self, i: usize) -> Result<Message, ApiError> {
+        let field = |f: &str| format!("messages[{i}].{f}");
+        let role = match self.role.as_str() {
+            "system" | "developer" => "system",
+            "user" | "assistant" | "tool" => self.role.as_str(),
+            other => {
+                return Err(ApiError::bad_param(
+                    &field("role"),
+                    format!("unknown role '{other}' (system, developer, user, assistant, tool)"),
+                ))
+            }
+        };
+        let content = match self.content {
+            Some(Content::Text(t)) => Value::String(t),
+            Some(Content::Parts(parts)) => Value::String(text_of_parts(parts, &field("content"))?),
+            None if role == "assistant" && self.tool_calls.is_some() => Value::Null,
+            None => return Err(ApiError::bad_param(&field("content"), "content is missing")),
+        };
+        let mut message = Message {
+            role: role.to_string(),
+            content,
+            extra: serde_json::Map::new(),
+        };
+        if let Some(name) = self.name {
+            message.extra.insert("name".into(), name.into());
+        }
+        if let Some(id) = self.tool_call_id {
+            message.extra.insert("tool_call_id".into(), id.into());
+        }
+        if let Some(calls) = self.tool_calls {
+            let calls = calls.into_iter().map(arguments_as_object).collect();
+            message.extra.insert("tool_calls".into(), Value::Array(calls));
+        }
+        Ok(message)
+    }
+}
+
+fn text_of_parts(parts: Vec<Part>, field: &str) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, part) in parts.into_iter().enumerate() {
+        match (part.kind.as_str(), part.text) {
+            ("text", Some(t)) => text += &t,
+            (kind, _) => {
+                return Err(ApiError::bad_param(
+                    &format!("{field}[{j}]"),
+                    format!("only text content parts are supported, got '{kind}'"),
+                ))
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// OpenAI sends a call's arguments as JSON text; chat templates (as transformers documents
+/// them) expect an object.
+fn arguments_as_object(mut call: Value) -> Value {
+    if let Some(args) = call.pointer_mut("/function/arguments") {
+        if let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()) {
+            *args = parsed;
+        }
+    }
+    call
+}
+
+/// The tools the prompt describes: none when `tool_choice` is "none"; an error when the
+/// template cannot describe them or the choice cannot be honoured.
+fn active_tools(
+    app: &App,
+    tools: Option<Vec<Value>>,
+    choice: Option<&Value>,
+) -> Result<Option<Vec<Value>>, ApiError> {
+    let Some(tools) = tools.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    match choice {
+        None => {}
+        Some(Value::String(c)) if c == "auto" => {}
+        Some(Value::String(c)) if c == "none" => return Ok(None),
+        Some(other) => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                format!("tool_choice {other} is not supported: only \"auto\" and \"none\" (a call cannot be forced)"),
+            ))
+        }
+    }
+    if !app.model.tools_supported {
+        return Err(ApiError::bad_param(
+            "tools",
+            format!("the chat template of '{}' does not describe tools", app.model.id),
+        ));
+    }
+    Ok(Some(tools))
+}
+
+/// What every chat response shares.
+struct Reply {
+    app: Arc<App>,
+    id: String,
+    created: u64,
+    /// The declared tool names, when the reply may call tools.
+    declared: Option<Vec<String>>,
+    logprobs: bool,
+}
+
+impl Reply {
+    fn body(&self, choices: &[stream::Choice]) -> Value {
+        let finishes: Vec<&Finish> = choices.iter().map(|c| &c.finish).collect();
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (content, calls) = self.split_calls(&c.text);
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    message["tool_calls"] = tool_calls_json(&calls);
+                }
+                json!({
+                    "index": i,
+                    "message": message,
+                    "logprobs": self.logprobs_json(&c.tokens, &c.logprobs),
+                    "finish_reason": finish_reason(&c.finish, &calls),
+                })
+            })
+            .collect();
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.app.model.id,
+            "choices": choices,
+            "usage": usage_json(&stream::total_usage(&finishes)),
+            "timings": stream::timings(&finishes),
+        })
+    }
+
+    /// The reply's text and tool calls (none when the request declared no tools).
+    fn split_calls(&self, text: &str) -> (Option<String>, Vec<ToolCall>) {
+        match &self.declared {
+            Some(names) => tools::parse(text, names),
+            None => (Some(text.to_string()), Vec::new()),
+        }
+    }
+
+    fn logprobs_json(&self, tokens: &[u32], logprobs: &[TokenLogprob]) -> Value {
+        if self.logprobs {
+            json!({"content": chat_logprobs(&self.app.model, tokens, logprobs)})
+        } else {
+            Value::Null
+        }
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.app.model.id,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            chunk["usage"] = u;
+        }
+        chunk
+    }
+}
+
+fn finish_reason(finish: &Finish, calls: &[ToolCall]) -> &'static str {
+    if calls.is_empty() {
+        finish.reason.openai()
+    } else {
+        "tool_calls"
+    }
+}
+
+fn tool_calls_json(calls: &[ToolCall]) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "index": i,
+                "id": new_id("call_"),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            })
+        })
+        .collect()
+}
+
+/// Streaming: a role chunk per choice, a chunk per piece of text (with the logprobs of the
+/// tokens behind it), a finish chunk per choice, the usage chunk when asked, then `[DONE]`.
+/// With tools declared, each choice's text is held back to its end, where it becomes either
+/// text or tool calls.
+struct ChatStream {
+    reply: Reply,
+    n: usize,
+    /// `usage: null` on every chunk and a last chunk with the usage.
+    include_usage: bool,
+    /// Per choice: tokens not yet reported with their logprobs.
+    tokens: Vec<Vec<(u32, TokenLogprob)>>,
+    held: Vec<String>,
+    finishes: Vec<Finish>,
+}
+
+impl ChatStream {
+    fn new(reply: Reply, n: usize, include_usage: bool) -> ChatStream {
+        ChatStream {
+            reply,
+            n,
+            include_usage,
+            tokens: vec![Vec::new(); n],
+            held: vec![String::new(); n],
+            finishes: Vec::new(),
+        }
+    }
+
+    fn chunk(&self, choice: Value) -> Event {
+        json_event(
+            &self
+                .reply
+                .chunk(json!([choice]), self.include_usage.then_some(Value::Null)),
+        )
+    }
+
+    fn pending_logprobs(&mut self, choice: usize) -> Value {
+        let pending = std::mem::take(&mut self.tokens[choice]);
+        if !self.reply.logprobs {
+            return Value::Null;
+        }
+        let (ids, lps): (Vec<u32>, Vec<TokenLogprob>) = pending.into_iter().unzip();
+        self.reply.logprobs_json(&ids, &lps)
+    }
+}
+
+impl Translate for ChatStream {
+    fn opening(&mut self) -> Vec<Event> {
+        (0..self.n)
+            .map(|i| {
+                self.chunk(json!({
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                }))
+            })
+            .collect()
+    }
+
+    fn update(&mut self, update: Update) -> Vec<Event> {
+        match update {
+            Update::Token { choice, id, logprob } => {
+                if let Some(lp) = logprob {
+                    self.tokens[choice].push((id, lp));
+                }
+                Vec::new()
+            }
+            Update::Text { choice, text } if self.reply.declared.is_some() => {
+                self.held[choice] += &text;
+                Vec::new()
+            }
+            Update::Text { choice, text } => {
+                let logprobs = self.pending_logprobs(choice);
+                vec![self.chunk(json!({
+                    "index": choice,
+                    "delta": {"content": text},
+                    "logprobs": logprobs,
+                    "finish_reason": null,
+                }))]
+            }
+            Update::Finish { choice, finish } => {
+                let (content, calls) = self.reply.split_calls(&std::mem::take(&mut self.held[choice]));
+                let mut delta = json!({});
+                if self.reply.declared.is_some() {
+                    delta["content"] = content.into();
+                    if !calls.is_empty() {
+                        delta["tool_calls"] = tool_calls_json(&calls);
+                    }
+                }
+                let logprobs = self.pending_logprobs(choice);
+                let mut events = vec![self.chunk(json!({
+                    "index": choice,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason(&finish, &calls),
+                }))];
+                self.finishes.push(finish);
+                if self.finishes.len() == self.n {
+                    let usage_chunk = self.include_usage.then(|| self.reply.chunk(json!([]), None));
+                    events.extend(stream_end(usage_chunk, &self.finishes));
+                }
+                events
+            }
+            Update::Failed(message) => vec![json_event(&ApiError::internal(message).body())],
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! `POST /v1/completions`: a continuation of a text (or token ids), no chat template.
+
+use std::sync::Arc;
+
+use anelm_engine::{Finish, GenerateParams};
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{stream_end, usage_json, StreamOptions};
+use crate::app::App;
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::ids::{new_id, unix_seconds};
+use crate::params::{choices, max_tokens, Sampling, Stop};
+use crate::scheduler::{Job, Update};
+use crate::stream::{self, json_event, Translate};
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    model: String,
+    prompt: Prompt,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    n: Option<i64>,
+    stop: Option<Stop>,
+    /// Alternatives per token to report (0 to 5), as the legacy API has it.
+    logprobs: Option<i64>,
+    echo: Option<bool>,
+    suffix: Option<String>,
+    #[serde(flatten)]
+    sampling: Sampling,
+}
+
+/// A text, a one-element list of texts, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+/// The legacy API's default answer length.
+const DEFAULT_MAX_TOKENS: i64 = 16;
+const MAX_LOGPROBS: i64 = 5;
+
+pub async fn handle(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    app.model.check_name(&req.model)?;
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad_param("suffix", "suffix (insertion) is not supported"));
+    }
+    let logprobs = match req.logprobs {
+        None => None,
+        Some(n) if (0..=MAX_LOGPROBS).contains(&n) => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::bad_param(
+                "logprobs",
+                format!("logprobs must be in [0, {MAX_LOGPROBS}], got {n}"),
+            ))
+        }
+    };
+    let sampling = req.sampling.to_params(app.model.vocab_size(), 2.0)?;
+    let limit = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
+    max_tokens("max_tokens", limit, 0, app.model.ctx)?;
+    let (prompt, echo_text) = match req.prompt {
+        Prompt::Text(t) => (app.tokenize_text(t.clone()).await?, t),
+        Prompt::Texts(mut ts) if ts.len() == 1 => {
+            let t = ts.remove(0);
+            (app.tokenize_text(t.clone()).await?, t)
+        }
+        Prompt::Texts(_) => {
+            return Err(ApiError::bad_param("prompt", "give one prompt per request"))
+        }
+        Prompt::Ids(ids) => {
+            let text = app.model.text_of(&ids);
+            (app.model.id_prompt(ids)?, text)
+        }
+    };
+    let stop = Stop::into_vec(req.stop);
+    let params = GenerateParams {
+        sampling,
+        max_tokens: max_tokens("max_tokens", limit, prompt.len(), app.model.ctx)?,
+        stop,
+        logprobs,
+        ..GenerateParams::default()
+    };
+    let choices = choices(req.n, params)?;
+    let n = choices.len();
+    let rx = app.submit(Job { prompt, choices })?;
+    let reply = Reply {
+        app: app.clone(),
+        id: new_id("cmpl-"),
+        created: unix_seconds(),
+        echo: req.echo.unwrap_or(false).then_some(echo_text),
+        logprobs: logprobs.is_some(),
+    };
+    if req.stream.unwrap_or(false) {
+        let include_usage = req
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        return Ok(stream::sse(
+            rx,
+            CompletionStream {
+                reply,
+                n,
+                include_usage,
+                tokens: vec![Vec::new(); n],
+                finishes: Vec::new(),
+            },
+        ));
+    }
+    let choices = stream::collect(rx, n).await?;
+    Ok(Json(reply.body(&choices)).into_response())
+}
+
+struct Reply {
+    app: Arc<App>,
+    id: String,
+    created: u64,
+    /// The prompt's text, when the answer repeats it.
+    echo: Option<String>,
+    logprobs: bool,
+}
+
+impl Reply {
+    fn body(&self, choices: &[stream::Choice]) -> Value {
+        let finishes: Vec<&Finish> = choices.iter().map(|c| &c.finish).collect();
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let text = format!("{}{}", self.echo.as_deref().unwrap_or(""), c.text);
+                let lps: Vec<_> = c.tokens.iter().copied().zip(c.logprobs.iter().cloned()).collect();
+                json!({
+                    "index": i,
+                    "text": text,
+                    "logprobs": self.logprobs_json(&lps),
+                    "finish_reason": c.finish.reason.openai(),
+                })
+            })
+            .collect();
+        json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.app.model.id,
+            "choices": choices,
+            "usage": usage_json(&stream::total_usage(&finishes)),
+            "timings": stream::timings(&finishes),
+        })
+    }
+
+    /// The legacy logprobs object: tokens, their logprobs, and the alternatives as maps.
+    fn logprobs_json(&self, tokens: &[(u32, anelm_engine::TokenLogprob)]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let model = &self.app.model;
+        let mut offset = self.echo.as_ref().map_or(0, String::len);
+        let mut text_offset = Vec::new();
+        let pieces: Vec<String> = tokens
+            .iter()
+            .map(|(id, _)| {
+                let piece = model.piece(*id).0;
+                text_offset.push(offset);
+                offset += piece.len();
+                piece
+            })
+            .collect();
+        let top: Vec<Value> = tokens
+            .iter()
+            .map(|(_, lp)| {
+                let map: serde_json::Map<String, Value> =
+                    lp.top.iter().map(|&(t, l)| (model.piece(t).0, json!(l))).collect();
+                Value::Object(map)
+            })
+            .collect();
+        json!({
+            "tokens": pieces,
+            "token_logprobs": tokens.iter().map(|(_, lp)| lp.logprob).collect::<Vec<_>>(),
+            "top_logprobs": top,
+            "text_offset": text_offset,
+        })
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.app.model.id,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            chunk["usage"] = u;
+        }
+        chunk
+    }
+}
+
+struct CompletionStream {
+    reply: Reply,
+    n: usize,
+    include_usage: bool,
+    tokens: Vec<Vec<(u32, anelm_engine::TokenLogprob)>>,
+    finishes: Vec<Finish>,
+}
+
+impl CompletionStream {
+    fn chunk(&mut self, choice: usize, text: String, finish: Option<&'static str>) -> Event {
+        let lps = std::mem::take(&mut self.tokens[choice]);
+        let value = self.reply.chunk(
+            json!([{
+                "index": choice,
+                "text": text,
+                "logprobs": self.reply.logprobs_json(&lps),
+                "finish_reason": finish,
+            }]),
+            self.include_usage.then_some(Value::Null),
+        );
+        json_event(&value)
+    }
+}
+
+impl Translate for CompletionStream {
+    fn opening(&mut self) -> Vec<Event> {
+        let Some(echo) = self.reply.echo.clone() else {
+            return Vec::new();
+        };
+        (0..self.n).map(|i| self.chunk(i, echo.clone(), None)).collect()
+    }
+
+    fn update(&mut self, update: Update) -> Vec<Event> {
+        match update {
+            Update::Token { choice, id, logprob } => {
+                if let Some(lp) = logprob {
+                    self.tokens[choice].push((id, lp));
+                }
+                Vec::new()
+            }
+            Update::Text { choice, text } => vec![self.chunk(choice, text, None)],
+            Update::Finish { choice, finish } => {
+                let mut events = vec![self.chunk(choice, String::new(), Some(finish.reason.openai()))];
+                self.finishes.push(finish);
+                if self.finishes.len() == self.n {
+                    let usage_chunk = self.include_usage.then(|| self.reply.chunk(json!([]), None));
+                    events.extend(stream_end(usage_chunk, &self.finishes));
+                }
+                events
+            }
+            Update::Failed(message) => vec![json_event(&ApiError::internal(message).body())],
+        }
+    }
+}
