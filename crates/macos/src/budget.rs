@@ -21,15 +21,23 @@ pub struct CompileBudget {
 
 impl CompileBudget {
     pub const fn new(limit: u32) -> CompileBudget {
-        CompileBudget { used: AtomicU32::new(0), limit }
+        CompileBudget {
+            used: AtomicU32::new(0),
+            limit,
+        }
     }
 
     /// Takes one compile from the budget, or says it is spent.
     pub fn take(&self) -> Result<(), MacError> {
         self.used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| (u < self.limit).then_some(u + 1))
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                (u < self.limit).then_some(u + 1)
+            })
             .map(|_| ())
-            .map_err(|used| MacError::BudgetExhausted { used, limit: self.limit })
+            .map_err(|used| MacError::BudgetExhausted {
+                used,
+                limit: self.limit,
+            })
     }
 
     pub fn used(&self) -> u32 {
@@ -45,7 +53,11 @@ impl CompileBudget {
 pub fn limit_from(value: Option<&str>) -> Result<u32, MacError> {
     match value.map(str::trim) {
         None | Some("") => Ok(DEFAULT_LIMIT),
-        Some(v) => v.parse().map_err(|_| MacError::Invalid(format!("{LIMIT_ENV}={v}: a whole number of compiles expected"))),
+        Some(v) => v.parse().map_err(|_| {
+            MacError::Invalid(format!(
+                "{LIMIT_ENV}={v}: a whole number of compiles expected"
+            ))
+        }),
     }
 }
 
@@ -53,7 +65,11 @@ pub fn limit_from(value: Option<&str>) -> Result<u32, MacError> {
 pub fn process_budget() -> Result<&'static CompileBudget, MacError> {
     static BUDGET: OnceLock<Result<CompileBudget, String>> = OnceLock::new();
     BUDGET
-        .get_or_init(|| limit_from(std::env::var(LIMIT_ENV).ok().as_deref()).map(CompileBudget::new).map_err(|e| e.to_string()))
+        .get_or_init(|| {
+            limit_from(std::env::var(LIMIT_ENV).ok().as_deref())
+                .map(CompileBudget::new)
+                .map_err(|e| e.to_string())
+        })
         .as_ref()
         .map_err(|e| MacError::Invalid(e.clone()))
 }
@@ -69,8 +85,14 @@ mod tests {
             b.take().unwrap();
         }
         let e = b.take().unwrap_err();
-        assert!(matches!(e, MacError::BudgetExhausted { used: 3, limit: 3 }), "{e}");
-        assert!(e.to_string().contains("3 ANE compiles") && e.to_string().contains(LIMIT_ENV), "{e}");
+        assert!(
+            matches!(e, MacError::BudgetExhausted { used: 3, limit: 3 }),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("3 ANE compiles") && e.to_string().contains(LIMIT_ENV),
+            "{e}"
+        );
         assert_eq!(b.used(), 3, "a refused compile is not counted");
     }
 

@@ -82,7 +82,10 @@ pub enum NsErrorKind {
 pub fn status_code(description: &str) -> Option<u32> {
     let hex_after = |marker: &str| {
         let at = description.find(marker)? + marker.len();
-        let digits: String = description[at..].chars().take_while(char::is_ascii_hexdigit).collect();
+        let digits: String = description[at..]
+            .chars()
+            .take_while(char::is_ascii_hexdigit)
+            .collect();
         u32::from_str_radix(&digits, 16).ok()
     };
     hex_after("status=0x").or_else(|| hex_after("(0x"))
@@ -93,7 +96,9 @@ impl NsErrorInfo {
     pub fn kind(&self, step: Step) -> NsErrorKind {
         let status = status_code(&self.description);
         if self.domain == ANE_COMPILER_DOMAIN {
-            return NsErrorKind::CompileRejected { invalid_program: self.description.contains("InvalidMILProgram") };
+            return NsErrorKind::CompileRejected {
+                invalid_program: self.description.contains("InvalidMILProgram"),
+            };
         }
         if self.domain != ANE_DOMAIN {
             return NsErrorKind::Other;
@@ -104,7 +109,9 @@ impl NsErrorInfo {
             (3, Step::Load) => NsErrorKind::TransientLoad,
             (6, Step::Load) if status != Some(DEVICE_WINDOW_STATUS) => NsErrorKind::TransientLoad,
             (6 | 21, _) => NsErrorKind::Load { status },
-            (4 | 9 | 10 | 11 | 16, Step::Compile) => NsErrorKind::CompileRejected { invalid_program: false },
+            (4 | 9 | 10 | 11 | 16, Step::Compile) => NsErrorKind::CompileRejected {
+                invalid_program: false,
+            },
             (5 | 8 | 13 | 23, _) => NsErrorKind::Evaluate { status },
             _ => NsErrorKind::Other,
         }
@@ -131,7 +138,12 @@ pub enum MacError {
     Unavailable(Unavailable),
     /// An Objective-C call failed with an `NSError`.
     #[error("{step} ({call}): {error}")]
-    Call { step: Step, call: &'static str, kind: NsErrorKind, error: NsErrorInfo },
+    Call {
+        step: Step,
+        call: &'static str,
+        kind: NsErrorKind,
+        error: NsErrorInfo,
+    },
     /// An Objective-C call returned nil or NO without saying why.
     #[error("{step} ({call}): the call failed and gave no NSError")]
     Silent { step: Step, call: &'static str },
@@ -143,7 +155,10 @@ pub enum MacError {
     Layout(String),
     /// Writing the staged model files failed.
     #[error("staging {}: {source}", path.display())]
-    Staging { path: PathBuf, source: std::io::Error },
+    Staging {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// An IOSurface call failed.
     #[error("IOSurface {call} failed: {detail}")]
     Surface { call: &'static str, detail: String },
@@ -164,18 +179,36 @@ impl From<Unavailable> for MacError {
 impl MacError {
     /// True when the error means "no ANE here" rather than a failure of the ANE.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, MacError::Unavailable(_)) || matches!(self, MacError::Call { kind: NsErrorKind::NoHardware, .. })
+        matches!(self, MacError::Unavailable(_))
+            || matches!(
+                self,
+                MacError::Call {
+                    kind: NsErrorKind::NoHardware,
+                    ..
+                }
+            )
     }
 
     /// True for a load failure that a retry may fix.
     pub fn is_transient(&self) -> bool {
-        matches!(self, MacError::Call { kind: NsErrorKind::TransientLoad, .. })
+        matches!(
+            self,
+            MacError::Call {
+                kind: NsErrorKind::TransientLoad,
+                ..
+            }
+        )
     }
 
     /// The error of a failed call at `step`, with its `NSError` when there was one.
     pub fn call(step: Step, call: &'static str, error: Option<NsErrorInfo>) -> MacError {
         match error {
-            Some(error) => MacError::Call { step, call, kind: error.kind(step), error },
+            Some(error) => MacError::Call {
+                step,
+                call,
+                kind: error.kind(step),
+                error,
+            },
             None => MacError::Silent { step, call },
         }
     }
@@ -188,7 +221,11 @@ mod tests {
     use super::*;
 
     fn ns(domain: &str, code: i64, description: &str) -> NsErrorInfo {
-        NsErrorInfo { domain: domain.into(), code, description: description.into() }
+        NsErrorInfo {
+            domain: domain.into(),
+            code,
+            description: description.into(),
+        }
     }
 
     #[test]
@@ -196,45 +233,111 @@ mod tests {
         // Messages as FACTS §3.6 and the DEC format strings spell them.
         let eval = "processRequest:model:qos:qIndex:modelStringID:options:returnValue:error:: ANEProgramProcessRequestDirect() Failed with status=0x1d : statusType=0x9: Program Inference error";
         assert_eq!(status_code(eval), Some(0x1d));
-        assert_eq!(status_code("loadModel: Program load failure (0x20004)"), Some(0x20004));
+        assert_eq!(
+            status_code("loadModel: Program load failure (0x20004)"),
+            Some(0x20004)
+        );
         assert_eq!(status_code("_ANECompiler : ANECCompile() FAILED"), None);
         assert_eq!(status_code("status=0xzz"), None);
     }
 
     #[test]
     fn compile_errors_say_whether_the_program_was_invalid() {
-        let e = ns(ANE_COMPILER_DOMAIN, 1, "_ANECompiler : ANECCompile() FAILED err=(InvalidMILProgram)");
-        assert_eq!(e.kind(Step::Compile), NsErrorKind::CompileRejected { invalid_program: true });
-        let e = ns(ANE_COMPILER_DOMAIN, 1, "_ANECompiler : ANECCompile() FAILED err=(CompilationFailure)");
-        assert_eq!(e.kind(Step::Compile), NsErrorKind::CompileRejected { invalid_program: false });
+        let e = ns(
+            ANE_COMPILER_DOMAIN,
+            1,
+            "_ANECompiler : ANECCompile() FAILED err=(InvalidMILProgram)",
+        );
+        assert_eq!(
+            e.kind(Step::Compile),
+            NsErrorKind::CompileRejected {
+                invalid_program: true
+            }
+        );
+        let e = ns(
+            ANE_COMPILER_DOMAIN,
+            1,
+            "_ANECompiler : ANECCompile() FAILED err=(CompilationFailure)",
+        );
+        assert_eq!(
+            e.kind(Step::Compile),
+            NsErrorKind::CompileRejected {
+                invalid_program: false
+            }
+        );
     }
 
     #[test]
     fn load_failures_are_transient_unless_the_weights_do_not_fit() {
-        assert_eq!(ns(ANE_DOMAIN, 3, "loadModel: timed out").kind(Step::Load), NsErrorKind::TransientLoad);
-        assert_eq!(ns(ANE_DOMAIN, 6, "loadModel: Program load failure").kind(Step::Load), NsErrorKind::TransientLoad);
-        assert_eq!(ns(ANE_DOMAIN, 6, "loadModel: Program load failure (0x20004)").kind(Step::Load), NsErrorKind::Load { status: Some(0x20004) });
+        assert_eq!(
+            ns(ANE_DOMAIN, 3, "loadModel: timed out").kind(Step::Load),
+            NsErrorKind::TransientLoad
+        );
+        assert_eq!(
+            ns(ANE_DOMAIN, 6, "loadModel: Program load failure").kind(Step::Load),
+            NsErrorKind::TransientLoad
+        );
+        assert_eq!(
+            ns(ANE_DOMAIN, 6, "loadModel: Program load failure (0x20004)").kind(Step::Load),
+            NsErrorKind::Load {
+                status: Some(0x20004)
+            }
+        );
         // A timeout elsewhere is not a load to retry.
-        assert_eq!(ns(ANE_DOMAIN, 3, "x: timed out").kind(Step::Evaluate), NsErrorKind::Other);
-        let e = MacError::call(Step::Load, "loadWithQoS:options:error:", Some(ns(ANE_DOMAIN, 3, "timed out")));
+        assert_eq!(
+            ns(ANE_DOMAIN, 3, "x: timed out").kind(Step::Evaluate),
+            NsErrorKind::Other
+        );
+        let e = MacError::call(
+            Step::Load,
+            "loadWithQoS:options:error:",
+            Some(ns(ANE_DOMAIN, 3, "timed out")),
+        );
         assert!(e.is_transient() && !e.is_unavailable());
     }
 
     #[test]
     fn evaluation_and_permission_errors() {
         let e = ns(ANE_DOMAIN, 8, "processRequest: ANEProgramProcessRequestDirect() Failed with status=0x1d : Program Inference error");
-        assert_eq!(e.kind(Step::Evaluate), NsErrorKind::Evaluate { status: Some(0x1d) });
-        assert_eq!(ns(ANE_DOMAIN, 1, "requires restricted access").kind(Step::Load), NsErrorKind::NotPermitted);
-        assert_eq!(ns(ANE_DOMAIN, 22, "Host too old, ANE hardware not available").kind(Step::Evaluate), NsErrorKind::NoHardware);
-        assert!(MacError::call(Step::Evaluate, "evaluateWithQoS:options:request:error:", Some(ns(ANE_DOMAIN, 22, "Host too old"))).is_unavailable());
-        assert_eq!(ns(COREML_DOMAIN, 0, "x").kind(Step::Predict), NsErrorKind::Other);
+        assert_eq!(
+            e.kind(Step::Evaluate),
+            NsErrorKind::Evaluate { status: Some(0x1d) }
+        );
+        assert_eq!(
+            ns(ANE_DOMAIN, 1, "requires restricted access").kind(Step::Load),
+            NsErrorKind::NotPermitted
+        );
+        assert_eq!(
+            ns(ANE_DOMAIN, 22, "Host too old, ANE hardware not available").kind(Step::Evaluate),
+            NsErrorKind::NoHardware
+        );
+        assert!(MacError::call(
+            Step::Evaluate,
+            "evaluateWithQoS:options:request:error:",
+            Some(ns(ANE_DOMAIN, 22, "Host too old"))
+        )
+        .is_unavailable());
+        assert_eq!(
+            ns(COREML_DOMAIN, 0, "x").kind(Step::Predict),
+            NsErrorKind::Other
+        );
     }
 
     #[test]
     fn messages_name_the_step_and_the_call() {
-        let e = MacError::call(Step::Compile, "compileWithQoS:options:error:", Some(ns(ANE_COMPILER_DOMAIN, 1, "ANECCompile() FAILED")));
-        assert_eq!(e.to_string(), "compiling (compileWithQoS:options:error:): ANECCompile() FAILED");
+        let e = MacError::call(
+            Step::Compile,
+            "compileWithQoS:options:error:",
+            Some(ns(ANE_COMPILER_DOMAIN, 1, "ANECCompile() FAILED")),
+        );
+        assert_eq!(
+            e.to_string(),
+            "compiling (compileWithQoS:options:error:): ANECCompile() FAILED"
+        );
         let e = MacError::call(Step::Load, "loadWithQoS:options:error:", None);
-        assert_eq!(e.to_string(), "loading (loadWithQoS:options:error:): the call failed and gave no NSError");
+        assert_eq!(
+            e.to_string(),
+            "loading (loadWithQoS:options:error:): the call failed and gave no NSError"
+        );
     }
 }

@@ -42,11 +42,18 @@ impl Planar {
         self.check(self.channels * self.width, bytes.len())?;
         let t = ArrayType::of(self.dtype);
         let e = self.dtype.bytes();
-        Ok((0..self.channels * self.width).map(|i| t.read(&bytes[(i / self.width) * self.channel_stride + (i % self.width) * e..][..e])).collect())
+        Ok((0..self.channels * self.width)
+            .map(|i| {
+                t.read(&bytes[(i / self.width) * self.channel_stride + (i % self.width) * e..][..e])
+            })
+            .collect())
     }
 
     fn check(&self, values: usize, bytes: usize) -> Result<()> {
-        if values != self.channels * self.width || bytes < self.bytes() || self.channel_stride < self.width * self.dtype.bytes() {
+        if values != self.channels * self.width
+            || bytes < self.bytes()
+            || self.channel_stride < self.width * self.dtype.bytes()
+        {
             return Err(MacError::Invalid(format!("{values} values in a buffer of {bytes} bytes do not fit [1, {}, 1, {}] with channel stride {}", self.channels, self.width, self.channel_stride)));
         }
         Ok(())
@@ -73,7 +80,14 @@ impl ArrayType {
     }
 
     pub fn from_raw(v: i64) -> Option<ArrayType> {
-        [ArrayType::Float16, ArrayType::Float32, ArrayType::Float64, ArrayType::Int32].into_iter().find(|t| t.raw() == v)
+        [
+            ArrayType::Float16,
+            ArrayType::Float32,
+            ArrayType::Float64,
+            ArrayType::Int32,
+        ]
+        .into_iter()
+        .find(|t| t.raw() == v)
     }
 
     pub fn bytes(self) -> usize {
@@ -95,7 +109,9 @@ impl ArrayType {
         match self {
             ArrayType::Float16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
             ArrayType::Float32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            ArrayType::Float64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32,
+            ArrayType::Float64 => {
+                f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32
+            }
             ArrayType::Int32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32,
         }
     }
@@ -106,10 +122,16 @@ impl ArrayType {
 pub fn planar_view(p: &Planar) -> Result<(Vec<usize>, Vec<usize>)> {
     let e = p.dtype.bytes();
     if !p.channel_stride.is_multiple_of(e) || p.channel_stride < p.width * e {
-        return Err(MacError::Invalid(format!("channel stride {} bytes cannot hold {} {:?} values in whole elements", p.channel_stride, p.width, p.dtype)));
+        return Err(MacError::Invalid(format!(
+            "channel stride {} bytes cannot hold {} {:?} values in whole elements",
+            p.channel_stride, p.width, p.dtype
+        )));
     }
     let cs = p.channel_stride / e;
-    Ok((vec![1, p.channels, 1, p.width], vec![p.channels * cs, cs, cs, 1]))
+    Ok((
+        vec![1, p.channels, 1, p.width],
+        vec![p.channels * cs, cs, cs, 1],
+    ))
 }
 
 /// A strided array as a prediction returns it.
@@ -125,14 +147,18 @@ impl ArrayDesc {
     /// Bytes from the data pointer to the end of the last element.
     pub fn extent(&self) -> Result<usize> {
         if self.shape.len() != self.strides.len() {
-            return Err(MacError::Invalid(format!("array of shape {:?} has strides {:?}", self.shape, self.strides)));
+            return Err(MacError::Invalid(format!(
+                "array of shape {:?} has strides {:?}",
+                self.shape, self.strides
+            )));
         }
         if self.shape.contains(&0) {
             return Ok(0);
         }
         let mut last = 0usize;
         for (&n, &s) in self.shape.iter().zip(&self.strides) {
-            let s = usize::try_from(s).map_err(|_| MacError::Invalid(format!("negative stride in {:?}", self.strides)))?;
+            let s = usize::try_from(s)
+                .map_err(|_| MacError::Invalid(format!("negative stride in {:?}", self.strides)))?;
             last += (n - 1) * s;
         }
         Ok((last + 1) * self.dtype.bytes())
@@ -144,11 +170,19 @@ impl ArrayDesc {
 pub fn copy_into_planar(src: &ArrayDesc, bytes: &[u8], dst: &Planar, out: &mut [u8]) -> Result<()> {
     let want = [1, dst.channels, 1, dst.width];
     if src.shape != want {
-        return Err(MacError::Invalid(format!("output array has shape {:?}, [1, {}, 1, {}] expected", src.shape, dst.channels, dst.width)));
+        return Err(MacError::Invalid(format!(
+            "output array has shape {:?}, [1, {}, 1, {}] expected",
+            src.shape, dst.channels, dst.width
+        )));
     }
     let extent = src.extent()?;
     if bytes.len() < extent || out.len() < dst.bytes() {
-        return Err(MacError::Invalid(format!("array needs {extent} bytes (has {}), buffer {} (has {})", bytes.len(), dst.bytes(), out.len())));
+        return Err(MacError::Invalid(format!(
+            "array needs {extent} bytes (has {}), buffer {} (has {})",
+            bytes.len(),
+            dst.bytes(),
+            out.len()
+        )));
     }
     let (se, de) = (src.dtype.bytes(), dst.dtype.bytes());
     let (sc, sw) = (src.strides[1] as usize, src.strides[3] as usize);
@@ -174,40 +208,101 @@ mod tests {
     fn data_type_codes_are_core_mls() {
         // MLMultiArrayDataType: Float16 65552, Float32 65568, Double 65600, Int32 131104
         // (the ArrayFeatureType values of COREML.md §3 use the same numbers).
-        let raw: Vec<i64> = [ArrayType::Float16, ArrayType::Float32, ArrayType::Float64, ArrayType::Int32].iter().map(|t| t.raw()).collect();
+        let raw: Vec<i64> = [
+            ArrayType::Float16,
+            ArrayType::Float32,
+            ArrayType::Float64,
+            ArrayType::Int32,
+        ]
+        .iter()
+        .map(|t| t.raw())
+        .collect();
         assert_eq!(raw, [65552, 65568, 65600, 131104]);
         assert_eq!(ArrayType::from_raw(65568), Some(ArrayType::Float32));
-        assert_eq!(ArrayType::from_raw(131080), None, "Int8 arrays are not read");
+        assert_eq!(
+            ArrayType::from_raw(131080),
+            None,
+            "Int8 arrays are not read"
+        );
     }
 
     #[test]
     fn planar_buffers_are_described_in_elements() {
-        let p = Planar { dtype: ElemType::Fp16, channels: 3, width: 17, channel_stride: 64 };
-        assert_eq!(planar_view(&p).unwrap(), (vec![1, 3, 1, 17], vec![96, 32, 32, 1]));
-        assert!(planar_view(&Planar { channel_stride: 33, ..p }).is_err());
-        assert!(planar_view(&Planar { channel_stride: 32, ..p }).is_err(), "17 fp16 values do not fit 32 bytes");
+        let p = Planar {
+            dtype: ElemType::Fp16,
+            channels: 3,
+            width: 17,
+            channel_stride: 64,
+        };
+        assert_eq!(
+            planar_view(&p).unwrap(),
+            (vec![1, 3, 1, 17], vec![96, 32, 32, 1])
+        );
+        assert!(planar_view(&Planar {
+            channel_stride: 33,
+            ..p
+        })
+        .is_err());
+        assert!(
+            planar_view(&Planar {
+                channel_stride: 32,
+                ..p
+            })
+            .is_err(),
+            "17 fp16 values do not fit 32 bytes"
+        );
     }
 
     #[test]
     fn copies_strided_fp32_output_into_padded_fp16_rows() {
         // Core ML returned [1, 2, 1, 3] fp32 with its own padding: channel stride 4 elements.
         let vals = [[1.0f32, 2.0, 3.0, 99.0], [-1.0, 0.5, 0.25, 99.0]];
-        let bytes: Vec<u8> = vals.iter().flatten().flat_map(|v| v.to_le_bytes()).collect();
-        let src = ArrayDesc { dtype: ArrayType::Float32, shape: vec![1, 2, 1, 3], strides: vec![8, 4, 4, 1] };
+        let bytes: Vec<u8> = vals
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let src = ArrayDesc {
+            dtype: ArrayType::Float32,
+            shape: vec![1, 2, 1, 3],
+            strides: vec![8, 4, 4, 1],
+        };
         assert_eq!(src.extent().unwrap(), (4 + 2 + 1) * 4);
-        let dst = Planar { dtype: ElemType::Fp16, channels: 2, width: 3, channel_stride: 64 };
+        let dst = Planar {
+            dtype: ElemType::Fp16,
+            channels: 2,
+            width: 3,
+            channel_stride: 64,
+        };
         let mut out = vec![0xAAu8; 128];
         copy_into_planar(&src, &bytes, &dst, &mut out).unwrap();
-        let at = |c: usize, w: usize| f16::from_le_bytes([out[c * 64 + w * 2], out[c * 64 + w * 2 + 1]]).to_f32();
-        assert_eq!([at(0, 0), at(0, 1), at(0, 2), at(1, 0), at(1, 1), at(1, 2)], [1.0, 2.0, 3.0, -1.0, 0.5, 0.25]);
+        let at = |c: usize, w: usize| {
+            f16::from_le_bytes([out[c * 64 + w * 2], out[c * 64 + w * 2 + 1]]).to_f32()
+        };
+        assert_eq!(
+            [at(0, 0), at(0, 1), at(0, 2), at(1, 0), at(1, 1), at(1, 2)],
+            [1.0, 2.0, 3.0, -1.0, 0.5, 0.25]
+        );
         assert_eq!(out[6], 0xAA, "padding is left alone");
     }
 
     #[test]
     fn copies_fp16_and_converts_to_fp32() {
-        let bytes: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
-        let src = ArrayDesc { dtype: ArrayType::Float16, shape: vec![1, 2, 1, 1], strides: vec![2, 1, 1, 1] };
-        let dst = Planar { dtype: ElemType::Fp32, channels: 2, width: 1, channel_stride: 64 };
+        let bytes: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect();
+        let src = ArrayDesc {
+            dtype: ArrayType::Float16,
+            shape: vec![1, 2, 1, 1],
+            strides: vec![2, 1, 1, 1],
+        };
+        let dst = Planar {
+            dtype: ElemType::Fp32,
+            channels: 2,
+            width: 1,
+            channel_stride: 64,
+        };
         let mut out = vec![0u8; 128];
         copy_into_planar(&src, &bytes, &dst, &mut out).unwrap();
         assert_eq!(f32::from_le_bytes(out[64..68].try_into().unwrap()), -2.0);
@@ -215,13 +310,22 @@ mod tests {
 
     #[test]
     fn planar_values_round_trip_through_padded_rows() {
-        let p = Planar { dtype: ElemType::Fp16, channels: 2, width: 3, channel_stride: 64 };
+        let p = Planar {
+            dtype: ElemType::Fp16,
+            channels: 2,
+            width: 3,
+            channel_stride: 64,
+        };
         let mut buf = vec![0xEEu8; 128];
-        p.write_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.5], &mut buf).unwrap();
+        p.write_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.5], &mut buf)
+            .unwrap();
         assert_eq!(p.read_f32(&buf).unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.5]);
         assert_eq!(&buf[64..66], &f16::from_f32(4.0).to_le_bytes());
         assert_eq!(buf[6], 0xEE, "padding untouched");
-        let q = Planar { dtype: ElemType::Fp32, ..p };
+        let q = Planar {
+            dtype: ElemType::Fp32,
+            ..p
+        };
         q.write_f32(&[0.1; 6], &mut buf).unwrap();
         assert_eq!(q.read_f32(&buf).unwrap(), [0.1; 6]);
         assert!(p.write_f32(&[0.0; 5], &mut buf).is_err());
@@ -230,13 +334,32 @@ mod tests {
 
     #[test]
     fn rejects_shapes_and_short_buffers() {
-        let dst = Planar { dtype: ElemType::Fp16, channels: 2, width: 3, channel_stride: 64 };
-        let src = ArrayDesc { dtype: ArrayType::Float32, shape: vec![2, 3], strides: vec![3, 1] };
-        let e = copy_into_planar(&src, &[0; 24], &dst, &mut [0; 128]).unwrap_err().to_string();
+        let dst = Planar {
+            dtype: ElemType::Fp16,
+            channels: 2,
+            width: 3,
+            channel_stride: 64,
+        };
+        let src = ArrayDesc {
+            dtype: ArrayType::Float32,
+            shape: vec![2, 3],
+            strides: vec![3, 1],
+        };
+        let e = copy_into_planar(&src, &[0; 24], &dst, &mut [0; 128])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("shape [2, 3]"), "{e}");
-        let src = ArrayDesc { dtype: ArrayType::Float32, shape: vec![1, 2, 1, 3], strides: vec![6, 3, 3, 1] };
+        let src = ArrayDesc {
+            dtype: ArrayType::Float32,
+            shape: vec![1, 2, 1, 3],
+            strides: vec![6, 3, 3, 1],
+        };
         assert!(copy_into_planar(&src, &[0; 20], &dst, &mut [0; 128]).is_err());
-        let neg = ArrayDesc { dtype: ArrayType::Float32, shape: vec![1, 2, 1, 3], strides: vec![6, -3, 3, 1] };
+        let neg = ArrayDesc {
+            dtype: ArrayType::Float32,
+            shape: vec![1, 2, 1, 3],
+            strides: vec![6, -3, 3, 1],
+        };
         assert!(neg.extent().is_err());
     }
 }

@@ -19,7 +19,12 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     /// Four calls, waiting 100, 200 and 400 ms between them.
     fn default() -> Self {
-        RetryPolicy { attempts: 4, first_delay: Duration::from_millis(100), factor: 2, max_delay: Duration::from_secs(2) }
+        RetryPolicy {
+            attempts: 4,
+            first_delay: Duration::from_millis(100),
+            factor: 2,
+            max_delay: Duration::from_secs(2),
+        }
     }
 }
 
@@ -36,7 +41,12 @@ impl RetryPolicy {
 
     /// Calls `op` until it succeeds, fails with an error `transient` rejects, or the attempts
     /// are used up; `sleep` waits between calls. Returns the last result.
-    pub fn run<T, E>(&self, mut op: impl FnMut() -> Result<T, E>, transient: impl Fn(&E) -> bool, mut sleep: impl FnMut(Duration)) -> Result<T, E> {
+    pub fn run<T, E>(
+        &self,
+        mut op: impl FnMut() -> Result<T, E>,
+        transient: impl Fn(&E) -> bool,
+        mut sleep: impl FnMut(Duration),
+    ) -> Result<T, E> {
         let mut delays = self.delays();
         loop {
             match op() {
@@ -56,10 +66,23 @@ mod tests {
 
     #[test]
     fn delays_double_up_to_the_cap() {
-        let p = RetryPolicy { attempts: 6, first_delay: Duration::from_millis(100), factor: 2, max_delay: Duration::from_millis(500) };
+        let p = RetryPolicy {
+            attempts: 6,
+            first_delay: Duration::from_millis(100),
+            factor: 2,
+            max_delay: Duration::from_millis(500),
+        };
         let ms: Vec<u128> = p.delays().map(|d| d.as_millis()).collect();
         assert_eq!(ms, [100, 200, 400, 500, 500]);
-        assert_eq!(RetryPolicy { attempts: 1, ..p.clone() }.delays().count(), 0);
+        assert_eq!(
+            RetryPolicy {
+                attempts: 1,
+                ..p.clone()
+            }
+            .delays()
+            .count(),
+            0
+        );
         assert_eq!(RetryPolicy { attempts: 0, ..p }.delays().count(), 0);
     }
 
@@ -71,7 +94,11 @@ mod tests {
         let r: Result<u32, &str> = p.run(
             || {
                 calls += 1;
-                if calls < 3 { Err("busy") } else { Ok(calls) }
+                if calls < 3 {
+                    Err("busy")
+                } else {
+                    Ok(calls)
+                }
             },
             |e| *e == "busy",
             |d| slept.push(d.as_millis()),
@@ -93,7 +120,10 @@ mod tests {
 
     #[test]
     fn gives_up_after_the_last_attempt_with_its_error() {
-        let p = RetryPolicy { attempts: 3, ..RetryPolicy::default() };
+        let p = RetryPolicy {
+            attempts: 3,
+            ..RetryPolicy::default()
+        };
         let mut calls = 0;
         let mut sleeps = 0;
         let r: Result<(), u32> = p.run(

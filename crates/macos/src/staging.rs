@@ -34,7 +34,10 @@ pub fn blobfile_paths(mil_text: &str) -> Vec<&str> {
     let mut out: Vec<&str> = Vec::new();
     for (at, _) in mil_text.match_indices("BLOBFILE(") {
         let rest = &mil_text[at..];
-        let path = rest.split_once('"').and_then(|(_, tail)| tail.split_once('"')).map(|(p, _)| p);
+        let path = rest
+            .split_once('"')
+            .and_then(|(_, tail)| tail.split_once('"'))
+            .map(|(p, _)| p);
         if let Some(p) = path.filter(|p| !out.contains(p)) {
             out.push(p);
         }
@@ -49,22 +52,32 @@ pub fn check(files: &ModelFiles) -> Result<()> {
     for (key, _) in files.weights {
         relative_path(key)?;
         if !keys.insert(*key) {
-            return Err(MacError::Invalid(format!("weight file {key} is given twice")));
+            return Err(MacError::Invalid(format!(
+                "weight file {key} is given twice"
+            )));
         }
     }
     let named: BTreeSet<&str> = blobfile_paths(files.mil_text).into_iter().collect();
     if let Some(missing) = named.difference(&keys).next() {
-        return Err(MacError::Invalid(format!("the MIL text names {missing}, which no weight file provides")));
+        return Err(MacError::Invalid(format!(
+            "the MIL text names {missing}, which no weight file provides"
+        )));
     }
     if let Some(unused) = keys.difference(&named).next() {
-        return Err(MacError::Invalid(format!("weight file {unused} is not named by the MIL text")));
+        return Err(MacError::Invalid(format!(
+            "weight file {unused} is not named by the MIL text"
+        )));
     }
     Ok(())
 }
 
 /// The path of weight key `key` relative to the staging directory.
 pub fn relative_path(key: &str) -> Result<PathBuf> {
-    let rel = key.strip_prefix(MODEL_PATH_PREFIX).ok_or_else(|| MacError::Invalid(format!("weight path {key} does not start with {MODEL_PATH_PREFIX}")))?;
+    let rel = key.strip_prefix(MODEL_PATH_PREFIX).ok_or_else(|| {
+        MacError::Invalid(format!(
+            "weight path {key} does not start with {MODEL_PATH_PREFIX}"
+        ))
+    })?;
     let p = Path::new(rel);
     if rel.is_empty() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
         return Err(MacError::Invalid(format!("weight path {key} must name a file below {MODEL_PATH_PREFIX} (no '..', no absolute path)")));
@@ -75,8 +88,14 @@ pub fn relative_path(key: &str) -> Result<PathBuf> {
 /// `tmp/<hex>`: where the framework looks for the model's files (FACTS §3.3). The identifier
 /// comes from the framework; it must be one plain path component.
 pub fn staging_dir(tmp: &Path, hex: &str) -> Result<PathBuf> {
-    if hex.is_empty() || !hex.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-        return Err(MacError::Invalid(format!("hexStringIdentifier {hex:?} is not a plain identifier")));
+    if hex.is_empty()
+        || !hex
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(MacError::Invalid(format!(
+            "hexStringIdentifier {hex:?} is not a plain identifier"
+        )));
     }
     Ok(tmp.join(hex))
 }
@@ -114,7 +133,10 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
 
     #[test]
     fn blobfile_paths_of_both_dialects() {
-        assert_eq!(blobfile_paths(TEXT_A), ["@model_path/weights/w.bin", "@model_path/weights/s.bin"]);
+        assert_eq!(
+            blobfile_paths(TEXT_A),
+            ["@model_path/weights/w.bin", "@model_path/weights/s.bin"]
+        );
         assert_eq!(blobfile_paths(TEXT_B), ["@model_path/masks/causal.bin"]);
         assert!(blobfile_paths("program(1.3) {}").is_empty());
     }
@@ -122,19 +144,56 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
     #[test]
     fn weight_keys_must_match_the_text_exactly() {
         let (w, s) = (&b"w"[..], &b"s"[..]);
-        check(&ModelFiles { mil_text: TEXT_A, weights: &[("@model_path/weights/w.bin", w), ("@model_path/weights/s.bin", s)] }).unwrap();
-        let e = check(&ModelFiles { mil_text: TEXT_A, weights: &[("@model_path/weights/w.bin", w)] }).unwrap_err().to_string();
+        check(&ModelFiles {
+            mil_text: TEXT_A,
+            weights: &[
+                ("@model_path/weights/w.bin", w),
+                ("@model_path/weights/s.bin", s),
+            ],
+        })
+        .unwrap();
+        let e = check(&ModelFiles {
+            mil_text: TEXT_A,
+            weights: &[("@model_path/weights/w.bin", w)],
+        })
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("names @model_path/weights/s.bin"), "{e}");
-        let e = check(&ModelFiles { mil_text: TEXT_B, weights: &[("@model_path/masks/causal.bin", w), ("@model_path/weights/x.bin", s)] }).unwrap_err().to_string();
+        let e = check(&ModelFiles {
+            mil_text: TEXT_B,
+            weights: &[
+                ("@model_path/masks/causal.bin", w),
+                ("@model_path/weights/x.bin", s),
+            ],
+        })
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("x.bin is not named"), "{e}");
-        let e = check(&ModelFiles { mil_text: TEXT_B, weights: &[("@model_path/masks/causal.bin", w), ("@model_path/masks/causal.bin", w)] }).unwrap_err().to_string();
+        let e = check(&ModelFiles {
+            mil_text: TEXT_B,
+            weights: &[
+                ("@model_path/masks/causal.bin", w),
+                ("@model_path/masks/causal.bin", w),
+            ],
+        })
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("given twice"), "{e}");
     }
 
     #[test]
     fn relative_paths_stay_inside_the_staging_dir() {
-        assert_eq!(relative_path("@model_path/weights/w.bin").unwrap(), Path::new("weights/w.bin"));
-        for bad in ["weights/w.bin", "@model_path/../w.bin", "@model_path//etc/passwd", "@model_path/", "@model_path/./.."] {
+        assert_eq!(
+            relative_path("@model_path/weights/w.bin").unwrap(),
+            Path::new("weights/w.bin")
+        );
+        for bad in [
+            "weights/w.bin",
+            "@model_path/../w.bin",
+            "@model_path//etc/passwd",
+            "@model_path/",
+            "@model_path/./..",
+        ] {
             assert!(relative_path(bad).is_err(), "{bad}");
         }
     }
@@ -142,7 +201,10 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
     #[test]
     fn staging_dir_is_tmp_slash_identifier() {
         let hex = "3A1F_9c0B-77";
-        assert_eq!(staging_dir(Path::new("/var/folders/x/T"), hex).unwrap(), Path::new("/var/folders/x/T/3A1F_9c0B-77"));
+        assert_eq!(
+            staging_dir(Path::new("/var/folders/x/T"), hex).unwrap(),
+            Path::new("/var/folders/x/T/3A1F_9c0B-77")
+        );
         for bad in ["", "..", "a/b", "a b"] {
             assert!(staging_dir(Path::new("/tmp"), bad).is_err(), "{bad:?}");
         }
@@ -152,10 +214,19 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
     fn stage_writes_the_text_and_the_weights_where_model_path_points() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = staging_dir(tmp.path(), "ABC123").unwrap();
-        let files = ModelFiles { mil_text: TEXT_B, weights: &[("@model_path/masks/causal.bin", &[1, 2, 3])] };
+        let files = ModelFiles {
+            mil_text: TEXT_B,
+            weights: &[("@model_path/masks/causal.bin", &[1, 2, 3])],
+        };
         stage(&dir, &files).unwrap();
-        assert_eq!(std::fs::read_to_string(dir.join("model.mil")).unwrap(), TEXT_B);
-        assert_eq!(std::fs::read(dir.join("masks/causal.bin")).unwrap(), [1, 2, 3]);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("model.mil")).unwrap(),
+            TEXT_B
+        );
+        assert_eq!(
+            std::fs::read(dir.join("masks/causal.bin")).unwrap(),
+            [1, 2, 3]
+        );
         // A file where a directory must go: the error names the path.
         let blocked = tmp.path().join("blocked");
         std::fs::write(&blocked, b"").unwrap();

@@ -2,7 +2,14 @@
 //! `bytes` one-byte elements, pixel format 0.
 
 /// The `kIOSurface*` property keys the creation dictionary sets, by their constant names.
-pub const PROPERTY_KEYS: [&str; 6] = ["kIOSurfaceWidth", "kIOSurfaceHeight", "kIOSurfaceBytesPerElement", "kIOSurfaceBytesPerRow", "kIOSurfaceAllocSize", "kIOSurfacePixelFormat"];
+pub const PROPERTY_KEYS: [&str; 6] = [
+    "kIOSurfaceWidth",
+    "kIOSurfaceHeight",
+    "kIOSurfaceBytesPerElement",
+    "kIOSurfaceBytesPerRow",
+    "kIOSurfaceAllocSize",
+    "kIOSurfacePixelFormat",
+];
 
 /// The values of [`PROPERTY_KEYS`] for a surface of `bytes` bytes.
 pub fn property_values(bytes: usize) -> [i64; 6] {
@@ -16,10 +23,21 @@ mod tests {
 
     #[test]
     fn one_row_of_bytes() {
-        let props: Vec<(&str, i64)> = PROPERTY_KEYS.iter().copied().zip(property_values(4096)).collect();
+        let props: Vec<(&str, i64)> = PROPERTY_KEYS
+            .iter()
+            .copied()
+            .zip(property_values(4096))
+            .collect();
         assert_eq!(
             props,
-            [("kIOSurfaceWidth", 4096), ("kIOSurfaceHeight", 1), ("kIOSurfaceBytesPerElement", 1), ("kIOSurfaceBytesPerRow", 4096), ("kIOSurfaceAllocSize", 4096), ("kIOSurfacePixelFormat", 0)]
+            [
+                ("kIOSurfaceWidth", 4096),
+                ("kIOSurfaceHeight", 1),
+                ("kIOSurfaceBytesPerElement", 1),
+                ("kIOSurfaceBytesPerRow", 4096),
+                ("kIOSurfaceAllocSize", 4096),
+                ("kIOSurfacePixelFormat", 0)
+            ]
         );
     }
 }

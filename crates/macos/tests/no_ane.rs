@@ -12,7 +12,11 @@ fn assert_no_ane<T: std::fmt::Debug>(what: &str, r: Result<T, MacError>) {
         Err(e) => {
             assert!(e.is_unavailable(), "{what}: {e}");
             let msg = e.to_string();
-            assert!(msg.starts_with("no ANE here: ") && (msg.contains(".dylib") || msg.contains(".framework")), "{what}: {msg}");
+            assert!(
+                msg.starts_with("no ANE here: ")
+                    && (msg.contains(".dylib") || msg.contains(".framework")),
+                "{what}: {msg}"
+            );
         }
         Ok(v) => panic!("{what} opened on {}: {v:?}", std::env::consts::OS),
     }
@@ -64,7 +68,11 @@ fn machine() {
 #[test]
 fn repeated_opens_give_the_same_answer() {
     // The loaders cache their result: the second call must not retry or panic.
-    let a = PrivateAne::open(LoadOptions::default()).map(drop).map_err(|e| e.to_string());
-    let b = PrivateAne::open(LoadOptions::default()).map(drop).map_err(|e| e.to_string());
+    let a = PrivateAne::open(LoadOptions::default())
+        .map(drop)
+        .map_err(|e| e.to_string());
+    let b = PrivateAne::open(LoadOptions::default())
+        .map(drop)
+        .map_err(|e| e.to_string());
     assert_eq!(a, b);
 }

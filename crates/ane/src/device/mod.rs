@@ -8,8 +8,13 @@
 //! row strides — a hardware driver reads them from the compiled model (`modelAttributes`,
 //! FACTS §3.5) instead of assuming them.
 
+mod macos;
 mod sim;
 
+pub use macos::{
+    CoreMlBinding, CoreMlDevice, CoreMlKernel, PrivateAneBinding, PrivateAneDevice,
+    PrivateAneKernel,
+};
 pub use sim::{SimBinding, SimDevice, SimKernel};
 
 use crate::unit::CompileUnit;

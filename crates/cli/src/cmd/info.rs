@@ -2,8 +2,8 @@
 //! classes resolved, the chip — and, in one line, whether the ANE can be used and why not.
 //! Always exits 0: the absence of an ANE is an answer, not an error.
 
-use anyhow::Result;
 use anelm_macos::info::{system_report, SystemReport};
+use anyhow::Result;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -17,21 +17,42 @@ fn text(r: &SystemReport) -> String {
     match &r.machine {
         Ok(m) => {
             let or = |v: &Option<String>| v.clone().unwrap_or_else(|| "unknown".into());
-            out += &format!("chip: {} ({}), macOS {} ({})\n", or(&m.chip), or(&m.model), or(&m.os_version), or(&m.os_build));
+            out += &format!(
+                "chip: {} ({}), macOS {} ({})\n",
+                or(&m.chip),
+                or(&m.model),
+                or(&m.os_version),
+                or(&m.os_build)
+            );
         }
         Err(e) => out += &format!("chip: none known (no sysctl: {e})\n"),
     }
     out += "libraries:\n";
     for l in &r.libraries {
-        let status = l.error.as_deref().map_or("loaded".to_string(), |e| format!("not loaded: {e}"));
+        let status = l
+            .error
+            .as_deref()
+            .map_or("loaded".to_string(), |e| format!("not loaded: {e}"));
         out += &format!("  {:<18} {status}\n", l.spec.name);
     }
     if r.classes.is_empty() {
         out += "classes: none resolved (no Objective-C runtime)\n";
     } else {
         let (found, missing): (Vec<_>, Vec<_>) = r.classes.iter().partition(|c| c.resolved);
-        let names = |v: &[&anelm_macos::info::ClassStatus]| v.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
-        out += &format!("classes resolved: {}\n", if found.is_empty() { "none".into() } else { names(&found) });
+        let names = |v: &[&anelm_macos::info::ClassStatus]| {
+            v.iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out += &format!(
+            "classes resolved: {}\n",
+            if found.is_empty() {
+                "none".into()
+            } else {
+                names(&found)
+            }
+        );
         if !missing.is_empty() {
             out += &format!("classes missing: {}\n", names(&missing));
         }

@@ -5,12 +5,14 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
 use anelm_macos::staging::ModelFiles;
-use anelm_macos::{CoreMl, DeclaredFunction, DeclaredTensor, ElemType, Input, LoadOptions, Planar, PrivateAne};
+use anelm_macos::{
+    CoreMl, DeclaredFunction, DeclaredTensor, ElemType, Input, LoadOptions, Planar, PrivateAne,
+};
 use anelm_mil::blob::BlobPolicy;
 use anelm_mil::package::{write_package, PackageOptions};
 use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, WeightData};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 /// Which macOS driver runs the ANE programs.
@@ -62,43 +64,86 @@ impl Case {
             bail!("--channels and --width must be between 1 and 4096");
         }
         let spread = |i: usize, m: usize| (i % m) as f32 / m as f32 - 0.5;
-        let x = (0..channels * width).map(|i| spread(i * 7 + 3, 17)).collect();
-        let w = (0..channels * channels).map(|i| spread(i * 5 + 1, 13)).collect();
-        Ok(Case { channels, width, x, w })
+        let x = (0..channels * width)
+            .map(|i| spread(i * 7 + 3, 17))
+            .collect();
+        let w = (0..channels * channels)
+            .map(|i| spread(i * 5 + 1, 13))
+            .collect();
+        Ok(Case {
+            channels,
+            width,
+            x,
+            w,
+        })
     }
 
     fn program(&self) -> Result<Program> {
         let mut f = FunctionBuilder::new("main", Opset::Ios18);
         let x = f.input("x", TensorType::fp16([1, self.channels, 1, self.width]))?;
-        let w = f.weight("w", TensorType::fp16([self.channels, self.channels, 1, 1]), WeightData::f16_from_f32(&self.w))?;
+        let w = f.weight(
+            "w",
+            TensorType::fp16([self.channels, self.channels, 1, 1]),
+            WeightData::f16_from_f32(&self.w),
+        )?;
         let y = f.name_next("y").conv1x1(x, w)?;
         f.output(y)?;
         Ok(Program::single(f.finish()?))
     }
 
     fn declared(&self) -> DeclaredFunction {
-        let t = |name: &str| DeclaredTensor { name: name.into(), dtype: ElemType::Fp16, channels: self.channels, width: self.width };
-        DeclaredFunction { name: "main".into(), inputs: vec![t("x")], outputs: vec![t("y")] }
+        let t = |name: &str| DeclaredTensor {
+            name: name.into(),
+            dtype: ElemType::Fp16,
+            channels: self.channels,
+            width: self.width,
+        };
+        DeclaredFunction {
+            name: "main".into(),
+            inputs: vec![t("x")],
+            outputs: vec![t("y")],
+        }
     }
 
     /// `y` on the CPU from the fp16-rounded operands, in f64.
     fn reference(&self) -> Vec<f64> {
-        let fp16 = |v: &[f32]| WeightData::f16_from_f32(v).to_f32().into_iter().map(f64::from).collect::<Vec<_>>();
+        let fp16 = |v: &[f32]| {
+            WeightData::f16_from_f32(v)
+                .to_f32()
+                .into_iter()
+                .map(f64::from)
+                .collect::<Vec<_>>()
+        };
         let (x, w) = (fp16(&self.x), fp16(&self.w));
         let (c, n) = (self.channels, self.width);
-        (0..c * n).map(|i| (0..c).map(|k| w[(i / n) * c + k] * x[k * n + i % n]).sum()).collect()
+        (0..c * n)
+            .map(|i| (0..c).map(|k| w[(i / n) * c + k] * x[k * n + i % n]).sum())
+            .collect()
     }
 
     /// A planar fp16 buffer with 64-byte rows (FACTS §4), for the Core ML path.
     fn planar(&self) -> Planar {
-        Planar { dtype: ElemType::Fp16, channels: self.channels, width: self.width, channel_stride: (self.width * 2).div_ceil(64) * 64 }
+        Planar {
+            dtype: ElemType::Fp16,
+            channels: self.channels,
+            width: self.width,
+            channel_stride: (self.width * 2).div_ceil(64) * 64,
+        }
     }
 }
 
 /// Largest absolute difference, and that over the largest reference magnitude.
 fn compare(got: &[f32], want: &[f64]) -> (f64, f64) {
-    let max_abs = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
-    let scale = want.iter().map(|w| w.abs()).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    let max_abs = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
+    let scale = want
+        .iter()
+        .map(|w| w.abs())
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
     (max_abs, max_abs / scale)
 }
 
@@ -119,39 +164,84 @@ struct Outcome {
 fn run_private(case: &Case, program: &Program, runs: usize) -> Result<Outcome> {
     let driver = PrivateAne::open(LoadOptions::default())?;
     let art = anelm_mil::text::to_artifacts(program, &BlobPolicy::PerTensor)?;
-    let files: Vec<(String, Vec<u8>)> = art.layout.files().iter().map(|f| (f.mil_path(), f.to_bytes())).collect();
-    let weights: Vec<(&str, &[u8])> = files.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
+    let files: Vec<(String, Vec<u8>)> = art
+        .layout
+        .files()
+        .iter()
+        .map(|f| (f.mil_path(), f.to_bytes()))
+        .collect();
+    let weights: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(k, b)| (k.as_str(), b.as_slice()))
+        .collect();
     let start = Instant::now();
-    let model = driver.load(&ModelFiles { mil_text: &art.text, weights: &weights })?;
+    let model = driver.load(&ModelFiles {
+        mil_text: &art.text,
+        weights: &weights,
+    })?;
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
     let io = model.io(&case.declared(), 1)?;
-    let mut notes = vec![format!("hexStringIdentifier {} ({})", model.identifier(), if model.compiled() { "compiled" } else { "loaded from the daemon's cache" })];
+    let mut notes = vec![format!(
+        "hexStringIdentifier {} ({})",
+        model.identifier(),
+        if model.compiled() {
+            "compiled"
+        } else {
+            "loaded from the daemon's cache"
+        }
+    )];
     let (used, limit) = (driver.budget().used(), driver.budget().limit());
     notes.push(format!("compiles in this process: {used} of {limit}"));
     for s in io.inputs.iter().chain(&io.outputs) {
-        notes.push(format!("{}: symbol {}, channel stride {} B, surface {} B", s.name, s.symbol, s.channel_stride, s.bytes));
+        notes.push(format!(
+            "{}: symbol {}, channel stride {} B, surface {} B",
+            s.name, s.symbol, s.channel_stride, s.bytes
+        ));
     }
-    let planar = |s: &anelm_macos::TensorSlot| Planar { dtype: s.dtype, channels: s.channels, width: s.width, channel_stride: s.channel_stride };
+    let planar = |s: &anelm_macos::TensorSlot| Planar {
+        dtype: s.dtype,
+        channels: s.channels,
+        width: s.width,
+        channel_stride: s.channel_stride,
+    };
     let (xl, yl) = (planar(&io.inputs[0]), planar(&io.outputs[0]));
     let mut req = model.request(&io)?;
-    req.input(0).context("the request has no input surface")?.write(|b| xl.write_f32(&case.x, b))??;
+    req.input(0)
+        .context("the request has no input surface")?
+        .write(|b| xl.write_f32(&case.x, b))??;
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs.max(1) {
         let t = Instant::now();
         model.evaluate(&req)?;
         times.push(t.elapsed().as_secs_f64());
     }
-    let output = req.output(0).context("the request has no output surface")?.read(|b| yl.read_f32(b))??;
-    Ok(Outcome { load_ms, eval_ms: median_ms(times), output, notes, attributes: Some(model.attributes_json().clone()) })
+    let output = req
+        .output(0)
+        .context("the request has no output surface")?
+        .read(|b| yl.read_f32(b))??;
+    Ok(Outcome {
+        load_ms,
+        eval_ms: median_ms(times),
+        output,
+        notes,
+        attributes: Some(model.attributes_json().clone()),
+    })
 }
 
 fn run_coreml(case: &Case, program: &Program, runs: usize) -> Result<Outcome> {
     let driver = CoreMl::open()?;
     let dir = std::env::temp_dir().join(format!("anelm-probe-{}", std::process::id()));
     let package = dir.join("probe.mlpackage");
-    let written = write_package(program, &package, &PackageOptions::default(), &BlobPolicy::default());
+    let written = write_package(
+        program,
+        &package,
+        &PackageOptions::default(),
+        &BlobPolicy::default(),
+    );
     let start = Instant::now();
-    let compiled = written.map_err(anyhow::Error::from).and_then(|()| Ok(driver.compile(&package)?));
+    let compiled = written
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(driver.compile(&package)?));
     let _ = std::fs::remove_dir_all(&dir);
     let compiled = compiled?;
     let model = driver.load(&compiled, None)?;
@@ -163,12 +253,25 @@ fn run_coreml(case: &Case, program: &Program, runs: usize) -> Result<Outcome> {
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs.max(1) {
         let t = Instant::now();
-        let prediction = model.predict(&mut [Input { name: "x", layout, bytes: &mut x }], None)?;
+        let prediction = model.predict(
+            &mut [Input {
+                name: "x",
+                layout,
+                bytes: &mut x,
+            }],
+            None,
+        )?;
         prediction.copy_output("y", &layout, &mut y)?;
         times.push(t.elapsed().as_secs_f64());
     }
     let notes = vec![format!("compiled model {}", compiled.path().display())];
-    Ok(Outcome { load_ms, eval_ms: median_ms(times), output: layout.read_f32(&y)?, notes, attributes: None })
+    Ok(Outcome {
+        load_ms,
+        eval_ms: median_ms(times),
+        output: layout.read_f32(&y)?,
+        notes,
+        attributes: None,
+    })
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -196,12 +299,25 @@ pub fn run(args: Args) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("probe: 1×1 conv, x [1, {c}, 1, {w}] fp16 → y [1, {c}, 1, {w}], driver {:?}", args.driver, c = case.channels, w = case.width);
+        println!(
+            "probe: 1×1 conv, x [1, {c}, 1, {w}] fp16 → y [1, {c}, 1, {w}], driver {:?}",
+            args.driver,
+            c = case.channels,
+            w = case.width
+        );
         for n in &outcome.notes {
             println!("  {n}");
         }
-        println!("  compile + load {:.1} ms, evaluate {:.3} ms (median of {})", outcome.load_ms, outcome.eval_ms, args.runs.max(1));
-        println!("max |device - cpu| = {max_abs:.5}, relative {rel:.2e} (tolerance {TOLERANCE:.0e}): {}", if pass { "PASS" } else { "FAIL" });
+        println!(
+            "  compile + load {:.1} ms, evaluate {:.3} ms (median of {})",
+            outcome.load_ms,
+            outcome.eval_ms,
+            args.runs.max(1)
+        );
+        println!(
+            "max |device - cpu| = {max_abs:.5}, relative {rel:.2e} (tolerance {TOLERANCE:.0e}): {}",
+            if pass { "PASS" } else { "FAIL" }
+        );
         if let Some(a) = outcome.attributes.filter(|_| args.attributes) {
             println!("modelAttributes:\n{}", serde_json::to_string_pretty(&a)?);
         }
@@ -218,7 +334,12 @@ mod tests {
 
     #[test]
     fn reference_is_the_matrix_product() {
-        let case = Case { channels: 2, width: 3, x: vec![1.0, 2.0, 3.0, 0.5, 0.25, -1.0], w: vec![1.0, 2.0, -1.0, 0.5] };
+        let case = Case {
+            channels: 2,
+            width: 3,
+            x: vec![1.0, 2.0, 3.0, 0.5, 0.25, -1.0],
+            w: vec![1.0, 2.0, -1.0, 0.5],
+        };
         // y[o][s] = Σ_k w[o][k] x[k][s]
         assert_eq!(case.reference(), [2.0, 2.5, 1.0, -0.75, -1.875, -3.5]);
     }
@@ -226,17 +347,32 @@ mod tests {
     #[test]
     fn the_program_is_one_conv_with_a_blob() {
         let case = Case::new(8, 32).unwrap();
-        let art = anelm_mil::text::to_artifacts(&case.program().unwrap(), &BlobPolicy::PerTensor).unwrap();
-        assert!(art.text.contains("conv(") && art.text.contains("BLOBFILE(path = string(\"@model_path/weights/w.bin\")"), "{}", art.text);
+        let art = anelm_mil::text::to_artifacts(&case.program().unwrap(), &BlobPolicy::PerTensor)
+            .unwrap();
+        assert!(
+            art.text.contains("conv(")
+                && art
+                    .text
+                    .contains("BLOBFILE(path = string(\"@model_path/weights/w.bin\")"),
+            "{}",
+            art.text
+        );
         assert_eq!(art.layout.files().len(), 1);
-        assert!(case.x.iter().chain(&case.w).all(|v| (-0.5..0.5).contains(v)));
+        assert!(case
+            .x
+            .iter()
+            .chain(&case.w)
+            .all(|v| (-0.5..0.5).contains(v)));
         assert!(Case::new(0, 4).is_err());
     }
 
     #[test]
     fn comparison_is_relative_to_the_largest_reference_value() {
         let (abs, rel) = compare(&[1.0, -4.0], &[1.01, -4.0]);
-        assert!((abs - 0.01).abs() < 1e-6 && (rel - 0.0025).abs() < 1e-6, "{abs} {rel}");
+        assert!(
+            (abs - 0.01).abs() < 1e-6 && (rel - 0.0025).abs() < 1e-6,
+            "{abs} {rel}"
+        );
         assert_eq!(compare(&[0.0], &[0.0]), (0.0, 0.0));
     }
 }

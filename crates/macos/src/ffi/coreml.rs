@@ -21,7 +21,13 @@ pub const MULTI_ARRAY_CLASS: &CStr = c"MLMultiArray";
 pub const FEATURE_VALUE_CLASS: &CStr = c"MLFeatureValue";
 pub const PROVIDER_CLASS: &CStr = c"MLDictionaryFeatureProvider";
 /// The classes the Core ML driver resolves.
-pub const CLASSES: [&CStr; 5] = [MODEL_CLASS, CONFIGURATION_CLASS, MULTI_ARRAY_CLASS, FEATURE_VALUE_CLASS, PROVIDER_CLASS];
+pub const CLASSES: [&CStr; 5] = [
+    MODEL_CLASS,
+    CONFIGURATION_CLASS,
+    MULTI_ARRAY_CLASS,
+    FEATURE_VALUE_CLASS,
+    PROVIDER_CLASS,
+];
 
 const COMPILE: &CStr = c"compileModelAtURL:error:";
 const LOAD: &CStr = c"modelWithContentsOfURL:configuration:error:";
@@ -52,7 +58,10 @@ struct CoreMlFramework {
 
 fn coreml_framework() -> Result<&'static CoreMlFramework, Unavailable> {
     static CORE_ML_FRAMEWORK: OnceLock<Result<CoreMlFramework, Unavailable>> = OnceLock::new();
-    CORE_ML_FRAMEWORK.get_or_init(CoreMlFramework::load).as_ref().map_err(Clone::clone)
+    CORE_ML_FRAMEWORK
+        .get_or_init(CoreMlFramework::load)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 impl CoreMlFramework {
@@ -61,7 +70,11 @@ impl CoreMlFramework {
         let lib = loader::open(CORE_ML)?;
         let rt = fnd.rt;
         let (model, configuration) = (rt.class(MODEL_CLASS)?, rt.class(CONFIGURATION_CLASS)?);
-        let (multi_array, feature_value, provider) = (rt.class(MULTI_ARRAY_CLASS)?, rt.class(FEATURE_VALUE_CLASS)?, rt.class(PROVIDER_CLASS)?);
+        let (multi_array, feature_value, provider) = (
+            rt.class(MULTI_ARRAY_CLASS)?,
+            rt.class(FEATURE_VALUE_CLASS)?,
+            rt.class(PROVIDER_CLASS)?,
+        );
         rt.require_class_method(model, MODEL_CLASS, COMPILE)?;
         rt.require_class_method(model, MODEL_CLASS, LOAD)?;
         rt.require_method(model, MODEL_CLASS, PREDICT)?;
@@ -71,7 +84,17 @@ impl CoreMlFramework {
         rt.require_method(provider, PROVIDER_CLASS, INIT_PROVIDER)?;
         let has_function_name = rt.responds(configuration, SET_FUNCTION_NAME);
         let has_state = rt.responds(model, NEW_STATE) && rt.responds(model, PREDICT_WITH_STATE);
-        Ok(CoreMlFramework { fnd, model, configuration, multi_array, feature_value, provider, has_function_name, has_state, _lib: lib })
+        Ok(CoreMlFramework {
+            fnd,
+            model,
+            configuration,
+            multi_array,
+            feature_value,
+            provider,
+            has_function_name,
+            has_state,
+            _lib: lib,
+        })
     }
 
     fn error(&self, step: Step, call: &'static str, err: &ErrorOut) -> MacError {
@@ -86,7 +109,10 @@ pub struct CoreMl {
 
 impl std::fmt::Debug for CoreMl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoreMl").field("functions", &self.fw.has_function_name).field("states", &self.fw.has_state).finish()
+        f.debug_struct("CoreMl")
+            .field("functions", &self.fw.has_function_name)
+            .field("states", &self.fw.has_state)
+            .finish()
     }
 }
 
@@ -94,7 +120,9 @@ impl CoreMl {
     /// Opens CoreML.framework and checks the classes and methods the driver calls; off a Mac
     /// this is [`MacError::Unavailable`].
     pub fn open() -> Result<CoreMl> {
-        Ok(CoreMl { fw: coreml_framework()? })
+        Ok(CoreMl {
+            fw: coreml_framework()?,
+        })
     }
 
     /// Compiles a `.mlpackage` into a `.mlmodelc` directory (removed when the result drops).
@@ -106,8 +134,17 @@ impl CoreMl {
         let mut err = ErrorOut::new();
         // (Class, SEL, id NSURL*, id* NSError**) -> id NSURL* — FACTS §3.8 (Core ML public API)
         // SAFETY: checked at open; url is live; err is a valid out-pointer.
-        let out = unsafe { msg!(rt, fn(Class, Sel, Id, *mut Id) -> Id)(fw.model, rt.sel(COMPILE), url.id(), err.ptr()) };
-        let path = fnd.url_path(out).ok_or_else(|| fw.error(Step::Compile, "compileModelAtURL:error:", &err))?;
+        let out = unsafe {
+            msg!(rt, fn(Class, Sel, Id, *mut Id) -> Id)(
+                fw.model,
+                rt.sel(COMPILE),
+                url.id(),
+                err.ptr(),
+            )
+        };
+        let path = fnd
+            .url_path(out)
+            .ok_or_else(|| fw.error(Step::Compile, "compileModelAtURL:error:", &err))?;
         Ok(CompiledModel { path })
     }
 
@@ -119,15 +156,25 @@ impl CoreMl {
         let _pool = AutoreleasePool::new(rt);
         // (id, SEL) -> id — FACTS §3.8 (-[NSObject init])
         // SAFETY: alloc'd object of a class with init.
-        let config = unsafe { msg!(rt, fn(Id, Sel) -> Id)(alloc(rt, fw.configuration), rt.sel(c"init")) };
+        let config =
+            unsafe { msg!(rt, fn(Id, Sel) -> Id)(alloc(rt, fw.configuration), rt.sel(c"init")) };
         // SAFETY: alloc/init returns +1 or nil.
-        let config = unsafe { Retained::from_owned(rt, config) }.ok_or(MacError::call(Step::Load, "MLModelConfiguration init", None))?;
+        let config = unsafe { Retained::from_owned(rt, config) }.ok_or(MacError::call(
+            Step::Load,
+            "MLModelConfiguration init",
+            None,
+        ))?;
         // (id, SEL, NSInteger) -> void — FACTS §3.8 (-[MLModelConfiguration setComputeUnits:])
         // SAFETY: checked at open; config is live.
-        unsafe { msg!(rt, fn(Id, Sel, NsInteger))(config.id(), rt.sel(SET_COMPUTE_UNITS), CPU_AND_NE) };
+        unsafe {
+            msg!(rt, fn(Id, Sel, NsInteger))(config.id(), rt.sel(SET_COMPUTE_UNITS), CPU_AND_NE)
+        };
         if let Some(name) = function {
             if !fw.has_function_name {
-                return Err(MacError::Unavailable(Unavailable { component: "-[MLModelConfiguration setFunctionName:]".into(), reason: format!("function {name} of a multifunction package needs macOS 15") }));
+                return Err(MacError::Unavailable(Unavailable {
+                    component: "-[MLModelConfiguration setFunctionName:]".into(),
+                    reason: format!("function {name} of a multifunction package needs macOS 15"),
+                }));
             }
             let name = fnd.string(name)?;
             // (id, SEL, id NSString*) -> void — COREML.md §7 (MLModelConfiguration.functionName)
@@ -138,9 +185,23 @@ impl CoreMl {
         let mut err = ErrorOut::new();
         // (Class, SEL, id NSURL*, id MLModelConfiguration*, id* NSError**) -> id — FACTS §3.8 (Core ML public API)
         // SAFETY: checked at open; arguments are live; err is a valid out-pointer.
-        let model = unsafe { msg!(rt, fn(Class, Sel, Id, Id, *mut Id) -> Id)(fw.model, rt.sel(LOAD), url.id(), config.id(), err.ptr()) };
+        let model = unsafe {
+            msg!(rt, fn(Class, Sel, Id, Id, *mut Id) -> Id)(
+                fw.model,
+                rt.sel(LOAD),
+                url.id(),
+                config.id(),
+                err.ptr(),
+            )
+        };
         // SAFETY: model is nil or a live autoreleased object.
-        let model = unsafe { Retained::retain(rt, model) }.ok_or_else(|| fw.error(Step::Load, "modelWithContentsOfURL:configuration:error:", &err))?;
+        let model = unsafe { Retained::retain(rt, model) }.ok_or_else(|| {
+            fw.error(
+                Step::Load,
+                "modelWithContentsOfURL:configuration:error:",
+                &err,
+            )
+        })?;
         Ok(MlModel { fw, model })
     }
 }
@@ -186,13 +247,20 @@ impl MlModel {
     pub fn new_state(&self) -> Result<MlState> {
         let rt = self.fw.fnd.rt;
         if !self.fw.has_state {
-            return Err(MacError::Unavailable(Unavailable { component: "-[MLModel newState]".into(), reason: "stateful models need macOS 15".into() }));
+            return Err(MacError::Unavailable(Unavailable {
+                component: "-[MLModel newState]".into(),
+                reason: "stateful models need macOS 15".into(),
+            }));
         }
         // (id, SEL) -> id MLState* (+1: a `new` method) — COREML.md §8
         // SAFETY: the class responds to it (has_state); model is live.
         let s = unsafe { msg!(rt, fn(Id, Sel) -> Id)(self.model.id(), rt.sel(NEW_STATE)) };
         // SAFETY: `new…` returns +1 or nil.
-        let state = unsafe { Retained::from_owned(rt, s) }.ok_or(MacError::call(Step::Load, "newState", None))?;
+        let state = unsafe { Retained::from_owned(rt, s) }.ok_or(MacError::call(
+            Step::Load,
+            "newState",
+            None,
+        ))?;
         Ok(MlState { state })
     }
 
@@ -206,10 +274,19 @@ impl MlModel {
         let mut entries = Vec::with_capacity(inputs.len());
         for input in inputs.iter_mut() {
             if input.bytes.len() < input.layout.bytes() {
-                return Err(MacError::Invalid(format!("input {}: {} bytes, the layout spans {}", input.name, input.bytes.len(), input.layout.bytes())));
+                return Err(MacError::Invalid(format!(
+                    "input {}: {} bytes, the layout spans {}",
+                    input.name,
+                    input.bytes.len(),
+                    input.layout.bytes()
+                )));
             }
             let (shape, strides) = planar_view(&input.layout)?;
-            let numbers = |v: &[usize]| v.iter().map(|&n| fnd.number(n as i64)).collect::<Result<Vec<_>>>();
+            let numbers = |v: &[usize]| {
+                v.iter()
+                    .map(|&n| fnd.number(n as i64))
+                    .collect::<Result<Vec<_>>>()
+            };
             let (shape, strides) = (numbers(&shape)?, numbers(&strides)?);
             let ids = |v: &[Retained]| v.iter().map(Retained::id).collect::<Vec<_>>();
             let (shape, strides) = (fnd.array(&ids(&shape))?, fnd.array(&ids(&strides))?);
@@ -218,7 +295,10 @@ impl MlModel {
             // SAFETY: checked at open; the buffer spans the layout (checked above) and outlives
             // the array, which is released with this pool before `predict` returns.
             let array = unsafe {
-                msg!(rt, fn(Id, Sel, *mut c_void, Id, NsInteger, Id, Id, *mut Id) -> Id)(
+                msg!(
+                    rt,
+                    fn(Id, Sel, *mut c_void, Id, NsInteger, Id, Id, *mut Id) -> Id
+                )(
                     alloc(rt, fw.multi_array),
                     rt.sel(INIT_ARRAY),
                     input.bytes.as_mut_ptr().cast(),
@@ -230,10 +310,22 @@ impl MlModel {
                 )
             };
             // SAFETY: alloc/init returns +1 or nil.
-            let array = unsafe { Retained::from_owned(rt, array) }.ok_or_else(|| fw.error(Step::Predict, "initWithDataPointer:shape:dataType:strides:deallocator:error:", &err))?;
+            let array = unsafe { Retained::from_owned(rt, array) }.ok_or_else(|| {
+                fw.error(
+                    Step::Predict,
+                    "initWithDataPointer:shape:dataType:strides:deallocator:error:",
+                    &err,
+                )
+            })?;
             // (Class, SEL, id MLMultiArray*) -> id MLFeatureValue* — FACTS §3.8 (Core ML public API)
             // SAFETY: checked at open; array is live.
-            let value = unsafe { msg!(rt, fn(Class, Sel, Id) -> Id)(fw.feature_value, rt.sel(FEATURE_WITH_ARRAY), array.id()) };
+            let value = unsafe {
+                msg!(rt, fn(Class, Sel, Id) -> Id)(
+                    fw.feature_value,
+                    rt.sel(FEATURE_WITH_ARRAY),
+                    array.id(),
+                )
+            };
             let name = fnd.string(input.name)?;
             entries.push((name.id(), value));
             keep.extend([array, name]);
@@ -242,20 +334,44 @@ impl MlModel {
         let mut err = ErrorOut::new();
         // (id, SEL, id NSDictionary<NSString*, id>*, id* NSError**) -> id — FACTS §3.8 (Core ML public API)
         // SAFETY: checked at open; dict is live.
-        let provider = unsafe { msg!(rt, fn(Id, Sel, Id, *mut Id) -> Id)(alloc(rt, fw.provider), rt.sel(INIT_PROVIDER), dict.id(), err.ptr()) };
+        let provider = unsafe {
+            msg!(rt, fn(Id, Sel, Id, *mut Id) -> Id)(
+                alloc(rt, fw.provider),
+                rt.sel(INIT_PROVIDER),
+                dict.id(),
+                err.ptr(),
+            )
+        };
         // SAFETY: alloc/init returns +1 or nil.
-        let provider = unsafe { Retained::from_owned(rt, provider) }.ok_or_else(|| fw.error(Step::Predict, "initWithDictionary:error:", &err))?;
+        let provider = unsafe { Retained::from_owned(rt, provider) }
+            .ok_or_else(|| fw.error(Step::Predict, "initWithDictionary:error:", &err))?;
         let mut err = ErrorOut::new();
         let out = match state {
             // (id, SEL, id<MLFeatureProvider>, id MLState*, id* NSError**) -> id — COREML.md §8
             // SAFETY: has_state holds whenever an MlState exists; all objects are live.
-            Some(s) => unsafe { msg!(rt, fn(Id, Sel, Id, Id, *mut Id) -> Id)(self.model.id(), rt.sel(PREDICT_WITH_STATE), provider.id(), s.state.id(), err.ptr()) },
+            Some(s) => unsafe {
+                msg!(rt, fn(Id, Sel, Id, Id, *mut Id) -> Id)(
+                    self.model.id(),
+                    rt.sel(PREDICT_WITH_STATE),
+                    provider.id(),
+                    s.state.id(),
+                    err.ptr(),
+                )
+            },
             // (id, SEL, id<MLFeatureProvider>, id* NSError**) -> id — FACTS §3.8 (Core ML public API)
             // SAFETY: checked at open; all objects are live.
-            None => unsafe { msg!(rt, fn(Id, Sel, Id, *mut Id) -> Id)(self.model.id(), rt.sel(PREDICT), provider.id(), err.ptr()) },
+            None => unsafe {
+                msg!(rt, fn(Id, Sel, Id, *mut Id) -> Id)(
+                    self.model.id(),
+                    rt.sel(PREDICT),
+                    provider.id(),
+                    err.ptr(),
+                )
+            },
         };
         // SAFETY: out is nil or a live autoreleased object.
-        let result = unsafe { Retained::retain(rt, out) }.ok_or_else(|| fw.error(Step::Predict, "predictionFromFeatures:error:", &err))?;
+        let result = unsafe { Retained::retain(rt, out) }
+            .ok_or_else(|| fw.error(Step::Predict, "predictionFromFeatures:error:", &err))?;
         Ok(Prediction { fnd, result })
     }
 }
@@ -275,30 +391,57 @@ impl Prediction {
         let key = fnd.string(name)?;
         // (id, SEL, id NSString*) -> id MLFeatureValue* — FACTS §3.8 (MLFeatureProvider)
         // SAFETY: result conforms to MLFeatureProvider; key is live.
-        let value = unsafe { msg!(rt, fn(Id, Sel, Id) -> Id)(self.result.id(), rt.sel(c"featureValueForName:"), key.id()) };
+        let value = unsafe {
+            msg!(rt, fn(Id, Sel, Id) -> Id)(
+                self.result.id(),
+                rt.sel(c"featureValueForName:"),
+                key.id(),
+            )
+        };
         if value.is_nil() {
-            return Err(MacError::Invalid(format!("the prediction has no output {name}")));
+            return Err(MacError::Invalid(format!(
+                "the prediction has no output {name}"
+            )));
         }
         // (id, SEL) -> id MLMultiArray* — FACTS §3.8 (-[MLFeatureValue multiArrayValue])
         // SAFETY: value is a live MLFeatureValue.
         let array = unsafe { msg!(rt, fn(Id, Sel) -> Id)(value, rt.sel(c"multiArrayValue")) };
         if array.is_nil() {
-            return Err(MacError::Invalid(format!("output {name} is not a multi-array")));
+            return Err(MacError::Invalid(format!(
+                "output {name} is not a multi-array"
+            )));
         }
         // (id, SEL) -> NSInteger — FACTS §3.8 (-[MLMultiArray dataType])
         // SAFETY: array is a live MLMultiArray.
         let raw_type = unsafe { msg!(rt, fn(Id, Sel) -> NsInteger)(array, rt.sel(c"dataType")) };
-        let dtype = ArrayType::from_raw(raw_type as i64).ok_or_else(|| MacError::Invalid(format!("output {name} has MLMultiArrayDataType {raw_type}")))?;
+        let dtype = ArrayType::from_raw(raw_type as i64).ok_or_else(|| {
+            MacError::Invalid(format!("output {name} has MLMultiArrayDataType {raw_type}"))
+        })?;
         // (id, SEL) -> id NSArray<NSNumber*>* — FACTS §3.8 (-[MLMultiArray shape], -strides)
         // SAFETY: as above.
-        let (shape, strides) = unsafe { (msg!(rt, fn(Id, Sel) -> Id)(array, rt.sel(c"shape")), msg!(rt, fn(Id, Sel) -> Id)(array, rt.sel(c"strides"))) };
-        let desc = ArrayDesc { dtype, shape: fnd.integers(shape).into_iter().map(|n| n.max(0) as usize).collect(), strides: fnd.integers(strides) };
+        let (shape, strides) = unsafe {
+            (
+                msg!(rt, fn(Id, Sel) -> Id)(array, rt.sel(c"shape")),
+                msg!(rt, fn(Id, Sel) -> Id)(array, rt.sel(c"strides")),
+            )
+        };
+        let desc = ArrayDesc {
+            dtype,
+            shape: fnd
+                .integers(shape)
+                .into_iter()
+                .map(|n| n.max(0) as usize)
+                .collect(),
+            strides: fnd.integers(strides),
+        };
         let extent = desc.extent()?;
         // (id, SEL) -> void* — FACTS §3.8 (-[MLMultiArray dataPointer])
         // SAFETY: as above; the pointer is valid while the array lives (the prediction holds it).
         let data = unsafe { msg!(rt, fn(Id, Sel) -> *mut c_void)(array, rt.sel(c"dataPointer")) };
         if data.is_null() {
-            return Err(MacError::Invalid(format!("output {name} has no data pointer")));
+            return Err(MacError::Invalid(format!(
+                "output {name} has no data pointer"
+            )));
         }
         // SAFETY: the array's elements span `extent` bytes from its data pointer (its own shape
         // and strides), and nothing writes them while this pool is open.

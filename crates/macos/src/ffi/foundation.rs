@@ -10,7 +10,9 @@ use std::sync::OnceLock;
 use libloading::Library;
 
 use super::loader::{self, FOUNDATION};
-use super::objc::{alloc, msg, objc, Class, Id, NsInteger, NsUInteger, Objc, ObjcBool, Retained, Sel, NO};
+use super::objc::{
+    alloc, msg, objc, Class, Id, NsInteger, NsUInteger, Objc, ObjcBool, Retained, Sel, NO,
+};
 use crate::error::{MacError, NsErrorInfo, Result, Unavailable};
 
 /// `NSUTF8StringEncoding`.
@@ -32,7 +34,10 @@ pub(crate) struct Foundation {
 
 pub(crate) fn foundation() -> Result<&'static Foundation, Unavailable> {
     static FOUNDATION_FRAMEWORK: OnceLock<Result<Foundation, Unavailable>> = OnceLock::new();
-    FOUNDATION_FRAMEWORK.get_or_init(Foundation::load).as_ref().map_err(Clone::clone)
+    FOUNDATION_FRAMEWORK
+        .get_or_init(Foundation::load)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// Turns a NUL-terminated UTF-8 C string into a String.
@@ -49,7 +54,8 @@ impl Foundation {
         let rt = objc()?;
         let lib = loader::open(FOUNDATION)?;
         // SAFETY: `NSString *NSTemporaryDirectory(void)` (<Foundation/NSPathUtilities.h>).
-        let temporary_directory = unsafe { loader::symbol(&lib, FOUNDATION, c"NSTemporaryDirectory")? };
+        let temporary_directory =
+            unsafe { loader::symbol(&lib, FOUNDATION, c"NSTemporaryDirectory")? };
         Ok(Foundation {
             rt,
             temporary_directory,
@@ -65,14 +71,23 @@ impl Foundation {
 
     fn owned(&self, id: Id, what: &str) -> Result<Retained> {
         // SAFETY: id comes from alloc/init…, which returns +1 or nil.
-        unsafe { Retained::from_owned(self.rt, id) }.ok_or_else(|| MacError::Invalid(format!("Foundation could not make {what}")))
+        unsafe { Retained::from_owned(self.rt, id) }
+            .ok_or_else(|| MacError::Invalid(format!("Foundation could not make {what}")))
     }
 
     pub fn string(&self, s: &str) -> Result<Retained> {
         let rt = self.rt;
         // (id, SEL, const void*, NSUInteger, NSUInteger) -> id — FACTS §3.8 (-[NSString initWithBytes:length:encoding:])
         // SAFETY: the bytes live through the call; NSString copies them.
-        let id = unsafe { msg!(rt, fn(Id, Sel, *const c_void, NsUInteger, NsUInteger) -> Id)(alloc(rt, self.string), rt.sel(c"initWithBytes:length:encoding:"), s.as_ptr().cast(), s.len(), UTF8) };
+        let id = unsafe {
+            msg!(rt, fn(Id, Sel, *const c_void, NsUInteger, NsUInteger) -> Id)(
+                alloc(rt, self.string),
+                rt.sel(c"initWithBytes:length:encoding:"),
+                s.as_ptr().cast(),
+                s.len(),
+                UTF8,
+            )
+        };
         self.owned(id, "an NSString")
     }
 
@@ -80,7 +95,14 @@ impl Foundation {
         let rt = self.rt;
         // (id, SEL, const void*, NSUInteger) -> id — FACTS §3.8 (-[NSData initWithBytes:length:]; MIL text goes as NSData, FACTS §3.2)
         // SAFETY: the bytes live through the call; NSData copies them.
-        let id = unsafe { msg!(rt, fn(Id, Sel, *const c_void, NsUInteger) -> Id)(alloc(rt, self.data), rt.sel(c"initWithBytes:length:"), bytes.as_ptr().cast(), bytes.len()) };
+        let id = unsafe {
+            msg!(rt, fn(Id, Sel, *const c_void, NsUInteger) -> Id)(
+                alloc(rt, self.data),
+                rt.sel(c"initWithBytes:length:"),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+            )
+        };
         self.owned(id, "an NSData")
     }
 
@@ -88,7 +110,13 @@ impl Foundation {
         let rt = self.rt;
         // (id, SEL, long long) -> id — FACTS §3.8 (-[NSNumber initWithLongLong:])
         // SAFETY: plain value argument.
-        let id = unsafe { msg!(rt, fn(Id, Sel, c_longlong) -> Id)(alloc(rt, self.number), rt.sel(c"initWithLongLong:"), v) };
+        let id = unsafe {
+            msg!(rt, fn(Id, Sel, c_longlong) -> Id)(
+                alloc(rt, self.number),
+                rt.sel(c"initWithLongLong:"),
+                v,
+            )
+        };
         self.owned(id, "an NSNumber")
     }
 
@@ -96,7 +124,14 @@ impl Foundation {
         let rt = self.rt;
         // (id, SEL, const id*, NSUInteger) -> id — FACTS §3.8 (-[NSArray initWithObjects:count:])
         // SAFETY: items are live objects (callers hold them); the array retains them.
-        let id = unsafe { msg!(rt, fn(Id, Sel, *const Id, NsUInteger) -> Id)(alloc(rt, self.array), rt.sel(c"initWithObjects:count:"), items.as_ptr(), items.len()) };
+        let id = unsafe {
+            msg!(rt, fn(Id, Sel, *const Id, NsUInteger) -> Id)(
+                alloc(rt, self.array),
+                rt.sel(c"initWithObjects:count:"),
+                items.as_ptr(),
+                items.len(),
+            )
+        };
         self.owned(id, "an NSArray")
     }
 
@@ -106,7 +141,15 @@ impl Foundation {
         let rt = self.rt;
         // (id, SEL, const id*, const id*, NSUInteger) -> id — FACTS §3.8 (-[NSDictionary initWithObjects:forKeys:count:])
         // SAFETY: keys and values are live objects; the dictionary copies keys, retains values.
-        let id = unsafe { msg!(rt, fn(Id, Sel, *const Id, *const Id, NsUInteger) -> Id)(alloc(rt, self.dictionary), rt.sel(c"initWithObjects:forKeys:count:"), values.as_ptr(), keys.as_ptr(), keys.len()) };
+        let id = unsafe {
+            msg!(rt, fn(Id, Sel, *const Id, *const Id, NsUInteger) -> Id)(
+                alloc(rt, self.dictionary),
+                rt.sel(c"initWithObjects:forKeys:count:"),
+                values.as_ptr(),
+                keys.as_ptr(),
+                keys.len(),
+            )
+        };
         self.owned(id, "an NSDictionary")
     }
 
@@ -116,7 +159,14 @@ impl Foundation {
         let s = self.string(&path.to_string_lossy())?;
         // (id, SEL, id NSString*, BOOL) -> id — FACTS §3.8 (-[NSURL initFileURLWithPath:isDirectory:])
         // SAFETY: s is a live NSString.
-        let id = unsafe { msg!(rt, fn(Id, Sel, Id, ObjcBool) -> Id)(alloc(rt, self.url), rt.sel(c"initFileURLWithPath:isDirectory:"), s.id(), 1) };
+        let id = unsafe {
+            msg!(rt, fn(Id, Sel, Id, ObjcBool) -> Id)(
+                alloc(rt, self.url),
+                rt.sel(c"initFileURLWithPath:isDirectory:"),
+                s.id(),
+                1,
+            )
+        };
         self.owned(id, "an NSURL")
     }
 
@@ -128,7 +178,12 @@ impl Foundation {
         let rt = self.rt;
         // (id, SEL) -> const char* — FACTS §3.8 (-[NSString UTF8String])
         // SAFETY: s is a live NSString; the returned buffer lives as long as the enclosing pool.
-        unsafe { c_string(msg!(rt, fn(Id, Sel) -> *const c_char)(s, rt.sel(c"UTF8String"))) }
+        unsafe {
+            c_string(msg!(rt, fn(Id, Sel) -> *const c_char)(
+                s,
+                rt.sel(c"UTF8String"),
+            ))
+        }
     }
 
     /// `-description` of any object.
@@ -167,7 +222,11 @@ impl Foundation {
         // (id, SEL) -> NSInteger — FACTS §3.6 (-[NSError code])
         // SAFETY: as above.
         let code = unsafe { msg!(rt, fn(Id, Sel) -> NsInteger)(e, rt.sel(c"code")) };
-        Some(NsErrorInfo { domain: self.read_string(domain).unwrap_or_default(), code: code as i64, description: self.describe(e).unwrap_or_default() })
+        Some(NsErrorInfo {
+            domain: self.read_string(domain).unwrap_or_default(),
+            code: code as i64,
+            description: self.describe(e).unwrap_or_default(),
+        })
     }
 
     /// `NSTemporaryDirectory()` (FACTS §3.3: the staging root).
@@ -181,7 +240,9 @@ impl Foundation {
         let rt = self.rt;
         // (id, SEL, Class) -> BOOL — FACTS §3.8 (-[NSObject isKindOfClass:])
         // SAFETY: obj is live, class is a class.
-        unsafe { msg!(rt, fn(Id, Sel, Class) -> ObjcBool)(obj, rt.sel(c"isKindOfClass:"), class) != NO }
+        unsafe {
+            msg!(rt, fn(Id, Sel, Class) -> ObjcBool)(obj, rt.sel(c"isKindOfClass:"), class) != NO
+        }
     }
 
     fn count(&self, collection: Id) -> usize {
@@ -201,7 +262,9 @@ impl Foundation {
 
     /// The elements of an NSArray (borrowed).
     pub fn array_items(&self, array: Id) -> Vec<Id> {
-        (0..self.count(array)).map(|i| self.array_item(array, i)).collect()
+        (0..self.count(array))
+            .map(|i| self.array_item(array, i))
+            .collect()
     }
 
     /// An NSArray of NSNumbers as integers.
@@ -238,14 +301,24 @@ impl Foundation {
             for k in self.array_items(keys) {
                 // (id, SEL, id) -> id — FACTS §3.8 (-[NSDictionary objectForKey:])
                 // SAFETY: k is a key of obj.
-                let v = unsafe { msg!(rt, fn(Id, Sel, Id) -> Id)(obj, rt.sel(c"objectForKey:"), k) };
-                let key = if self.is_kind(k, self.string) { self.read_string(k) } else { self.describe(k) };
+                let v =
+                    unsafe { msg!(rt, fn(Id, Sel, Id) -> Id)(obj, rt.sel(c"objectForKey:"), k) };
+                let key = if self.is_kind(k, self.string) {
+                    self.read_string(k)
+                } else {
+                    self.describe(k)
+                };
                 map.insert(key.unwrap_or_default(), self.json_at(v, depth + 1));
             }
             return Value::Object(map);
         }
         if self.is_kind(obj, self.array) {
-            return Value::Array(self.array_items(obj).into_iter().map(|v| self.json_at(v, depth + 1)).collect());
+            return Value::Array(
+                self.array_items(obj)
+                    .into_iter()
+                    .map(|v| self.json_at(v, depth + 1))
+                    .collect(),
+            );
         }
         if self.is_kind(obj, self.string) {
             return self.read_string(obj).map_or(Value::Null, Value::String);
@@ -253,7 +326,13 @@ impl Foundation {
         if self.is_kind(obj, self.number) {
             // (id, SEL) -> const char* — FACTS §3.8 (-[NSNumber objCType])
             // SAFETY: obj is a live NSNumber; the type string is static.
-            let ty = unsafe { c_string(msg!(rt, fn(Id, Sel) -> *const c_char)(obj, rt.sel(c"objCType"))) }.unwrap_or_default();
+            let ty = unsafe {
+                c_string(msg!(rt, fn(Id, Sel) -> *const c_char)(
+                    obj,
+                    rt.sel(c"objCType"),
+                ))
+            }
+            .unwrap_or_default();
             if ty == "f" || ty == "d" {
                 // (id, SEL) -> double — FACTS §3.8 (-[NSNumber doubleValue])
                 // SAFETY: as above.

@@ -46,7 +46,10 @@ unsafe impl Sync for KeyRef {}
 
 pub(crate) fn iosurface() -> Result<&'static IoSurfaceApi, Unavailable> {
     static IOSURFACE_API: OnceLock<Result<IoSurfaceApi, Unavailable>> = OnceLock::new();
-    IOSURFACE_API.get_or_init(IoSurfaceApi::load).as_ref().map_err(Clone::clone)
+    IOSURFACE_API
+        .get_or_init(IoSurfaceApi::load)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 impl IoSurfaceApi {
@@ -56,7 +59,10 @@ impl IoSurfaceApi {
         let cf = loader::open(CORE_FOUNDATION)?;
         let mut keys = [KeyRef(Id::NIL); 6];
         for (slot, name) in keys.iter_mut().zip(PROPERTY_KEYS) {
-            let cname = std::ffi::CString::new(name).map_err(|e| Unavailable { component: name.into(), reason: e.to_string() })?;
+            let cname = std::ffi::CString::new(name).map_err(|e| Unavailable {
+                component: name.into(),
+                reason: e.to_string(),
+            })?;
             // SAFETY: each kIOSurface* symbol is a `const CFStringRef` variable: its address
             // is a pointer to an object pointer, valid for the life of the process.
             let at: *const Id = unsafe { loader::symbol(&lib, IOSURFACE, &cname)? };
@@ -102,19 +108,37 @@ impl IoSurface {
         let api = iosurface()?;
         let fnd = api.fnd;
         let _pool = AutoreleasePool::new(fnd.rt);
-        let numbers = property_values(bytes).iter().map(|&v| fnd.number(v)).collect::<Result<Vec<_>>>()?;
-        let entries: Vec<(Id, Id)> = api.keys.iter().zip(&numbers).map(|(k, n)| (k.0, n.id())).collect();
+        let numbers = property_values(bytes)
+            .iter()
+            .map(|&v| fnd.number(v))
+            .collect::<Result<Vec<_>>>()?;
+        let entries: Vec<(Id, Id)> = api
+            .keys
+            .iter()
+            .zip(&numbers)
+            .map(|(k, n)| (k.0, n.id()))
+            .collect();
         let props = fnd.dictionary(&entries)?;
         // SAFETY: props is a live NSDictionary (toll-free bridged CFDictionaryRef).
         let surface = unsafe { (api.create)(props.id()) };
         if surface.is_null() {
-            return Err(MacError::Surface { call: "IOSurfaceCreate", detail: format!("returned NULL for {bytes} bytes") });
+            return Err(MacError::Surface {
+                call: "IOSurfaceCreate",
+                detail: format!("returned NULL for {bytes} bytes"),
+            });
         }
-        let s = IoSurface { surface, api, len: bytes };
+        let s = IoSurface {
+            surface,
+            api,
+            len: bytes,
+        };
         // SAFETY: surface is live.
         let alloc = unsafe { (api.alloc_size)(surface) };
         if alloc < bytes {
-            return Err(MacError::Surface { call: "IOSurfaceGetAllocSize", detail: format!("{alloc} bytes allocated, {bytes} asked for") });
+            return Err(MacError::Surface {
+                call: "IOSurfaceGetAllocSize",
+                detail: format!("{alloc} bytes allocated, {bytes} asked for"),
+            });
         }
         Ok(s)
     }
@@ -131,7 +155,12 @@ impl IoSurface {
     /// `IOSurfaceGetBytesPerRow` and `IOSurfaceGetPlaneCount`, for reports.
     pub fn strides(&self) -> (usize, usize) {
         // SAFETY: surface is live.
-        unsafe { ((self.api.bytes_per_row)(self.surface), (self.api.plane_count)(self.surface)) }
+        unsafe {
+            (
+                (self.api.bytes_per_row)(self.surface),
+                (self.api.plane_count)(self.surface),
+            )
+        }
     }
 
     /// The IOSurfaceRef, for `objectWithIOSurface:`.
@@ -143,15 +172,28 @@ impl IoSurface {
         // SAFETY: surface is live; a null seed pointer is allowed.
         let kr = unsafe { (self.api.lock)(self.surface, options, std::ptr::null_mut()) };
         if kr != 0 {
-            return Err(MacError::Surface { call: "IOSurfaceLock", detail: format!("kern_return_t {kr}") });
+            return Err(MacError::Surface {
+                call: "IOSurfaceLock",
+                detail: format!("kern_return_t {kr}"),
+            });
         }
         // SAFETY: the surface is locked, so its base address is stable.
         let base = unsafe { (self.api.base_address)(self.surface) }.cast::<u8>();
-        let r = if base.is_null() { Err(MacError::Surface { call: "IOSurfaceGetBaseAddress", detail: "NULL".into() }) } else { Ok(f(base)) };
+        let r = if base.is_null() {
+            Err(MacError::Surface {
+                call: "IOSurfaceGetBaseAddress",
+                detail: "NULL".into(),
+            })
+        } else {
+            Ok(f(base))
+        };
         // SAFETY: locked above with the same options.
         let kr = unsafe { (self.api.unlock)(self.surface, options, std::ptr::null_mut()) };
         if kr != 0 && r.is_ok() {
-            return Err(MacError::Surface { call: "IOSurfaceUnlock", detail: format!("kern_return_t {kr}") });
+            return Err(MacError::Surface {
+                call: "IOSurfaceUnlock",
+                detail: format!("kern_return_t {kr}"),
+            });
         }
         r
     }
@@ -161,14 +203,18 @@ impl IoSurface {
         let len = self.len;
         // SAFETY: base points at an allocation of at least len bytes (checked in new), locked,
         // and `&mut self` makes this the only access from this process.
-        self.locked(0, |base| f(unsafe { std::slice::from_raw_parts_mut(base, len) }))
+        self.locked(0, |base| {
+            f(unsafe { std::slice::from_raw_parts_mut(base, len) })
+        })
     }
 
     /// Runs `f` on the surface's bytes, locked read-only.
     pub fn read<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
         let len = self.len;
         // SAFETY: as in write; nothing in this process writes while `&self` is held.
-        self.locked(LOCK_READ_ONLY, |base| f(unsafe { std::slice::from_raw_parts(base, len) }))
+        self.locked(LOCK_READ_ONLY, |base| {
+            f(unsafe { std::slice::from_raw_parts(base, len) })
+        })
     }
 }
 

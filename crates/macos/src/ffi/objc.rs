@@ -98,7 +98,10 @@ unsafe impl Sync for CodeAddress {}
 /// The runtime of this process, loaded on first use.
 pub(crate) fn objc() -> Result<&'static Objc, Unavailable> {
     static OBJC_RUNTIME: OnceLock<Result<Objc, Unavailable>> = OnceLock::new();
-    OBJC_RUNTIME.get_or_init(Objc::load).as_ref().map_err(Clone::clone)
+    OBJC_RUNTIME
+        .get_or_init(Objc::load)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 impl Objc {
@@ -111,7 +114,11 @@ impl Objc {
             Ok(Objc {
                 get_class: loader::symbol(&lib, OBJC, c"objc_getClass")?,
                 register_name: loader::symbol(&lib, OBJC, c"sel_registerName")?,
-                msg_send: CodeAddress(loader::symbol::<*const c_void>(&lib, OBJC, c"objc_msgSend")?),
+                msg_send: CodeAddress(loader::symbol::<*const c_void>(
+                    &lib,
+                    OBJC,
+                    c"objc_msgSend",
+                )?),
                 retain: loader::symbol(&lib, OBJC, c"objc_retain")?,
                 release: loader::symbol(&lib, OBJC, c"objc_release")?,
                 pool_push: loader::symbol(&lib, OBJC, c"objc_autoreleasePoolPush")?,
@@ -133,7 +140,10 @@ impl Objc {
         // SAFETY: objc_getClass takes a NUL-terminated string and returns nil when unknown.
         let c = unsafe { (self.get_class)(name.as_ptr()) };
         if c.is_nil() {
-            return Err(Unavailable { component: format!("class {}", name.to_string_lossy()), reason: "objc_getClass returned nil".into() });
+            return Err(Unavailable {
+                component: format!("class {}", name.to_string_lossy()),
+                reason: "objc_getClass returned nil".into(),
+            });
         }
         Ok(c)
     }
@@ -146,17 +156,30 @@ impl Objc {
     /// Checks that instances of `class` respond to `selector`: sending an unknown selector
     /// raises an Objective-C exception, which aborts a Rust process, so every private method is
     /// checked before the first call.
-    pub fn require_method(&self, class: Class, class_name: &CStr, selector: &CStr) -> Result<(), Unavailable> {
+    pub fn require_method(
+        &self,
+        class: Class,
+        class_name: &CStr,
+        selector: &CStr,
+    ) -> Result<(), Unavailable> {
         // SAFETY: class is a live class; class_respondsToSelector only reads its method lists.
         let ok = unsafe { (self.responds_to)(class, self.sel(selector)) } != NO;
-        ok.then_some(()).ok_or_else(|| missing(class_name, '-', selector))
+        ok.then_some(())
+            .ok_or_else(|| missing(class_name, '-', selector))
     }
 
     /// As [`Self::require_method`], for a class method.
-    pub fn require_class_method(&self, class: Class, class_name: &CStr, selector: &CStr) -> Result<(), Unavailable> {
+    pub fn require_class_method(
+        &self,
+        class: Class,
+        class_name: &CStr,
+        selector: &CStr,
+    ) -> Result<(), Unavailable> {
         // SAFETY: as above; class_getClassMethod returns null when there is no such method.
         let m = unsafe { (self.class_method)(class, self.sel(selector)) };
-        (!m.is_null()).then_some(()).ok_or_else(|| missing(class_name, '+', selector))
+        (!m.is_null())
+            .then_some(())
+            .ok_or_else(|| missing(class_name, '+', selector))
     }
 
     pub fn responds(&self, class: Class, selector: &CStr) -> bool {
@@ -166,7 +189,14 @@ impl Objc {
 }
 
 fn missing(class: &CStr, kind: char, selector: &CStr) -> Unavailable {
-    Unavailable { component: format!("{kind}[{} {}]", class.to_string_lossy(), selector.to_string_lossy()), reason: "the class has no such method in this OS version".into() }
+    Unavailable {
+        component: format!(
+            "{kind}[{} {}]",
+            class.to_string_lossy(),
+            selector.to_string_lossy()
+        ),
+        reason: "the class has no such method in this OS version".into(),
+    }
 }
 
 /// An object this code owns one reference to; released on drop.
@@ -198,7 +228,10 @@ impl Retained {
             return None;
         }
         // SAFETY: id is a live object (caller).
-        Some(Retained { id: unsafe { (rt.retain)(id) }, rt })
+        Some(Retained {
+            id: unsafe { (rt.retain)(id) },
+            rt,
+        })
     }
 
     pub fn id(&self) -> Id {
@@ -224,7 +257,10 @@ impl AutoreleasePool {
     pub fn new(rt: &'static Objc) -> AutoreleasePool {
         // SAFETY: objc_autoreleasePoolPush has no preconditions; the token is popped on the
         // same thread (the pool holds a raw pointer, so it is neither Send nor Sync).
-        AutoreleasePool { token: unsafe { (rt.pool_push)() }, rt }
+        AutoreleasePool {
+            token: unsafe { (rt.pool_push)() },
+            rt,
+        }
     }
 }
 
@@ -254,15 +290,24 @@ mod tests {
             assert!(objc().is_ok());
         } else {
             let e = objc().err().unwrap();
-            assert!(e.component == "libobjc" && e.reason.contains("/usr/lib/libobjc.A.dylib"), "{e}");
+            assert!(
+                e.component == "libobjc" && e.reason.contains("/usr/lib/libobjc.A.dylib"),
+                "{e}"
+            );
         }
     }
 
     #[test]
     fn msg_casts_are_pointer_sized_function_types() {
         // The macro's transmute only compiles for a same-size target; a function pointer.
-        assert_eq!(std::mem::size_of::<unsafe extern "C" fn(Id, Sel, u32, Id, *mut Id) -> ObjcBool>(), std::mem::size_of::<*const c_void>());
+        assert_eq!(
+            std::mem::size_of::<unsafe extern "C" fn(Id, Sel, u32, Id, *mut Id) -> ObjcBool>(),
+            std::mem::size_of::<*const c_void>()
+        );
         assert_eq!(std::mem::size_of::<Id>(), 8);
-        assert_eq!(std::mem::size_of::<Option<Retained>>(), std::mem::size_of::<Retained>());
+        assert_eq!(
+            std::mem::size_of::<Option<Retained>>(),
+            std::mem::size_of::<Retained>()
+        );
     }
 }

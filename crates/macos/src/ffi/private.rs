@@ -24,11 +24,17 @@ pub const MODEL_CLASS: &CStr = c"_ANEInMemoryModel";
 pub const REQUEST_CLASS: &CStr = c"_ANERequest";
 pub const SURFACE_OBJECT_CLASS: &CStr = c"_ANEIOSurfaceObject";
 /// The classes FACTS §3.1 resolves.
-pub const CLASSES: [&CStr; 4] = [DESCRIPTOR_CLASS, MODEL_CLASS, REQUEST_CLASS, SURFACE_OBJECT_CLASS];
+pub const CLASSES: [&CStr; 4] = [
+    DESCRIPTOR_CLASS,
+    MODEL_CLASS,
+    REQUEST_CLASS,
+    SURFACE_OBJECT_CLASS,
+];
 
 const MODEL_WITH_MIL: &CStr = c"modelWithMILText:weights:optionsPlist:";
 const IN_MEMORY_MODEL: &CStr = c"inMemoryModelWithDescriptor:";
-const REQUEST_WITH: &CStr = c"requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:";
+const REQUEST_WITH: &CStr =
+    c"requestWithInputs:inputIndices:outputs:outputIndices:weightsBuffer:perfStats:procedureIndex:";
 const OBJECT_WITH_SURFACE: &CStr = c"objectWithIOSurface:";
 const HEX_ID: &CStr = c"hexStringIdentifier";
 const COMPILE: &CStr = c"compileWithQoS:options:error:";
@@ -51,7 +57,10 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { qos: DEFAULT_QOS, retry: RetryPolicy::default() }
+        LoadOptions {
+            qos: DEFAULT_QOS,
+            retry: RetryPolicy::default(),
+        }
     }
 }
 
@@ -68,7 +77,10 @@ struct AneFramework {
 
 fn ane_framework() -> Result<&'static AneFramework, Unavailable> {
     static ANE_FRAMEWORK: OnceLock<Result<AneFramework, Unavailable>> = OnceLock::new();
-    ANE_FRAMEWORK.get_or_init(AneFramework::load).as_ref().map_err(Clone::clone)
+    ANE_FRAMEWORK
+        .get_or_init(AneFramework::load)
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 impl AneFramework {
@@ -93,7 +105,10 @@ impl AneFramework {
         for sel in [HEX_ID, COMPILE, LOAD, EVALUATE, UNLOAD, ATTRIBUTES] {
             rt.require_method(fw.model, MODEL_CLASS, sel)?;
         }
-        Ok(AneFramework { has_cache_query: rt.responds(fw.model, COMPILED_EXISTS), ..fw })
+        Ok(AneFramework {
+            has_cache_query: rt.responds(fw.model, COMPILED_EXISTS),
+            ..fw
+        })
     }
 }
 
@@ -106,7 +121,10 @@ pub struct PrivateAne {
 
 impl std::fmt::Debug for PrivateAne {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PrivateAne").field("options", &self.options).field("compiles", &self.budget.used()).finish()
+        f.debug_struct("PrivateAne")
+            .field("options", &self.options)
+            .field("compiles", &self.budget.used())
+            .finish()
     }
 }
 
@@ -114,7 +132,11 @@ impl PrivateAne {
     /// Opens AppleNeuralEngine.framework and checks every class and method the driver calls;
     /// off a Mac this is [`MacError::Unavailable`].
     pub fn open(options: LoadOptions) -> Result<PrivateAne> {
-        Ok(PrivateAne { fw: ane_framework()?, options, budget: process_budget()? })
+        Ok(PrivateAne {
+            fw: ane_framework()?,
+            options,
+            budget: process_budget()?,
+        })
     }
 
     pub fn budget(&self) -> &'static CompileBudget {
@@ -125,12 +147,17 @@ impl PrivateAne {
     /// keys (FACTS §2 end); `@{}` for a program without weights (nil crashed, ORI #11).
     fn weights_dictionary(&self, files: &ModelFiles) -> Result<Retained> {
         let fnd = self.fw.fnd;
-        let (offset_key, data_key, offset) = (fnd.string(WEIGHT_OFFSET_KEY)?, fnd.string(WEIGHT_DATA_KEY)?, fnd.number(WEIGHT_OFFSET)?);
+        let (offset_key, data_key, offset) = (
+            fnd.string(WEIGHT_OFFSET_KEY)?,
+            fnd.string(WEIGHT_DATA_KEY)?,
+            fnd.number(WEIGHT_OFFSET)?,
+        );
         let mut keep = Vec::with_capacity(files.weights.len() * 3);
         let mut entries = Vec::with_capacity(files.weights.len());
         for (key, bytes) in files.weights {
             let data = fnd.data(bytes)?;
-            let inner = fnd.dictionary(&[(offset_key.id(), offset.id()), (data_key.id(), data.id())])?;
+            let inner =
+                fnd.dictionary(&[(offset_key.id(), offset.id()), (data_key.id(), data.id())])?;
             let key = fnd.string(key)?;
             entries.push((key.id(), inner.id()));
             keep.extend([data, inner, key]);
@@ -148,22 +175,57 @@ impl PrivateAne {
         let weights = self.weights_dictionary(files)?;
         // (Class, SEL, id NSData*, id NSDictionary*, id) -> id — FACTS §3.2 (optionsPlist nil)
         // SAFETY: the selector was checked at open; mil and weights are live objects.
-        let desc = unsafe { msg!(rt, fn(Class, Sel, Id, Id, Id) -> Id)(fw.descriptor, rt.sel(MODEL_WITH_MIL), mil.id(), weights.id(), Id::NIL) };
+        let desc = unsafe {
+            msg!(rt, fn(Class, Sel, Id, Id, Id) -> Id)(
+                fw.descriptor,
+                rt.sel(MODEL_WITH_MIL),
+                mil.id(),
+                weights.id(),
+                Id::NIL,
+            )
+        };
         if desc.is_nil() {
-            return Err(MacError::call(Step::Describe, "modelWithMILText:weights:optionsPlist:", None));
+            return Err(MacError::call(
+                Step::Describe,
+                "modelWithMILText:weights:optionsPlist:",
+                None,
+            ));
         }
         // (Class, SEL, id) -> id — FACTS §3.2
         // SAFETY: checked at open; desc is a live descriptor (autoreleased in this pool).
-        let model = unsafe { msg!(rt, fn(Class, Sel, Id) -> Id)(fw.model, rt.sel(IN_MEMORY_MODEL), desc) };
+        let model =
+            unsafe { msg!(rt, fn(Class, Sel, Id) -> Id)(fw.model, rt.sel(IN_MEMORY_MODEL), desc) };
         // SAFETY: model is nil or a live autoreleased object.
-        let model = unsafe { Retained::retain(rt, model) }.ok_or(MacError::call(Step::Describe, "inMemoryModelWithDescriptor:", None))?;
+        let model = unsafe { Retained::retain(rt, model) }.ok_or(MacError::call(
+            Step::Describe,
+            "inMemoryModelWithDescriptor:",
+            None,
+        ))?;
         // (id, SEL) -> id NSString* — FACTS §3.2
         // SAFETY: checked at open; model is live.
         let hex = unsafe { msg!(rt, fn(Id, Sel) -> Id)(model.id(), rt.sel(HEX_ID)) };
-        let hex = fnd.read_string(hex).ok_or(MacError::call(Step::Describe, "hexStringIdentifier", None))?;
-        let tmp = fnd.temporary_directory().ok_or(MacError::call(Step::Describe, "NSTemporaryDirectory", None))?;
+        let hex = fnd.read_string(hex).ok_or(MacError::call(
+            Step::Describe,
+            "hexStringIdentifier",
+            None,
+        ))?;
+        let tmp = fnd.temporary_directory().ok_or(MacError::call(
+            Step::Describe,
+            "NSTemporaryDirectory",
+            None,
+        ))?;
         let staging = staging::staging_dir(&tmp, &hex)?;
-        let mut m = AneModel { fw, model, options: fnd.dictionary(&[])?, hex, staging, qos: self.options.qos, attributes: serde_json::Value::Null, compiled: false, loaded: false };
+        let mut m = AneModel {
+            fw,
+            model,
+            options: fnd.dictionary(&[])?,
+            hex,
+            staging,
+            qos: self.options.qos,
+            attributes: serde_json::Value::Null,
+            compiled: false,
+            loaded: false,
+        };
         staging::stage(&m.staging, files)?;
         let cached = fw.has_cache_query && m.compiled_model_exists();
         if !cached {
@@ -195,9 +257,21 @@ impl PrivateAne {
         let mut err = ErrorOut::new();
         // (id, SEL, uint32_t, id NSDictionary*, id* NSError**) -> BOOL — FACTS §3.2 (options @{})
         // SAFETY: checked at open; model and options are live; err is a valid out-pointer.
-        let ok = unsafe { msg!(rt, fn(Id, Sel, u32, Id, *mut Id) -> ObjcBool)(m.model.id(), rt.sel(COMPILE), m.qos, m.options.id(), err.ptr()) };
+        let ok = unsafe {
+            msg!(rt, fn(Id, Sel, u32, Id, *mut Id) -> ObjcBool)(
+                m.model.id(),
+                rt.sel(COMPILE),
+                m.qos,
+                m.options.id(),
+                err.ptr(),
+            )
+        };
         if ok == NO {
-            return Err(MacError::call(Step::Compile, "compileWithQoS:options:error:", self.fw.fnd.error_info(err.0)));
+            return Err(MacError::call(
+                Step::Compile,
+                "compileWithQoS:options:error:",
+                self.fw.fnd.error_info(err.0),
+            ));
         }
         Ok(())
     }
@@ -209,13 +283,27 @@ impl PrivateAne {
             let mut err = ErrorOut::new();
             // (id, SEL, uint32_t, id NSDictionary*, id* NSError**) -> BOOL — FACTS §3.2
             // SAFETY: as in compile.
-            let ok = unsafe { msg!(rt, fn(Id, Sel, u32, Id, *mut Id) -> ObjcBool)(m.model.id(), rt.sel(LOAD), m.qos, m.options.id(), err.ptr()) };
+            let ok = unsafe {
+                msg!(rt, fn(Id, Sel, u32, Id, *mut Id) -> ObjcBool)(
+                    m.model.id(),
+                    rt.sel(LOAD),
+                    m.qos,
+                    m.options.id(),
+                    err.ptr(),
+                )
+            };
             if ok == NO {
-                return Err(MacError::call(Step::Load, "loadWithQoS:options:error:", self.fw.fnd.error_info(err.0)));
+                return Err(MacError::call(
+                    Step::Load,
+                    "loadWithQoS:options:error:",
+                    self.fw.fnd.error_info(err.0),
+                ));
             }
             Ok(())
         };
-        self.options.retry.run(once, MacError::is_transient, std::thread::sleep)
+        self.options
+            .retry
+            .run(once, MacError::is_transient, std::thread::sleep)
     }
 }
 
@@ -235,7 +323,11 @@ pub struct AneModel {
 
 impl std::fmt::Debug for AneModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AneModel").field("hex", &self.hex).field("staging", &self.staging).field("compiled", &self.compiled).finish()
+        f.debug_struct("AneModel")
+            .field("hex", &self.hex)
+            .field("staging", &self.staging)
+            .field("compiled", &self.compiled)
+            .finish()
     }
 }
 
@@ -264,7 +356,11 @@ impl AneModel {
 
     /// The layout of MIL function `f` (one of `n_functions`), from `modelAttributes`.
     pub fn io(&self, f: &DeclaredFunction, n_functions: usize) -> Result<ProcedureIo> {
-        resolve(&ModelAttributes::from_json(&self.attributes)?, f, n_functions)
+        resolve(
+            &ModelAttributes::from_json(&self.attributes)?,
+            f,
+            n_functions,
+        )
     }
 
     /// Surfaces for every input and output of `io` and the request binding them to their
@@ -273,17 +369,37 @@ impl AneModel {
         let (fw, fnd) = (self.fw, self.fw.fnd);
         let rt = fnd.rt;
         let _pool = AutoreleasePool::new(rt);
-        let inputs = io.inputs.iter().map(|s| IoSurface::new(s.bytes)).collect::<Result<Vec<_>>>()?;
-        let outputs = io.outputs.iter().map(|s| IoSurface::new(s.bytes)).collect::<Result<Vec<_>>>()?;
+        let inputs = io
+            .inputs
+            .iter()
+            .map(|s| IoSurface::new(s.bytes))
+            .collect::<Result<Vec<_>>>()?;
+        let outputs = io
+            .outputs
+            .iter()
+            .map(|s| IoSurface::new(s.bytes))
+            .collect::<Result<Vec<_>>>()?;
         let wrap = |s: &IoSurface| {
             // (Class, SEL, IOSurfaceRef) -> id — FACTS §3.2
             // SAFETY: checked at open; s is a live IOSurface.
-            let o = unsafe { msg!(rt, fn(Class, Sel, *mut c_void) -> Id)(fw.surface_object, rt.sel(OBJECT_WITH_SURFACE), s.raw()) };
+            let o = unsafe {
+                msg!(rt, fn(Class, Sel, *mut c_void) -> Id)(
+                    fw.surface_object,
+                    rt.sel(OBJECT_WITH_SURFACE),
+                    s.raw(),
+                )
+            };
             // SAFETY: o is nil or a live autoreleased object.
-            unsafe { Retained::retain(rt, o) }.ok_or(MacError::call(Step::Evaluate, "objectWithIOSurface:", None))
+            unsafe { Retained::retain(rt, o) }.ok_or(MacError::call(
+                Step::Evaluate,
+                "objectWithIOSurface:",
+                None,
+            ))
         };
         let ids = |v: &[Retained]| v.iter().map(Retained::id).collect::<Vec<_>>();
-        let numbers = |v: &mut dyn Iterator<Item = u32>| v.map(|i| fnd.number(i as i64)).collect::<Result<Vec<_>>>();
+        let numbers = |v: &mut dyn Iterator<Item = u32>| {
+            v.map(|i| fnd.number(i as i64)).collect::<Result<Vec<_>>>()
+        };
         let in_objs = inputs.iter().map(wrap).collect::<Result<Vec<_>>>()?;
         let out_objs = outputs.iter().map(wrap).collect::<Result<Vec<_>>>()?;
         let in_idx = numbers(&mut io.inputs.iter().map(|s| s.symbol))?;
@@ -294,11 +410,30 @@ impl AneModel {
         // (Class, SEL, id NSArray*, id NSArray<NSNumber*>*, id NSArray*, id NSArray<NSNumber*>*, id, id, id NSNumber*) -> id — FACTS §3.2 (weightsBuffer nil, perfStats nil)
         // SAFETY: checked at open; every argument is a live object or nil where FACTS allows.
         let req = unsafe {
-            msg!(rt, fn(Class, Sel, Id, Id, Id, Id, Id, Id, Id) -> Id)(fw.request, rt.sel(REQUEST_WITH), in_arr.id(), in_idx_arr.id(), out_arr.id(), out_idx_arr.id(), Id::NIL, Id::NIL, procedure.id())
+            msg!(rt, fn(Class, Sel, Id, Id, Id, Id, Id, Id, Id) -> Id)(
+                fw.request,
+                rt.sel(REQUEST_WITH),
+                in_arr.id(),
+                in_idx_arr.id(),
+                out_arr.id(),
+                out_idx_arr.id(),
+                Id::NIL,
+                Id::NIL,
+                procedure.id(),
+            )
         };
         // SAFETY: req is nil or a live autoreleased object.
-        let request = unsafe { Retained::retain(rt, req) }.ok_or(MacError::call(Step::Evaluate, "requestWithInputs:…procedureIndex:", None))?;
-        Ok(AneRequest { request, _surface_objects: in_objs.into_iter().chain(out_objs).collect(), inputs, outputs })
+        let request = unsafe { Retained::retain(rt, req) }.ok_or(MacError::call(
+            Step::Evaluate,
+            "requestWithInputs:…procedureIndex:",
+            None,
+        ))?;
+        Ok(AneRequest {
+            request,
+            _surface_objects: in_objs.into_iter().chain(out_objs).collect(),
+            inputs,
+            outputs,
+        })
     }
 
     /// Runs the request's procedure; the call returns when the outputs are written (FACTS §3.6b).
@@ -309,9 +444,22 @@ impl AneModel {
         // (id, SEL, uint32_t, id NSDictionary*, id _ANERequest*, id* NSError**) -> BOOL — FACTS §3.2
         // SAFETY: checked at open; model, options and request are live; the request's surfaces
         // are owned by `req` and unlocked (every lock is scoped to one closure).
-        let ok = unsafe { msg!(rt, fn(Id, Sel, u32, Id, Id, *mut Id) -> ObjcBool)(self.model.id(), rt.sel(EVALUATE), self.qos, self.options.id(), req.request.id(), err.ptr()) };
+        let ok = unsafe {
+            msg!(rt, fn(Id, Sel, u32, Id, Id, *mut Id) -> ObjcBool)(
+                self.model.id(),
+                rt.sel(EVALUATE),
+                self.qos,
+                self.options.id(),
+                req.request.id(),
+                err.ptr(),
+            )
+        };
         if ok == NO {
-            return Err(MacError::call(Step::Evaluate, "evaluateWithQoS:options:request:error:", self.fw.fnd.error_info(err.0)));
+            return Err(MacError::call(
+                Step::Evaluate,
+                "evaluateWithQoS:options:request:error:",
+                self.fw.fnd.error_info(err.0),
+            ));
         }
         Ok(())
     }
@@ -326,7 +474,14 @@ impl Drop for AneModel {
             // (id, SEL, uint32_t, id* NSError**) -> BOOL — FACTS §3.2 (also deletes the staging dir, [DEC])
             // SAFETY: checked at open; the model is loaded. A failed unload leaves nothing to
             // release on our side; there is no caller to report it to.
-            unsafe { msg!(rt, fn(Id, Sel, u32, *mut Id) -> ObjcBool)(self.model.id(), rt.sel(UNLOAD), self.qos, err.ptr()) };
+            unsafe {
+                msg!(rt, fn(Id, Sel, u32, *mut Id) -> ObjcBool)(
+                    self.model.id(),
+                    rt.sel(UNLOAD),
+                    self.qos,
+                    err.ptr(),
+                )
+            };
         }
         // Unload removes the directory itself; after a failed compile or load we do.
         let _ = std::fs::remove_dir_all(&self.staging);
