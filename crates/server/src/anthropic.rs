@@ -23,8 +23,9 @@ use crate::stream::{self, Translate};
 pub struct MessagesRequest {
     model: String,
     max_tokens: i64,
-    #[serde(flatten)]
-    conversation: Conversation,
+    messages: Vec<InMessage>,
+    system: Option<Content>,
+    tools: Option<Vec<Value>>,
     stop_sequences: Option<Vec<String>>,
     stream: Option<bool>,
     temperature: Option<f32>,
@@ -32,19 +33,19 @@ pub struct MessagesRequest {
     top_k: Option<i64>,
 }
 
-/// What both routes read: the messages, the system prompt, the tools.
 #[derive(Debug, Deserialize)]
-pub struct Conversation {
+pub struct CountRequest {
+    model: String,
     messages: Vec<InMessage>,
     system: Option<Content>,
     tools: Option<Vec<Value>>,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct CountRequest {
-    model: String,
-    #[serde(flatten)]
-    conversation: Conversation,
+/// What both routes read: the messages, the system prompt, the tools.
+struct Conversation {
+    messages: Vec<InMessage>,
+    system: Option<Content>,
+    tools: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,7 +130,12 @@ pub async fn count_tokens(
 ) -> Result<Json<Value>, ApiError> {
     let count = async {
         app.model.check_name(&req.model)?;
-        req.conversation.prompt(&app).await
+        let conversation = Conversation {
+            messages: req.messages,
+            system: req.system,
+            tools: req.tools,
+        };
+        conversation.prompt(&app).await
     };
     let prompt = count.await.map_err(ApiError::anthropic)?;
     Ok(Json(json!({"input_tokens": prompt.len()})))
@@ -153,7 +159,12 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     }
     .to_params(app.model.vocab_size(), 1.0)?;
     max_tokens("max_tokens", Some(req.max_tokens), 0, app.model.ctx)?;
-    let prompt = req.conversation.prompt(&app).await?;
+    let conversation = Conversation {
+        messages: req.messages,
+        system: req.system,
+        tools: req.tools,
+    };
+    let prompt = conversation.prompt(&app).await?;
     let stops = req.stop_sequences.unwrap_or_default();
     let params = GenerateParams {
         sampling,

@@ -71,9 +71,9 @@ impl ApiError {
         }
     }
 
-    pub fn context_exceeded(prompt_tokens: usize, ctx: usize) -> ApiError {
+    pub fn context_exceeded(param: &str, prompt_tokens: usize, ctx: usize) -> ApiError {
         ApiError {
-            param: Some("messages".into()),
+            param: Some(param.into()),
             code: Some("context_length_exceeded"),
             ..ApiError::bad_request(format!(
                 "This model's context holds {ctx} tokens, and the prompt has {prompt_tokens}: \
@@ -157,21 +157,5 @@ impl IntoResponse for ApiError {
             );
         }
         response
-    }
-}
-
-impl From<anelm_engine::EngineError> for ApiError {
-    fn from(e: anelm_engine::EngineError) -> ApiError {
-        use anelm_engine::EngineError as E;
-        match e {
-            E::ContextOverflow {
-                prompt_tokens,
-                capacity,
-                ..
-            } => ApiError::context_exceeded(prompt_tokens, capacity),
-            E::PromptTooLong { tokens, capacity } => ApiError::context_exceeded(tokens, capacity),
-            E::Exec(_) => ApiError::internal(e.to_string()),
-            other => ApiError::bad_request(other.to_string()),
-        }
     }
 }

@@ -31,19 +31,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// Parses a request body; a type error names the path of the field (`messages[0].content`).
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        match inner.classify() {
-            Category::Data if path != "." => {
-                ApiError::bad_param(&path, format!("Invalid value for '{path}': {inner}"))
-            }
-            Category::Data => ApiError::bad_request(format!("Invalid request body: {inner}")),
-            _ => not_json(&inner),
-        }
-    })?;
+    let value = serde_path_to_error::deserialize(&mut de).map_err(request_error)?;
     de.end().map_err(|e| not_json(&e))?;
     Ok(value)
+}
+
+/// Reads fields collected by `#[serde(flatten)]` (which loses the paths of its errors).
+pub fn from_fields<T: DeserializeOwned>(
+    fields: serde_json::Map<String, serde_json::Value>,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(serde_json::Value::Object(fields)).map_err(request_error)
+}
+
+fn request_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    match inner.classify() {
+        Category::Data if path != "." => {
+            ApiError::bad_param(&path, format!("Invalid value for '{path}': {inner}"))
+        }
+        Category::Data => ApiError::bad_request(format!("Invalid request body: {inner}")),
+        _ => not_json(&inner),
+    }
 }
 
 fn not_json(e: &serde_json::Error) -> ApiError {

@@ -105,19 +105,26 @@ impl Server {
             .enable_all()
             .build()?;
         let addr_text = format!("{}:{}", config.host, config.port);
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(&addr_text))
-            .map_err(|source| ServerError::Bind {
+        // Bound here, not in the runtime, so that starting works from any thread (a caller
+        // inside another runtime included) and errors come back at once.
+        let listener =
+            std::net::TcpListener::bind(&addr_text).map_err(|source| ServerError::Bind {
                 addr: addr_text.clone(),
                 source,
             })?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let router = app::router(app.clone(), &config);
         let (shutdown, stopped) = oneshot::channel::<()>();
         runtime.spawn(async move {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
+            let serve = async {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            };
             if let Err(e) = serve.await {
                 tracing::error!("server stopped: {e}");
             }

@@ -96,12 +96,12 @@ impl ServedModel {
             .render(messages, &opts)
             .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
         text.push_str(prefill.unwrap_or(""));
-        self.checked(self.tokenizer.encode(&text, false, true))
+        self.checked(self.tokenizer.encode(&text, false, true), "messages")
     }
 
     /// A plain-text prompt, tokenized as llama.cpp tokenizes one (BOS as the model says).
     pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        self.checked(self.tokenizer.encode(text, true, true))
+        self.checked(self.tokenizer.encode(text, true, true), "prompt")
     }
 
     /// Token ids given by the client, checked against the vocabulary.
@@ -113,17 +113,22 @@ impl ServedModel {
                 format!("token id {bad} is outside the vocabulary (size {vocab})"),
             ));
         }
-        self.checked(Ok(ids))
+        self.checked(Ok(ids), "prompt")
     }
 
-    /// A prompt must leave room for at least one generated token.
-    fn checked(&self, ids: anelm_tokenize::Result<Vec<u32>>) -> Result<Vec<u32>, ApiError> {
-        let ids = ids.map_err(|e| ApiError::bad_request(e.to_string()))?;
+    /// A prompt must leave room for at least one generated token; `param` is the request
+    /// field it came from.
+    fn checked(
+        &self,
+        ids: anelm_tokenize::Result<Vec<u32>>,
+        param: &str,
+    ) -> Result<Vec<u32>, ApiError> {
+        let ids = ids.map_err(|e| ApiError::bad_param(param, e.to_string()))?;
         if ids.is_empty() {
-            return Err(ApiError::bad_request("The prompt is empty"));
+            return Err(ApiError::bad_param(param, "The prompt is empty"));
         }
         if ids.len() >= self.ctx {
-            return Err(ApiError::context_exceeded(ids.len(), self.ctx));
+            return Err(ApiError::context_exceeded(param, ids.len(), self.ctx));
         }
         Ok(ids)
     }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::{chat_logprobs, stream_end, usage_json, StreamOptions};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::extract::JsonBody;
+use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
 use crate::params::{choices, max_tokens, Sampling, Stop};
 use crate::scheduler::{Job, Update};
@@ -35,8 +35,9 @@ pub struct ChatRequest {
     response_format: Option<ResponseFormat>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    /// The sampling fields, and whatever else the client sent (ignored).
     #[serde(flatten)]
-    sampling: Sampling,
+    rest: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -110,7 +111,7 @@ pub async fn handle(
             ))
         }
     };
-    let sampling = req.sampling.to_params(app.model.vocab_size(), 2.0)?;
+    let sampling = from_fields::<Sampling>(req.rest)?.to_params(app.model.vocab_size(), 2.0)?;
     let (limit_name, limit) = match req.max_completion_tokens {
         Some(n) => ("max_completion_tokens", Some(n)),
         None => ("max_tokens", req.max_tokens),

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::{stream_end, usage_json, StreamOptions};
 use crate::app::App;
 use crate::error::ApiError;
-use crate::extract::JsonBody;
+use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
 use crate::params::{choices, max_tokens, Sampling, Stop};
 use crate::scheduler::{Job, Update};
@@ -32,8 +32,9 @@ pub struct CompletionRequest {
     logprobs: Option<i64>,
     echo: Option<bool>,
     suffix: Option<String>,
+    /// The sampling fields, and whatever else the client sent (ignored).
     #[serde(flatten)]
-    sampling: Sampling,
+    rest: serde_json::Map<String, Value>,
 }
 
 /// A text, a one-element list of texts, or token ids.
@@ -67,7 +68,7 @@ pub async fn handle(
             ))
         }
     };
-    let sampling = req.sampling.to_params(app.model.vocab_size(), 2.0)?;
+    let sampling = from_fields::<Sampling>(req.rest)?.to_params(app.model.vocab_size(), 2.0)?;
     let limit = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
     max_tokens("max_tokens", limit, 0, app.model.ctx)?;
     let (prompt, echo_text) = match req.prompt {

@@ -1,0 +1,478 @@
+//! The HTTP API on the real SmolLM2: bad input of every kind, streaming against non-streaming,
+//! choices, logprobs, prefix reuse, cancellation, the queue bound, the API key, CORS, the page.
+
+mod common;
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use anelm_server::Server;
+use common::{base, chat, client, config, health, post, start, MODEL};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+/// The server most tests share: a small context, so that overflowing it is cheap.
+static SHARED: LazyLock<Server> = LazyLock::new(|| {
+    start(anelm_server::ServerConfig {
+        ctx: Some(512),
+        body_limit: 256 << 10,
+        ..config(2, 8)
+    })
+});
+
+fn shared() -> String {
+    base(&SHARED)
+}
+
+/// A prompt longer than the shared server's context.
+fn long_text() -> String {
+    "The quick brown fox jumps over the lazy dog. ".repeat(80)
+}
+
+/// Greedy, long and without end-of-turn: SmolLM2's `<|endoftext|>` (0) and `<|im_end|>` (2)
+/// banned, so the generation runs until stopped.
+fn endless(max_tokens: u32, stream: bool) -> Value {
+    let mut body = chat("Tell me a very long story about a lighthouse keeper.", max_tokens);
+    body["logit_bias"] = json!({"0": -100, "2": -100});
+    body["stream"] = json!(stream);
+    body
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_4xx_and_the_server_keeps_serving() {
+    let base = shared();
+    let c = client();
+    let chat_url = format!("{base}/v1/chat/completions");
+    let cmpl_url = format!("{base}/v1/completions");
+    let msg_url = format!("{base}/v1/messages");
+    let count_url = format!("{base}/v1/messages/count_tokens");
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    // (url, raw body, status, OpenAI param or Anthropic error type)
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        (&chat_url, "{\"model\": ".into(), 400, None),
+        (&chat_url, "[1, 2".into(), 400, None),
+        (&chat_url, "".into(), 400, None),
+        (&chat_url, json!({"model": MODEL, "messages": "hi"}).to_string(), 400, Some("messages")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "temperature": "hot"}).to_string(), 400, Some("temperature")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "max_tokens": 1.5}).to_string(), 400, Some("max_tokens")),
+        (&chat_url, json!({"model": MODEL, "messages": [{"role": 7, "content": "x"}]}).to_string(), 400, Some("messages[0].role")),
+        (&chat_url, json!({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400, Some("messages[0].role")),
+        (&chat_url, json!({"model": MODEL}).to_string(), 400, None),
+        (&chat_url, json!({"model": "gpt-17", "messages": user}).to_string(), 404, Some("model")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "max_tokens": 0}).to_string(), 400, Some("max_tokens")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "max_tokens": -3}).to_string(), 400, Some("max_tokens")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "max_completion_tokens": 0}).to_string(), 400, Some("max_completion_tokens")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "n": 0}).to_string(), 400, Some("n")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "top_logprobs": 3}).to_string(), 400, Some("top_logprobs")),
+        (&chat_url, json!({"model": MODEL, "messages": user, "logit_bias": {"999999": 1}}).to_string(), 400, Some("logit_bias")),
+        (&chat_url, json!({"model": MODEL, "messages": [{"role": "user", "content": long_text()}]}).to_string(), 400, Some("messages")),
+        (&cmpl_url, json!({"model": MODEL, "prompt": long_text()}).to_string(), 400, Some("prompt")),
+        (&cmpl_url, json!({"model": MODEL, "prompt": "Hi", "max_tokens": 0}).to_string(), 400, Some("max_tokens")),
+        (&cmpl_url, json!({"model": "nope", "prompt": "Hi"}).to_string(), 404, Some("model")),
+        (&cmpl_url, json!({"model": MODEL, "prompt": {"text": "Hi"}}).to_string(), 400, Some("prompt")),
+        (&msg_url, "{oops".into(), 400, Some("invalid_request_error")),
+        (&msg_url, json!({"model": MODEL, "messages": user}).to_string(), 400, Some("invalid_request_error")),
+        (&msg_url, json!({"model": "claude-9", "messages": user, "max_tokens": 5}).to_string(), 404, Some("not_found_error")),
+        (&msg_url, json!({"model": MODEL, "messages": user, "max_tokens": 0}).to_string(), 400, Some("invalid_request_error")),
+        (&msg_url, json!({"model": MODEL, "messages": user, "max_tokens": "ten"}).to_string(), 400, Some("invalid_request_error")),
+        (&msg_url, json!({"model": MODEL, "messages": [{"role": "system", "content": "x"}], "max_tokens": 5}).to_string(), 400, Some("invalid_request_error")),
+        (&msg_url, json!({"model": MODEL, "messages": [{"role": "user", "content": long_text()}], "max_tokens": 5}).to_string(), 400, Some("invalid_request_error")),
+        (&count_url, json!({"model": "claude-9", "messages": user}).to_string(), 404, Some("not_found_error")),
+        (&chat_url, format!("{{\"model\": \"{MODEL}\", \"pad\": \"{}\"}}", "x".repeat(300 << 10)), 413, None),
+        (&msg_url, format!("{{\"model\": \"{MODEL}\", \"pad\": \"{}\"}}", "x".repeat(300 << 10)), 413, Some("request_too_large")),
+    ];
+    for (url, body, status, expect) in cases {
+        let r = c
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("the server answers");
+        let got = r.status().as_u16();
+        let ctype = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+        let text = r.text().await.unwrap();
+        let shown = &body[..body.len().min(80)];
+        assert_eq!(got, status, "{url} {shown}: {text}");
+        assert_eq!(ctype.as_deref(), Some("application/json"), "{url} {shown}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: not JSON ({e}): {text}"));
+        if url.contains("/v1/messages") {
+            assert_eq!(v["type"], "error", "{text}");
+            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{text}");
+            if let Some(kind) = expect {
+                assert_eq!(v["error"]["type"], kind, "{shown}: {text}");
+            }
+        } else {
+            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{text}");
+            assert!(v["error"]["type"].is_string(), "{text}");
+            if let Some(param) = expect {
+                assert_eq!(v["error"]["param"], param, "{shown}: {text}");
+            }
+        }
+    }
+    // Over the context: OpenAI's code for it.
+    let (_, v) = post(&c, &chat_url, &json!({"model": MODEL, "messages": [{"role": "user", "content": long_text()}]})).await;
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    // Unknown routes and methods answer in JSON too.
+    let r = c.get(format!("{base}/v1/engines")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("/v1/engines"));
+    let r = c.get(format!("{base}/v1/chat/completions")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(r.json::<Value>().await.unwrap()["error"].is_object());
+    // And the server still serves.
+    let (status, v) = post(&c, &chat_url, &chat("Say hello.", 4)).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+}
+
+/// Reads a server-sent-event stream into (event name, data) pairs.
+async fn sse(c: &reqwest::Client, url: &str, body: &Value) -> Vec<(String, String)> {
+    let r = c.post(url).json(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let text = r.text().await.unwrap();
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let mut event = String::new();
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(e) = line.strip_prefix("event: ") {
+                    event = e.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = d.to_string();
+                }
+            }
+            (event, data)
+        })
+        .collect()
+}
+
+fn json_of(data: &str) -> Value {
+    serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"))
+}
+
+#[tokio::test]
+async fn streams_carry_the_same_answer_as_plain_responses() {
+    let base = shared();
+    let c = client();
+    let prompt = "List three colours.";
+
+    // OpenAI chat.
+    let url = format!("{base}/v1/chat/completions");
+    let (_, plain) = post(&c, &url, &chat(prompt, 24)).await;
+    let mut body = chat(prompt, 24);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events = sse(&c, &url, &body).await;
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|(_, d)| json_of(d)).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, plain["choices"][0]["message"]["content"].as_str().unwrap());
+    let finish: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| &c["finish_reason"]).filter(|f| !f.is_null()).collect();
+    assert_eq!(finish, [&plain["choices"][0]["finish_reason"]]);
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(chunks.last().unwrap()["choices"], json!([]));
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage[k], plain["usage"][k], "{k}");
+    }
+    assert!(chunks.last().unwrap()["timings"]["predicted_per_second"].as_f64().unwrap() > 0.0);
+
+    // OpenAI completions.
+    let url = format!("{base}/v1/completions");
+    let req = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0});
+    let (_, plain) = post(&c, &url, &req).await;
+    let mut body = req.clone();
+    body["stream"] = json!(true);
+    let events = sse(&c, &url, &body).await;
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| json_of(d)["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, plain["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(plain["usage"]["completion_tokens"], 12);
+    assert_eq!(plain["choices"][0]["finish_reason"], "length");
+
+    // Anthropic messages: the exact event sequence.
+    let url = format!("{base}/v1/messages");
+    let req = json!({"model": MODEL, "max_tokens": 24, "temperature": 0,
+                     "messages": [{"role": "user", "content": prompt}]});
+    let (_, plain) = post(&c, &url, &req).await;
+    let mut body = req.clone();
+    body["stream"] = json!(true);
+    let events = sse(&c, &url, &body).await;
+    let names: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
+    let deltas = names.iter().filter(|n| **n == "content_block_delta").count();
+    assert!(deltas > 0);
+    let mut expected = vec!["message_start", "content_block_start", "ping"];
+    expected.extend(std::iter::repeat_n("content_block_delta", deltas));
+    expected.extend(["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(names, expected);
+    for (name, data) in &events {
+        assert_eq!(json_of(data)["type"], name.as_str());
+    }
+    let text: String = events
+        .iter()
+        .filter(|(e, _)| e == "content_block_delta")
+        .map(|(_, d)| json_of(d)["delta"]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, plain["content"][0]["text"].as_str().unwrap());
+    let start = json_of(&events[0].1);
+    assert_eq!(start["message"]["usage"]["input_tokens"], plain["usage"]["input_tokens"]);
+    let delta = json_of(&events[events.len() - 2].1);
+    assert_eq!(delta["usage"]["output_tokens"], plain["usage"]["output_tokens"]);
+    assert_eq!(delta["delta"]["stop_reason"], plain["stop_reason"]);
+
+    // count_tokens agrees with the usage.
+    let (status, count) = post(&c, &format!("{base}/v1/messages/count_tokens"),
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": prompt}]})).await;
+    assert_eq!(status, 200);
+    assert_eq!(count["input_tokens"], plain["usage"]["input_tokens"]);
+}
+
+#[tokio::test]
+async fn choices_seeds_and_logprobs() {
+    let base = shared();
+    let c = client();
+    let url = format!("{base}/v1/chat/completions");
+    let mut body = chat("Invent a name for a cat.", 12);
+    body["n"] = json!(3);
+    body["temperature"] = json!(1.0);
+    body["seed"] = json!(1234);
+    let (status, a) = post(&c, &url, &body).await;
+    assert_eq!(status, 200, "{a}");
+    let (_, b) = post(&c, &url, &body).await;
+    let texts = |v: &Value| -> Vec<String> {
+        v["choices"].as_array().unwrap().iter().map(|c| c["message"]["content"].as_str().unwrap().to_string()).collect()
+    };
+    let (ta, tb) = (texts(&a), texts(&b));
+    assert_eq!(ta.len(), 3);
+    assert_eq!(ta, tb, "the same seed gives the same choices");
+    let distinct: std::collections::HashSet<_> = ta.iter().collect();
+    assert!(distinct.len() >= 2, "choices drawn with different seeds differ: {ta:?}");
+    let per_choice: u64 = a["choices"].as_array().unwrap().iter().map(|_| 1).sum();
+    assert_eq!(per_choice, 3);
+    assert!(a["usage"]["completion_tokens"].as_u64().unwrap() > 12, "three choices' tokens count");
+
+    let mut body = chat("Name a fruit.", 8);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    let (status, v) = post(&c, &url, &body).await;
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    for entry in content {
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["token"], entry["token"]);
+        assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
+        assert!(top.windows(2).all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()));
+        let bytes: Vec<u8> = entry["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
+        assert_eq!(String::from_utf8_lossy(&bytes), entry["token"].as_str().unwrap());
+    }
+    let joined: String = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert!(joined.starts_with(v["choices"][0]["message"]["content"].as_str().unwrap()), "{joined}");
+
+    // A banned token never appears; a stop string cuts the answer before it.
+    let (_, plain) = post(&c, &url, &chat("Name a fruit.", 8)).await;
+    let text = plain["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let word = text.split_whitespace().nth(1).expect("two words").to_string();
+    let mut body = chat("Name a fruit.", 8);
+    body["stop"] = json!([word.clone()]);
+    let (_, stopped) = post(&c, &url, &body).await;
+    let cut = &text[..text.find(&word).unwrap()];
+    assert_eq!(stopped["choices"][0]["message"]["content"], cut);
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn tools_need_a_template_that_describes_them() {
+    let base = shared();
+    let c = client();
+    let url = format!("{base}/v1/chat/completions");
+    let tool = json!([{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]);
+    let mut body = chat("What time is it?", 4);
+    body["tools"] = tool.clone();
+    let (status, v) = post(&c, &url, &body).await;
+    assert_eq!((status, &v["error"]["param"]), (400, &json!("tools")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("does not describe tools"));
+    body["tool_choice"] = json!("none");
+    let (status, v) = post(&c, &url, &body).await;
+    assert_eq!(status, 200, "{v}");
+    let mut body = chat("Reply in JSON.", 4);
+    body["response_format"] = json!({"type": "json_object"});
+    let (status, v) = post(&c, &url, &body).await;
+    assert_eq!((status, &v["error"]["param"]), (400, &json!("response_format")), "{v}");
+}
+
+#[tokio::test]
+async fn a_continuing_conversation_reuses_its_prefix() {
+    let server = start(config(1, 4));
+    let base = base(&server);
+    let c = client();
+    let url = format!("{base}/v1/chat/completions");
+    let first = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    let (_, a) = post(&c, &url, &json!({"model": MODEL, "messages": first, "max_tokens": 20, "temperature": 0})).await;
+    let reply = a["choices"][0]["message"]["content"].as_str().unwrap();
+    let p1 = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    let second = json!([
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And of Italy?"},
+    ]);
+    let (_, b) = post(&c, &url, &json!({"model": MODEL, "messages": second, "max_tokens": 8, "temperature": 0})).await;
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let p2 = b["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached >= p1 && cached < p2, "cached {cached} of {p2}; the first prompt had {p1}");
+    // An unrelated conversation shares at most the template's opening.
+    let (_, d) = post(&c, &url, &chat("Unrelated question: why is the sky blue?", 4)).await;
+    let cached = d["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached < p1, "{d}");
+}
+
+/// Polls /health until the slots are idle; returns how long it took.
+async fn until_idle(c: &reqwest::Client, base: &str) -> (Duration, Value) {
+    let start = Instant::now();
+    loop {
+        let h = health(c, base).await;
+        if h["busy"] == 0 && h["waiting"] == 0 {
+            return (start.elapsed(), h);
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "still busy: {h}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_its_generation() {
+    let server = start(config(1, 4));
+    let base = base(&server);
+    let c = client();
+    let url = format!("{base}/v1/chat/completions");
+
+    // Streaming: read a few chunks, then hang up.
+    let r = c.post(&url).json(&endless(4000, true)).send().await.unwrap();
+    let mut body = r.bytes_stream();
+    for _ in 0..4 {
+        body.next().await.expect("a chunk").unwrap();
+    }
+    // /health and /v1/models answer while the generation runs.
+    for path in ["/health", "/v1/models"] {
+        let t = Instant::now();
+        let r = c.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(t.elapsed() < Duration::from_millis(500), "{path} took {:?}", t.elapsed());
+    }
+    assert_eq!(health(&c, &base).await["busy"], 1);
+    drop(body);
+    let (took, h) = until_idle(&c, &base).await;
+    assert_eq!(h["cancelled"], 1, "{h}");
+    assert!(took < Duration::from_secs(1), "cancelled after {took:?}");
+
+    // Not streaming: the request is dropped mid-generation.
+    let request = tokio::spawn({
+        let c = c.clone();
+        let url = url.clone();
+        async move { c.post(&url).json(&endless(4000, false)).send().await }
+    });
+    let t = Instant::now();
+    while health(&c, &base).await["busy"] != 1 {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    request.abort();
+    let (took, h) = until_idle(&c, &base).await;
+    assert_eq!(h["cancelled"], 2, "{h}");
+    assert!(took < Duration::from_secs(1), "cancelled after {took:?}");
+    assert_eq!(h["completed"], 0);
+}
+
+#[tokio::test]
+async fn past_the_queue_requests_are_refused_with_503_and_retry_after() {
+    let server = start(config(1, 1));
+    let base = base(&server);
+    let c = client();
+    let url = format!("{base}/v1/chat/completions");
+    // One generation runs, one waits: the queue is full.
+    let running = c.post(&url).json(&endless(4000, true)).send().await.unwrap();
+    let waiting = c.post(&url).json(&endless(4000, true)).send().await.unwrap();
+    assert_eq!((running.status().as_u16(), waiting.status().as_u16()), (200, 200));
+    let h = health(&c, &base).await;
+    assert_eq!((h["busy"].as_u64(), h["waiting"].as_u64()), (Some(1), Some(1)), "{h}");
+    for (path, body, kind) in [
+        ("/v1/chat/completions", chat("Hi", 4), "server_error"),
+        ("/v1/messages", json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}), "overloaded_error"),
+    ] {
+        let r = c.post(format!("{base}{path}")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], kind, "{v}");
+    }
+    assert_eq!(health(&c, &base).await["refused"], 2);
+    drop((running, waiting));
+    until_idle(&c, &base).await;
+    let (status, v) = post(&c, &url, &chat("Hi", 4)).await;
+    assert_eq!(status, 200, "{v}");
+}
+
+#[tokio::test]
+async fn the_api_key_guards_the_api_only() {
+    let server = start(anelm_server::ServerConfig {
+        api_key: Some("s3cret".into()),
+        ..config(1, 4)
+    });
+    let base = base(&server);
+    let c = client();
+    let r = c.get(format!("{base}/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "authentication_error");
+    let r = c.post(format!("{base}/v1/messages")).header("x-api-key", "wrong").json(&json!({})).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((&v["type"], &v["error"]["type"]), (&json!("error"), &json!("authentication_error")));
+    let r = c.get(format!("{base}/v1/models")).bearer_auth("s3cret").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c.get(format!("{base}/v1/models")).header("x-api-key", "s3cret").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // The page and the health check stay open.
+    for path in ["/", "/health"] {
+        assert_eq!(c.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn cors_preflight_and_the_page() {
+    let base = shared();
+    let c = client();
+    let r = c
+        .request(reqwest::Method::OPTIONS, format!("{base}/v1/chat/completions"))
+        .header("origin", "http://example.test")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "authorization, content-type")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    let methods = r.headers()["access-control-allow-methods"].to_str().unwrap().to_string();
+    assert!(methods.contains("POST"), "{methods}");
+
+    let r = c.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    let page = r.text().await.unwrap();
+    assert!(page.contains("renderMarkdown") && page.contains("localStorage"));
+    // Self-contained: nothing loaded from elsewhere.
+    for external in ["src=\"http", "href=\"http", "<link", "<script src", "@import"] {
+        assert!(!page.contains(external), "the page loads '{external}'");
+    }
+}

@@ -1,0 +1,78 @@
+//! A server on the real SmolLM2 for the tests, on a free loopback port, and small helpers.
+
+#![allow(dead_code)] // each test binary uses its own share of these
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anelm_cpu::CpuExecutor;
+use anelm_engine::LoadedModel;
+use anelm_server::{SchedulerConfig, Server, ServerConfig};
+use anelm_testkit::{model, SMOLLM2};
+use serde_json::Value;
+
+pub const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+/// A config for the tests: any free loopback port, the other settings as given.
+pub fn config(parallel: usize, queue: usize) -> ServerConfig {
+    ServerConfig {
+        port: 0,
+        scheduler: SchedulerConfig {
+            parallel,
+            queue,
+            cached_sessions: 4,
+        },
+        ..ServerConfig::default()
+    }
+}
+
+/// Serves SmolLM2 on the CPU.
+pub fn start(config: ServerConfig) -> Server {
+    let loaded = LoadedModel::load(&model(SMOLLM2)).expect("SmolLM2 loads");
+    let exec = Box::new(CpuExecutor::new(loaded.model.clone(), 0));
+    Server::start(config, loaded, exec).expect("the server starts")
+}
+
+pub fn base(server: &Server) -> String {
+    format!("http://{}", server.addr())
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// A greedy chat request for one user message.
+pub fn chat(content: &str, max_tokens: u32) -> Value {
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+/// POSTs JSON, returning the status and the body as JSON.
+pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = c.post(url).json(body).send().await.expect("the server answers");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("a body");
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, json)
+}
+
+/// The current scheduler counters from /health.
+pub async fn health(c: &reqwest::Client, base: &str) -> Value {
+    let r = c.get(format!("{base}/health")).send().await.expect("/health answers");
+    assert_eq!(r.status(), 200);
+    r.json::<Value>().await.expect("JSON health")["scheduler"].clone()
+}
+
+/// Where tests write what CI keeps (screenshots, logs): `<workspace>/target/ci-artifacts`.
+pub fn artifacts_dir() -> PathBuf {
+    let d = anelm_testkit::workspace_root().join("target/ci-artifacts");
+    std::fs::create_dir_all(&d).expect("creating target/ci-artifacts");
+    d
+}
