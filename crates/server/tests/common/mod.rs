@@ -74,5 +74,5 @@ pub async fn health(c: &reqwest::Client, base: &str) -> Value {
 pub fn artifacts_dir() -> PathBuf {
     let d = anelm_testkit::workspace_root().join("target/ci-artifacts");
     std::fs::create_dir_all(&d).expect("creating target/ci-artifacts");
-    d
+    d.canonicalize().expect("target/ci-artifacts exists")
 }
