@@ -472,7 +472,7 @@ async fn cors_preflight_and_the_page() {
     let page = r.text().await.unwrap();
     assert!(page.contains("renderMarkdown") && page.contains("localStorage"));
     // Self-contained: nothing loaded from elsewhere.
-    for external in ["src=\"http", "href=\"http", "<link", "<script src", "@import"] {
+    for external in ["src=\"http", "href=\"http", "stylesheet", "<script src", "@import"] {
         assert!(!page.contains(external), "the page loads '{external}'");
     }
 }
