@@ -41,6 +41,10 @@ enum Command {
     Info(cmd::info::Args),
     /// Compile one 1×1 conv, run it on the ANE through a driver, compare with the CPU.
     Probe(cmd::probe::Args),
+    Compile(cmd::compile::Args),
+    Check(cmd::check::Args),
+    Verify(cmd::verify::Args),
+    Layers(cmd::layers::Args),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,10 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Probe(a) => cmd::probe::run(a),
+        Command::Compile(a) => cmd::compile::run(a),
+        Command::Check(a) => cmd::check::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Layers(a) => cmd::layers::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

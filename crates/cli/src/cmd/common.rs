@@ -40,7 +40,7 @@ impl ModelArgs {
     pub fn executor(&self, loaded: &LoadedModel) -> Result<Box<dyn Executor>> {
         match self.device {
             Device::Cpu => Ok(Box::new(CpuExecutor::new(loaded.model.clone(), self.threads))),
-            Device::Sim => bail!("--device sim: the ANE simulator path is not built yet"),
+            Device::Sim => Ok(Box::new(models::with_spinner("compiling for the simulator", || anelm_ane::ProjectionExecutor::on_device(loaded.model.clone(), anelm_ane::SimDevice::new(), &anelm_ane::LoweringOptions::default()))?)),
             Device::Ane => bail!("--device ane: the ANE drivers are not built yet"),
         }
     }

@@ -2,9 +2,12 @@
 
 pub mod bench;
 pub mod chat;
+pub mod check;
 pub mod common;
+pub mod compile;
 pub mod eval;
 pub mod info;
+pub mod layers;
 pub mod mil;
 pub mod perplexity;
 pub mod probe;
@@ -12,3 +15,4 @@ pub mod run;
 pub mod serve;
 pub mod template;
 pub mod tokenize;
+pub mod verify;

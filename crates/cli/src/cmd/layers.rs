@@ -1,0 +1,75 @@
+//! `anelm layers`: the hidden state after each layer through the device's kernels and through
+//! the f32 reference (the same CPU-side code with exact projections), for bisecting a layer
+//! that goes wrong.
+
+use anelm_ane::check::compare_layers;
+use anelm_ane::LoweringOptions;
+use anyhow::{bail, Result};
+use serde_json::json;
+
+use super::check::{diagnostic_device, prompt_or_default};
+use super::common::{ModelArgs, PromptArgs};
+
+#[derive(clap::Args)]
+#[command(
+    about = "Compare the hidden state after each layer, simulator vs f32 reference (bisecting a bad layer)"
+)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// The last layer to compare (default: every layer).
+    #[arg(long)]
+    pub upto: Option<usize>,
+    #[arg(long, default_value_t = 64)]
+    pub width: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let loaded = a.model.load()?;
+    let prompt = prompt_or_default(&a.prompt, &loaded)?;
+    let n = loaded.model.n_layers();
+    if n == 0 {
+        bail!("{} has no layers", loaded.model.source.path().display());
+    }
+    let upto = a.upto.unwrap_or(n - 1);
+    if upto >= n {
+        bail!("--upto {upto}: the model has {n} layers (0..={})", n - 1);
+    }
+    let opts = LoweringOptions {
+        width: a.width,
+        ..LoweringOptions::default()
+    };
+    let rows = crate::models::with_spinner("compiling and running both paths", || -> Result<_> {
+        Ok(compare_layers(
+            &loaded.model,
+            diagnostic_device(a.model.device)?,
+            &opts,
+            &prompt,
+            upto,
+        )?)
+    })?;
+    if a.json {
+        let layers: Vec<_> = rows
+            .iter()
+            .enumerate()
+            .map(|(l, (d, r))| json!({"layer": l, "max_abs_diff": d, "rel_err": r}))
+            .collect();
+        println!("{}", json!({"tokens": prompt.len(), "layers": layers}));
+    } else {
+        println!(
+            "{:>5} {:>12} {:>10}   ({} tokens)",
+            "layer",
+            "max |diff|",
+            "rel err",
+            prompt.len()
+        );
+        for (l, (d, r)) in rows.iter().enumerate() {
+            println!("{l:>5} {d:>12.5} {r:>10.2e}");
+        }
+    }
+    Ok(())
+}

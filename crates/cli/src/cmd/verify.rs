@@ -1,0 +1,250 @@
+//! `anelm verify`: prompts through the device path and through the CPU engine, the logits after
+//! each prompt and along 16 greedy tokens compared (`--json` → `{"max_rel_err", "greedy_same",
+//! "prompts"}`).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anelm_ane::compare::PromptCase;
+use anelm_ane::verify::{verify, Reference};
+use anelm_ane::{LoweringOptions, ProjectionExecutor, SimDevice};
+use anelm_engine::LoadedModel;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use super::common::{tokenizer, Device, ModelArgs, PromptArgs};
+
+/// Prompts used when none are given (the kinds of the shared llama.cpp fixtures: a fact, code,
+/// French, digits and symbols).
+const DEFAULT_PROMPTS: [(&str, &str); 4] = [
+    ("capital", "The capital of France is"),
+    (
+        "code",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    ),
+    (
+        "french",
+        "La tour Eiffel, construite pour l'Exposition universelle de 1889, est",
+    ),
+    (
+        "digits",
+        "Order #12345678 shipped on 2024-03-15 at 09:41, total: $1,234.56",
+    ),
+];
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefArg {
+    /// The CPU engine on the dequantised weights (f32 activations and KV cache: exact).
+    CpuF32,
+    /// The CPU engine as it runs the model (8-bit activations for quantised weights).
+    Cpu,
+}
+
+#[derive(clap::Args)]
+#[command(
+    about = "Run prompts through the device path and the CPU engine and compare logits and greedy tokens"
+)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// Prompts from a fixture file: llama.cpp's `*.prompts.json` (`prompts[].ids`) or an
+    /// hf-tiny `reference.json` (`cases.*.input_ids`).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Greedy tokens decoded after each prompt (no end-of-text stop).
+    #[arg(long, default_value_t = 16)]
+    pub greedy: usize,
+    /// What the device path is compared with.
+    #[arg(long, value_enum, default_value_t = RefArg::CpuF32)]
+    pub reference: RefArg,
+    #[arg(long, default_value_t = 64)]
+    pub width: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn ids_of(v: &Value, file: &Path, what: &str) -> Result<Vec<u32>> {
+    let arr = v
+        .as_array()
+        .with_context(|| format!("{}: {what} is not a list of token ids", file.display()))?;
+    arr.iter()
+        .map(|i| {
+            i.as_u64()
+                .and_then(|i| u32::try_from(i).ok())
+                .with_context(|| format!("{}: {what} holds {i}, not a token id", file.display()))
+        })
+        .collect()
+}
+
+/// The prompts of a fixture file.
+fn fixture_prompts(file: &Path) -> Result<Vec<PromptCase>> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("{}: cannot read", file.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", file.display()))?;
+    if let Some(ps) = v["prompts"].as_array() {
+        return ps
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Ok(PromptCase {
+                    name: p["name"]
+                        .as_str()
+                        .map_or_else(|| format!("prompt{i}"), str::to_string),
+                    ids: ids_of(&p["ids"], file, "prompts[].ids")?,
+                })
+            })
+            .collect();
+    }
+    if let Some(cases) = v["cases"].as_object() {
+        return cases
+            .iter()
+            .map(|(name, c)| {
+                Ok(PromptCase {
+                    name: name.clone(),
+                    ids: ids_of(&c["input_ids"], file, "cases.*.input_ids")?,
+                })
+            })
+            .collect();
+    }
+    bail!(
+        "{}: neither a llama.cpp prompts file (\"prompts\") nor an hf-tiny reference (\"cases\")",
+        file.display()
+    )
+}
+
+fn prompts(a: &Args, loaded: &LoadedModel) -> Result<Vec<PromptCase>> {
+    let cases = match (
+        &a.prompts,
+        a.prompt.prompt.is_some() || a.prompt.ids.is_some(),
+    ) {
+        (Some(_), true) => bail!("give --prompts or --prompt/--ids, not both"),
+        (Some(f), false) => fixture_prompts(f)?,
+        (None, true) => vec![PromptCase {
+            name: "prompt".into(),
+            ids: a.prompt.ids(loaded)?,
+        }],
+        (None, false) => {
+            let t = tokenizer(loaded)?;
+            DEFAULT_PROMPTS
+                .iter()
+                .map(|(name, text)| {
+                    Ok(PromptCase {
+                        name: name.to_string(),
+                        ids: t.encode(text, true, true)?,
+                    })
+                })
+                .collect::<Result<_>>()?
+        }
+    };
+    let vocab = loaded.model.config.vocab_size;
+    for c in &cases {
+        if c.ids.is_empty() {
+            bail!("prompt {} is empty", c.name);
+        }
+        if let Some(bad) = c.ids.iter().find(|&&i| i as usize >= vocab) {
+            bail!(
+                "prompt {}: token id {bad} is outside the vocabulary (size {vocab})",
+                c.name
+            );
+        }
+        if c.ids.len() + a.greedy > loaded.model.max_positions() {
+            bail!(
+                "prompt {}: {} tokens + {} greedy exceed the context ({})",
+                c.name,
+                c.ids.len(),
+                a.greedy,
+                loaded.model.max_positions()
+            );
+        }
+    }
+    Ok(cases)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let device = match a.model.device {
+        Device::Sim => SimDevice::new(),
+        Device::Cpu => {
+            bail!("verify compares a device path with the CPU engine: give --device sim")
+        }
+        Device::Ane => bail!("--device ane: the ANE drivers are not wired into verify yet"),
+    };
+    let started = Instant::now();
+    let loaded = a.model.load()?;
+    let cases = prompts(&a, &loaded)?;
+    let opts = LoweringOptions {
+        width: a.width,
+        ..LoweringOptions::default()
+    };
+    let t = Instant::now();
+    let mut exec = crate::models::with_spinner("compiling for the simulator", || {
+        ProjectionExecutor::on_device(loaded.model.clone(), device, &opts)
+    })?;
+    let compile_seconds = t.elapsed().as_secs_f64();
+    let reference = match a.reference {
+        RefArg::CpuF32 => Reference::CpuF32,
+        RefArg::Cpu => Reference::Cpu,
+    };
+    let report = verify(
+        &loaded.model,
+        &mut exec,
+        &cases,
+        a.greedy,
+        reference,
+        a.model.threads,
+    )?;
+    let tokens: usize = cases
+        .iter()
+        .map(|c| c.ids.len() + a.greedy.saturating_sub(1))
+        .sum();
+    let dispatches = exec.projections().dispatches();
+    if a.json {
+        let prompts: Vec<_> = report
+            .prompts
+            .iter()
+            .map(|p| json!({"name": p.name, "n_prompt": p.n_prompt, "rel_err": p.max_rel_err, "max_abs_diff": p.max_abs_diff, "greedy_same": p.greedy_same(), "greedy_reference": p.greedy_reference, "greedy_device": p.greedy_device}))
+            .collect();
+        let out = json!({
+            "model": loaded.model.config.name,
+            "device": "sim",
+            "reference": reference.name(),
+            "max_rel_err": report.max_rel_err(),
+            "max_abs_diff": report.max_abs_diff(),
+            "greedy_same": report.greedy_same(),
+            "n_greedy": a.greedy,
+            "kernels": exec.projections().n_kernels(),
+            "dispatches": dispatches,
+            "seconds": {"total": started.elapsed().as_secs_f64(), "compile": compile_seconds, "device": report.device_seconds, "reference": report.reference_seconds},
+            "tokens": tokens,
+            "prompts": prompts,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{:<14} {:>6} {:>10} {:>11}  greedy",
+            "prompt", "tokens", "rel err", "max |diff|"
+        );
+        for p in &report.prompts {
+            println!(
+                "{:<14} {:>6} {:>10.2e} {:>11.4}  {}",
+                p.name,
+                p.n_prompt,
+                p.max_rel_err,
+                p.max_abs_diff,
+                if p.greedy_same() { "same" } else { "DIFFERENT" }
+            );
+        }
+        println!(
+            "max relative error {:.2e} vs {}; greedy tokens {}; {} kernels compiled in {compile_seconds:.1} s; device {:.1} s, reference {:.1} s",
+            report.max_rel_err(),
+            reference.name(),
+            if report.greedy_same() { "all the same" } else { "differ" },
+            exec.projections().n_kernels(),
+            report.device_seconds,
+            report.reference_seconds
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,223 @@
+//! The ANE path through the `anelm` binary on the simulator: verify (both real models, the shared
+//! llama.cpp prompts, 16 greedy tokens each), check (every kernel), layers, compile (MIL
+//! directories, and a Core ML package the coremltools validator accepts) and run --device sim;
+//! and the errors of these commands.
+
+use std::process::Command;
+use std::time::Instant;
+
+use anelm_testkit::{model, shared, tiny, validate_mlpackage, GEMMA3, SMOLLM2};
+use serde_json::Value;
+
+fn anelm(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn anelm_json(args: &[&str]) -> Value {
+    let (ok, out, err) = anelm(args);
+    assert!(ok, "anelm {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("anelm {args:?}: {e}: {out}"))
+}
+
+fn verify(file: &str, fixture: &str) -> Value {
+    let m = model(file);
+    let prompts = shared(&format!("fixtures/llamacpp/{fixture}"));
+    let v = anelm_json(&[
+        "verify",
+        "--model",
+        m.to_str().unwrap(),
+        "--device",
+        "sim",
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--json",
+    ]);
+    for p in v["prompts"].as_array().unwrap() {
+        println!(
+            "{}: rel {} same {}",
+            p["name"], p["rel_err"], p["greedy_same"]
+        );
+    }
+    assert_eq!(v["prompts"].as_array().unwrap().len(), 4);
+    assert_eq!(v["reference"], "cpu-f32");
+    let rel = v["max_rel_err"].as_f64().unwrap();
+    assert!(rel > 0.0 && rel <= 2e-2, "max_rel_err {rel}");
+    assert_eq!(v["greedy_same"], true, "{v}");
+    for p in v["prompts"].as_array().unwrap() {
+        assert_eq!(p["greedy_device"], p["greedy_reference"]);
+        assert_eq!(p["greedy_device"].as_array().unwrap().len(), 16);
+    }
+    v
+}
+
+#[test]
+fn smollm2_verify_within_a_minute() {
+    let t = Instant::now();
+    let v = verify(SMOLLM2, "smollm2-135m-instruct-q4_1.prompts.json");
+    let secs = t.elapsed().as_secs_f64();
+    println!("SmolLM2 verify: {secs:.1} s ({})", v["seconds"]);
+    assert_eq!(v["kernels"], 3 * 30 + 1);
+    assert!(secs < 60.0, "a full SmolLM2 verify took {secs:.1} s");
+}
+
+#[test]
+fn gemma3_verify() {
+    let v = verify(GEMMA3, "gemma-3-270m-q4_k_m.prompts.json");
+    println!("Gemma 3 verify: {}", v["seconds"]);
+}
+
+#[test]
+fn check_every_kernel_of_both_models() {
+    for file in [SMOLLM2, GEMMA3] {
+        let m = model(file);
+        let v = anelm_json(&["check", "--model", m.to_str().unwrap(), "--json"]);
+        let kernels = v["kernels"].as_array().unwrap();
+        let layers = if file == SMOLLM2 { 30 } else { 18 };
+        assert_eq!(
+            kernels.len(),
+            2 * (3 * layers + 1),
+            "{file}: prefill and decode of every kernel"
+        );
+        for k in kernels {
+            assert!(k["rel_err"].as_f64().unwrap() <= 5e-3, "{file}: {k}");
+        }
+        assert_eq!(v["pass"], true);
+        println!("{file}: worst kernel {}", v["max_rel_err"]);
+    }
+}
+
+#[test]
+fn compile_writes_a_package_the_validator_accepts() {
+    let out = tempfile::tempdir().unwrap();
+    let m = model(SMOLLM2);
+    let (ok, stdout, err) = anelm(&[
+        "compile",
+        "--model",
+        m.to_str().unwrap(),
+        "--out",
+        out.path().to_str().unwrap(),
+        "--format",
+        "mlpackage",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        stdout.contains("layer29_ffn") && stdout.contains("lm_head"),
+        "the plan is printed: {stdout}"
+    );
+    let pkg = out.path().join("SmolLM2-135M-Instruct.Q4_1.mlpackage");
+    let (code, report) = validate_mlpackage(&pkg);
+    assert_eq!(code, 0, "{report}");
+    let functions = report["summary"]["functions"].as_object().unwrap();
+    assert_eq!(functions.len(), 91);
+    assert_eq!(
+        functions["layer00_qkv"]["inputs"]["x"],
+        "FLOAT16[1,576,1,64]"
+    );
+    assert_eq!(
+        functions["layer00_qkv"]["inputs"]["descale"],
+        "FLOAT16[1,1,1,64]"
+    );
+    assert!(
+        report["warnings"].as_array().unwrap().is_empty(),
+        "{report}"
+    );
+}
+
+#[test]
+fn compile_mil_directories_read_back() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = tiny("qwen2");
+    let (ok, _, err) = anelm(&[
+        "compile",
+        "--model",
+        dir.to_str().unwrap(),
+        "--out",
+        out.path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let p = anelm_mil::text::read_model_dir(&out.path().join("layer00_qkv")).unwrap();
+    let f = &p.functions[0];
+    assert!(
+        f.ops().iter().any(|o| o.op_type == "add"),
+        "qwen2's QKV biases are added after the conv"
+    );
+    assert!(out.path().join("lm_head/weights/logits0_w.bin").exists());
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 3 * 4 + 1);
+}
+
+#[test]
+fn layers_and_run_on_the_simulator() {
+    let m = model(SMOLLM2);
+    let m = m.to_str().unwrap();
+    let v = anelm_json(&["layers", "--model", m, "--upto", "2", "--json"]);
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 3);
+    assert!(
+        layers.iter().all(|l| l["rel_err"].as_f64().unwrap() < 1e-2),
+        "{v}"
+    );
+    let r = anelm_json(&[
+        "run",
+        "--model",
+        m,
+        "--device",
+        "sim",
+        "--ids",
+        "504,3575,282,4649,314",
+        "-n",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(r["ids"].as_array().unwrap().len(), 3);
+    assert!(r["text"].as_str().unwrap().starts_with(" Paris"), "{r}");
+}
+
+#[test]
+fn bad_requests_are_one_line_errors() {
+    let m = model(SMOLLM2);
+    let m = m.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["verify", "--model", m], "--device sim"),
+        (vec!["layers", "--model", m, "--upto", "30"], "30 layers"),
+        (
+            vec![
+                "verify",
+                "--model",
+                m,
+                "--device",
+                "sim",
+                "--prompts",
+                "/nonexistent.json",
+            ],
+            "/nonexistent.json",
+        ),
+        (
+            vec![
+                "verify",
+                "--model",
+                m,
+                "--device",
+                "sim",
+                "--ids",
+                "1,99999999",
+            ],
+            "outside the vocabulary",
+        ),
+    ] {
+        let (ok, _, err) = anelm(&args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.trim().starts_with("error:") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
