@@ -176,6 +176,7 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     let rx = app.submit(Job {
         prompt,
         choices: vec![params],
+        json: false,
     })?;
     let reply = Reply {
         app: app.clone(),

@@ -20,6 +20,7 @@ mod auth;
 mod error;
 mod extract;
 mod ids;
+mod json_mode;
 mod model;
 mod openai;
 mod params;

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use anelm_engine::{Event, Finish, GenerateParams, Input, LoadedModel, Session, TokenLogprob};
@@ -19,6 +19,7 @@ use anelm_model::Executor;
 use parking_lot::FairMutex;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
 use crate::sessions::SessionPool;
 
 #[derive(Clone, Debug)]
@@ -46,6 +47,8 @@ impl Default for SchedulerConfig {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub choices: Vec<GenerateParams>,
+    /// Every reply must be a JSON object ([`crate::json_mode`]).
+    pub json: bool,
 }
 
 /// What a job reports, in order; every choice ends with `Finish`, unless `Failed` ends the job.
@@ -104,6 +107,8 @@ struct Shared {
     model: Arc<LoadedModel>,
     exec: FairMutex<Box<dyn Executor>>,
     sessions: SessionPool,
+    /// Built on the first JSON-mode request.
+    vocabulary: OnceLock<Vocabulary>,
     ctx: usize,
     queue: Mutex<Queue>,
     ready: Condvar,
@@ -132,6 +137,7 @@ impl Scheduler {
             model,
             exec: FairMutex::new(exec),
             sessions: SessionPool::new(config.cached_sessions),
+            vocabulary: OnceLock::new(),
             ctx,
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
@@ -230,6 +236,21 @@ impl Shared {
         }
     }
 
+    fn vocabulary(&self) -> &Vocabulary {
+        self.vocabulary.get_or_init(|| {
+            let pieces = match &self.model.tokenizer {
+                Some(t) => (0..self.model.model.config.vocab_size as u32)
+                    .map(|id| (!t.is_special(id)).then(|| t.token_to_piece(id)))
+                    .collect(),
+                None => Vec::new(),
+            };
+            Vocabulary {
+                pieces,
+                stop_ids: self.model.stop_ids(),
+            }
+        })
+    }
+
     fn next_job(&self) -> Option<Queued> {
         let mut q = lock(&self.queue);
         loop {
@@ -257,7 +278,8 @@ impl Shared {
         let input = Input::Ids(job.prompt);
         let mut outcome = Outcome::Completed;
         for (choice, params) in job.choices.into_iter().enumerate() {
-            outcome = self.generate(&mut session, &input, choice, params, updates);
+            let json = job.json.then(JsonPrefix::default);
+            outcome = self.generate(&mut session, &input, choice, params, json, updates);
             if !matches!(outcome, Outcome::Completed) {
                 break;
             }
@@ -266,13 +288,15 @@ impl Shared {
         outcome
     }
 
-    /// One choice, step by step, the executor taken for each step only.
+    /// One choice, step by step, the executor taken for each step only. With a JSON prefix,
+    /// the tokens are held to a JSON object.
     fn generate(
         &self,
         session: &mut Session,
         input: &Input,
         choice: usize,
         params: GenerateParams,
+        mut json: Option<JsonPrefix>,
         updates: &UnboundedSender<Update>,
     ) -> Outcome {
         let mut generation = match session.generate(&self.model, input, params) {
@@ -287,7 +311,20 @@ impl Shared {
                 generation.cancel();
                 return Outcome::Cancelled;
             }
-            let event = generation.next_event(self.exec.lock().as_mut());
+            let mut exec = self.exec.lock();
+            let event = match &json {
+                Some(prefix) => generation.next_event(&mut Constrained {
+                    inner: exec.as_mut(),
+                    vocabulary: self.vocabulary(),
+                    prefix,
+                }),
+                None => generation.next_event(exec.as_mut()),
+            };
+            drop(exec);
+            if let (Some(prefix), Ok(Some(Event::Token { id, .. }))) = (&mut json, &event) {
+                // The mask allowed only tokens that continue the object.
+                prefix.push_all(self.vocabulary().piece(*id));
+            }
             let update = match event {
                 Ok(Some(Event::Token { id, logprob })) => Update::Token {
                     choice,

@@ -306,8 +306,49 @@ async fn tools_need_a_template_that_describes_them() {
     body["tool_choice"] = json!("none");
     let (status, v) = post(&c, &url, &body).await;
     assert_eq!(status, 200, "{v}");
-    let mut body = chat("Reply in JSON.", 4);
+}
+
+#[tokio::test]
+async fn json_mode_replies_are_json_objects() {
+    let base = shared();
+    let c = client();
+    let url = format!("{base}/v1/chat/completions");
+    let ask = "Reply with a JSON object with two keys, name and age, for a cat.";
+    let mut body = chat(ask, 60);
     body["response_format"] = json!({"type": "json_object"});
+    let (status, v) = post(&c, &url, &body).await;
+    assert_eq!(status, 200, "{v}");
+    let greedy = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let object: Value = serde_json::from_str(greedy).unwrap_or_else(|e| panic!("{e}: {greedy}"));
+    assert!(object.is_object() && object.get("name").is_some(), "{greedy}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "the object closes and the turn ends");
+    // Sampled choices too: each is an object, or (cut by max_tokens) the start of one.
+    body["temperature"] = json!(1.0);
+    body["seed"] = json!(3);
+    body["n"] = json!(3);
+    let (_, v) = post(&c, &url, &body).await;
+    let mut closed = 0;
+    for choice in v["choices"].as_array().unwrap() {
+        let text = choice["message"]["content"].as_str().unwrap();
+        assert!(text.trim_start().starts_with('{'), "{text}");
+        if choice["finish_reason"] == "stop" {
+            let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(parsed.is_object(), "{text}");
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "{v}");
+    // A question the model answers in prose comes back as an object all the same.
+    let (_, prose) = post(&c, &url, &chat("Tell me about cats.", 24)).await;
+    let prose = prose["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!prose.trim_start().starts_with('{'), "{prose}");
+    let mut body = chat("Tell me about cats.", 24);
+    body["response_format"] = json!({"type": "json_object"});
+    let (_, v) = post(&c, &url, &body).await;
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.trim_start().starts_with('{'), "{text}");
+    let mut body = chat(ask, 4);
+    body["response_format"] = json!({"type": "json_schema"});
     let (status, v) = post(&c, &url, &body).await;
     assert_eq!((status, &v["error"]["param"]), (400, &json!("response_format")), "{v}");
 }

@@ -87,14 +87,16 @@ pub async fn handle(
     if messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages must not be empty"));
     }
-    if let Some(f) = &req.response_format {
-        if f.kind != "text" {
+    let json = match req.response_format.as_ref().map(|f| f.kind.as_str()) {
+        None | Some("text") => false,
+        Some("json_object") => true,
+        Some(other) => {
             return Err(ApiError::bad_param(
                 "response_format",
-                format!("response_format '{}' is not supported; only 'text' is", f.kind),
-            ));
+                format!("response_format '{other}' is not supported: use 'text' or 'json_object'"),
+            ))
         }
-    }
+    };
     let tools = active_tools(&app, req.tools, req.tool_choice.as_ref())?;
     let declared = tools.as_deref().map(tools::declared_names);
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
@@ -131,7 +133,11 @@ pub async fn handle(
     };
     let choices = choices(req.n, params)?;
     let n = choices.len();
-    let rx = app.submit(Job { prompt, choices })?;
+    let rx = app.submit(Job {
+        prompt,
+        choices,
+        json,
+    })?;
     let reply = Reply {
         app: app.clone(),
         id: new_id("chatcmpl-"),

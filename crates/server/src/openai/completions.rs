@@ -95,7 +95,11 @@ pub async fn handle(
     };
     let choices = choices(req.n, params)?;
     let n = choices.len();
-    let rx = app.submit(Job { prompt, choices })?;
+    let rx = app.submit(Job {
+        prompt,
+        choices,
+        json: false,
+    })?;
     let reply = Reply {
         app: app.clone(),
         id: new_id("cmpl-"),
