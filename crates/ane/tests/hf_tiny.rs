@@ -4,7 +4,6 @@
 //! [`NEAR_TIE`], finer than fp16 execution resolves (fp16 carries 11 significant bits; the
 //! measured logit error is up to 0.03 here).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anelm_ane::compare::{argmax, diff};
@@ -14,10 +13,6 @@ use anelm_model::{Executor, Logits};
 
 /// Top-2 gaps below this are near-ties for fp16 execution.
 const NEAR_TIE: f32 = 0.01;
-
-const FAMILIES: [&str; 8] = [
-    "llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "gpt2",
-];
 
 fn all_logits(exec: &mut dyn Executor, ids: &[u32]) -> Vec<f32> {
     let mut state = exec.new_state(ids.len()).unwrap();
@@ -29,9 +24,8 @@ fn all_logits(exec: &mut dyn Executor, ids: &[u32]) -> Vec<f32> {
 
 #[test]
 fn same_argmax_as_the_cpu_at_every_position() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny");
-    for family in FAMILIES {
-        let dir = root.join(family);
+    for family in anelm_testkit::DENSE_TINY {
+        let dir = anelm_testkit::tiny(family);
         let m =
             Arc::new(anelm_model::load(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())));
         let fx: serde_json::Value =

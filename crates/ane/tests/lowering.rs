@@ -1,7 +1,6 @@
 //! The projection programs of the tiny fixtures: their shape, what they avoid (ops and forms the
 //! ANE rejects), and head tiling.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anelm_ane::compare::{argmax, diff};
@@ -11,10 +10,7 @@ use anelm_mil::lint::{lint, Severity};
 use anelm_model::{Executor, Logits};
 
 fn tiny(family: &str) -> Arc<anelm_model::Model> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/hf-tiny")
-        .join(family);
-    Arc::new(anelm_model::load(&dir).unwrap())
+    Arc::new(anelm_model::load(&anelm_testkit::tiny(family)).unwrap())
 }
 
 fn ops(u: &anelm_ane::CompileUnit) -> Vec<String> {

@@ -1,7 +1,6 @@
 //! The two real models through the simulator: every kernel against the f32 reference, and the
 //! whole model against the CPU engine on the shared llama.cpp prompts (16 greedy tokens each).
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anelm_ane::check::check_kernels;
@@ -10,40 +9,18 @@ use anelm_ane::verify::{verify, Reference};
 use anelm_ane::{LoweringOptions, ProjectionExecutor, SimDevice};
 
 fn model(file: &str) -> Arc<anelm_model::Model> {
-    let dir = std::env::var_os("ANELM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/anelm/models")
-        });
-    let p = dir.join(file);
-    assert!(
-        p.exists(),
-        "{} is missing: run `python3 scripts/fetch-models.py`",
-        p.display()
-    );
-    Arc::new(anelm_model::load(&p).unwrap())
+    Arc::new(anelm_model::load(&anelm_testkit::model(file)).unwrap())
 }
 
 fn prompts(file: &str) -> Vec<PromptCase> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/llamacpp")
-        .join(file);
-    let v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-    )
-    .unwrap();
+    let v = anelm_testkit::shared_json(&format!("fixtures/llamacpp/{file}"));
     v["prompts"]
         .as_array()
         .unwrap()
         .iter()
         .map(|p| PromptCase {
             name: p["name"].as_str().unwrap().into(),
-            ids: p["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i.as_u64().unwrap() as u32)
-                .collect(),
+            ids: anelm_testkit::ids(&p["ids"]),
         })
         .collect()
 }
@@ -98,7 +75,7 @@ fn verify_model(m: &Arc<anelm_model::Model>, fixture: &str) {
 
 #[test]
 fn smollm2_kernels_and_whole_model() {
-    let m = model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let m = model(anelm_testkit::SMOLLM2);
     kernels_within(
         &m,
         &prompts("smollm2-135m-instruct-q4_1.prompts.json")[1].ids,
@@ -108,7 +85,7 @@ fn smollm2_kernels_and_whole_model() {
 
 #[test]
 fn gemma3_kernels_and_whole_model() {
-    let m = model("gemma-3-270m-q4_k_m.gguf");
+    let m = model(anelm_testkit::GEMMA3);
     kernels_within(&m, &prompts("gemma-3-270m-q4_k_m.prompts.json")[3].ids);
     verify_model(&m, "gemma-3-270m-q4_k_m.prompts.json");
 }

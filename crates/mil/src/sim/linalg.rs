@@ -4,6 +4,7 @@ use half::f16;
 
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
+use crate::literal::Literal;
 
 use super::mac::gemm;
 use super::tensor::Tensor;
@@ -19,12 +20,33 @@ pub struct ConvWeights {
 impl ConvWeights {
     /// From a `[cout, cin, 1, 1]` fp16 tensor.
     pub fn from_tensor(w: &Tensor) -> Result<ConvWeights> {
-        match (w.dtype, w.shape.as_slice()) {
-            (DType::Fp16, &[cout, cin, 1, 1]) => Ok(ConvWeights {
-                cout,
-                cin,
-                values: w.floats()?.iter().map(|&v| f16::from_f32(v)).collect(),
-            }),
+        let (cout, cin) = Self::dims(w.dtype, &w.shape)?;
+        Ok(ConvWeights {
+            cout,
+            cin,
+            values: w.floats()?.iter().map(|&v| f16::from_f32(v)).collect(),
+        })
+    }
+
+    /// From a constant: fp16 blob data is taken as is (no round trip through f32).
+    pub fn from_literal(lit: &Literal) -> Result<ConvWeights> {
+        match lit.weight_data() {
+            Some(d) if d.dtype() == DType::Fp16 => {
+                let (cout, cin) = Self::dims(d.dtype(), &lit.ty().shape)?;
+                let values = d
+                    .as_bytes()
+                    .chunks_exact(2)
+                    .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                Ok(ConvWeights { cout, cin, values })
+            }
+            _ => Self::from_tensor(&Tensor::from_literal(lit)?),
+        }
+    }
+
+    fn dims(dtype: DType, shape: &[usize]) -> Result<(usize, usize)> {
+        match (dtype, shape) {
+            (DType::Fp16, &[cout, cin, 1, 1]) => Ok((cout, cin)),
             (DType::Fp16, s) => Err(MilError::invalid(format!(
                 "conv weight {s:?}: the simulator runs 1x1 kernels only"
             ))),

@@ -881,7 +881,7 @@ impl Builder<'_> {
             .value_input("weight")
             .ok_or_else(|| MilError::invalid("conv weight must be a value"))?;
         let lit = self.f.const_value(wid).ok_or_else(|| MilError::invalid("conv weight is not a constant (the ANE silently ignores runtime conv weights; use matmul)"))?;
-        let w = ConvWeights::from_tensor(&Tensor::from_literal(lit)?)?;
+        let w = ConvWeights::from_literal(lit)?;
         Ok(Kind::Conv {
             x: self.tensor(op, "x")?,
             w,
