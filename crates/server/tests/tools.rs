@@ -1,0 +1,111 @@
+//! Tools with a template that describes them: SmolLM2 with a Hermes-style tool template written
+//! into a copy of its GGUF (by gguf-py's gguf_new_metadata), served for real. The tool schemas
+//! and earlier calls and results must reach the prompt; the reply parser has unit tests.
+
+mod common;
+
+use std::process::Command;
+
+use anelm_cpu::CpuExecutor;
+use anelm_engine::LoadedModel;
+use anelm_server::Server;
+use common::{base, client, config, post};
+use serde_json::{json, Value};
+
+/// SmolLM2 with the tool template, in a fresh directory under the system's temp dir.
+fn smollm2_with_tools() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("anelm-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("smollm2-tools.gguf");
+    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/hermes.jinja");
+    let run = Command::new(anelm_testkit::python())
+        .args(["-m", "gguf.scripts.gguf_new_metadata", "--force", "--chat-template-file"])
+        .arg(&template)
+        .arg(anelm_testkit::model(anelm_testkit::SMOLLM2))
+        .arg(&out)
+        .output()
+        .expect("running gguf_new_metadata");
+    assert!(run.status.success(), "gguf_new_metadata: {}", String::from_utf8_lossy(&run.stderr));
+    out
+}
+
+fn weather_tool() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }}])
+}
+
+#[tokio::test]
+async fn tool_schemas_calls_and_results_reach_the_prompt() {
+    let path = smollm2_with_tools();
+    let loaded = LoadedModel::load(&path).expect("the copy loads");
+    let exec = Box::new(CpuExecutor::new(loaded.model.clone(), 0));
+    let server = Server::start(config(1, 4), loaded, exec).expect("the server starts");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    let url = format!("{}/v1/chat/completions", base(&server));
+    let c = client();
+    let model = server.model_id().to_string();
+    assert_eq!(model, "smollm2-tools");
+    let ask = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
+
+    let request = |messages: &Value, tools: Option<Value>, extra: Value| {
+        let mut body = json!({"model": model, "messages": messages, "max_tokens": 6, "temperature": 0});
+        if let Some(t) = tools {
+            body["tools"] = t;
+        }
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let prompt_tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap_or_else(|| panic!("{v}"));
+
+    let (status, plain) = post(&c, &url, &request(&ask, None, json!({}))).await;
+    assert_eq!(status, 200, "{plain}");
+    let (status, with_tools) = post(&c, &url, &request(&ask, Some(weather_tool()), json!({}))).await;
+    assert_eq!(status, 200, "{with_tools}");
+    assert!(
+        prompt_tokens(&with_tools) > prompt_tokens(&plain) + 40,
+        "the tool description is in the prompt: {} vs {} tokens",
+        prompt_tokens(&with_tools),
+        prompt_tokens(&plain)
+    );
+    // tool_choice "none" leaves the tools out; a forced call cannot be honoured.
+    let (_, none) = post(&c, &url, &request(&ask, Some(weather_tool()), json!({"tool_choice": "none"}))).await;
+    assert_eq!(prompt_tokens(&none), prompt_tokens(&plain));
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+        let (status, v) = post(&c, &url, &request(&ask, Some(weather_tool()), json!({"tool_choice": choice}))).await;
+        assert_eq!((status, &v["error"]["param"]), (400, &json!("tool_choice")), "{v}");
+    }
+
+    // An earlier call (arguments as OpenAI sends them, JSON text) and its result.
+    let history = json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees Celsius, light wind from the west."},
+    ]);
+    let (status, after) = post(&c, &url, &request(&history, Some(weather_tool()), json!({}))).await;
+    assert_eq!(status, 200, "{after}");
+    assert!(prompt_tokens(&after) > prompt_tokens(&with_tools) + 20, "{after}");
+
+    // Streaming with tools: the reply comes whole at the end, the same as without streaming.
+    let mut body = request(&ask, Some(weather_tool()), json!({"stream": true}));
+    body["max_tokens"] = json!(6);
+    let text = c.post(&url).json(&body).send().await.unwrap().text().await.unwrap();
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|b| b.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let contents: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|s| !s.is_empty())
+        .collect();
+    assert_eq!(contents, [with_tools["choices"][0]["message"]["content"].as_str().unwrap()], "{text}");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], with_tools["choices"][0]["finish_reason"]);
+}
