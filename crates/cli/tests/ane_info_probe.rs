@@ -1,5 +1,6 @@
-//! `anelm info` and `anelm probe` off a Mac: info exits 0 and explains the absence of an ANE in
-//! one line; probe fails cleanly (one error line, non-zero exit, no panic) for both drivers.
+//! `anelm info`, `anelm probe` and `--device ane` off a Mac: info exits 0 and explains the
+//! absence of an ANE in one line; probe and model commands on the ANE fail cleanly (one error
+//! line, non-zero exit, no panic) with either driver.
 
 use std::process::Command;
 
@@ -97,4 +98,42 @@ fn probe_rejects_bad_sizes_before_looking_for_an_ane() {
         stderr.contains("--channels and --width must be between 1 and 4096"),
         "{stderr}"
     );
+}
+
+#[test]
+fn model_commands_on_the_ane_fail_cleanly_without_one() {
+    let model = anelm_testkit::tiny("llama");
+    for driver in ["private", "coreml"] {
+        let args = [
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            "1,2",
+            "--device",
+            "ane",
+            "--driver",
+            driver,
+        ];
+        let (code, stdout, stderr) = anelm(&args);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.contains("loading"))
+            .collect();
+        if on_mac() {
+            // A hardware run: it works, or says in one line why not.
+            assert!(
+                code == 0 || (lines.len() == 1 && lines[0].starts_with("error: ")),
+                "{driver}: {stdout}{stderr}"
+            );
+        } else {
+            assert_eq!(code, 1, "{driver}: {stdout}{stderr}");
+            assert_eq!(lines.len(), 1, "{stderr}");
+            assert!(
+                lines[0].starts_with("error: no ANE here: libobjc is not available"),
+                "{stderr}"
+            );
+        }
+    }
 }

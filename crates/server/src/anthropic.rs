@@ -95,10 +95,16 @@ impl Conversation {
     /// The prompt's tokens. A last assistant message is the start of the reply (prefill).
     async fn prompt(self, app: &App) -> Result<Vec<u32>, ApiError> {
         if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::bad_param("tools", "tools are not supported on /v1/messages"));
+            return Err(ApiError::bad_param(
+                "tools",
+                "tools are not supported on /v1/messages",
+            ));
         }
         if self.messages.is_empty() {
-            return Err(ApiError::bad_param("messages", "messages must not be empty"));
+            return Err(ApiError::bad_param(
+                "messages",
+                "messages must not be empty",
+            ));
         }
         let mut messages = Vec::with_capacity(self.messages.len() + 1);
         if let Some(system) = self.system {
@@ -168,7 +174,12 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     let stops = req.stop_sequences.unwrap_or_default();
     let params = GenerateParams {
         sampling,
-        max_tokens: max_tokens("max_tokens", Some(req.max_tokens), prompt.len(), app.model.ctx)?,
+        max_tokens: max_tokens(
+            "max_tokens",
+            Some(req.max_tokens),
+            prompt.len(),
+            app.model.ctx,
+        )?,
         stop: stops.clone(),
         ..GenerateParams::default()
     };
@@ -291,7 +302,10 @@ impl Translate for MessageStream {
             Update::Finish { finish, .. } => {
                 let stop_sequence = self.reply.stop_sequence(&finish, &self.tokens, &self.text);
                 vec![
-                    event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                    event(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": 0}),
+                    ),
                     event(
                         "message_delta",
                         json!({"type": "message_delta",
@@ -302,7 +316,10 @@ impl Translate for MessageStream {
                 ]
             }
             Update::Failed(message) => {
-                vec![event("error", ApiError::internal(message).anthropic().body())]
+                vec![event(
+                    "error",
+                    ApiError::internal(message).anthropic().body(),
+                )]
             }
         }
     }

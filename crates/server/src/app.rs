@@ -28,7 +28,11 @@ impl App {
         loaded: LoadedModel,
         exec: Box<dyn Executor>,
     ) -> Result<App, ServerError> {
-        let model = Arc::new(ServedModel::new(loaded, config.model_id.clone(), config.ctx)?);
+        let model = Arc::new(ServedModel::new(
+            loaded,
+            config.model_id.clone(),
+            config.ctx,
+        )?);
         let scheduler = Scheduler::new(
             model.loaded.clone(),
             exec,

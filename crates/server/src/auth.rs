@@ -53,10 +53,19 @@ mod tests {
 
     #[test]
     fn either_header_carries_the_key() {
-        assert!(presents(&headers(&[("authorization", "Bearer s3cret")]), "s3cret"));
+        assert!(presents(
+            &headers(&[("authorization", "Bearer s3cret")]),
+            "s3cret"
+        ));
         assert!(presents(&headers(&[("x-api-key", "s3cret")]), "s3cret"));
-        assert!(!presents(&headers(&[("authorization", "Bearer s3cre")]), "s3cret"));
-        assert!(!presents(&headers(&[("authorization", "s3cret")]), "s3cret"));
+        assert!(!presents(
+            &headers(&[("authorization", "Bearer s3cre")]),
+            "s3cret"
+        ));
+        assert!(!presents(
+            &headers(&[("authorization", "s3cret")]),
+            "s3cret"
+        ));
         assert!(!presents(&headers(&[]), "s3cret"));
     }
 }

@@ -24,7 +24,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             };
             ApiError::new(r.status(), message).with_flavour(flavour)
         })?;
-        parse(&bytes).map(JsonBody).map_err(|e| e.with_flavour(flavour))
+        parse(&bytes)
+            .map(JsonBody)
+            .map_err(|e| e.with_flavour(flavour))
     }
 }
 
@@ -80,14 +82,27 @@ mod tests {
         let e = parse::<Req>(br#"{"model": "m", "messages": [{"role": 5}]}"#).unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
-        assert!(e.message.contains("invalid type: integer `5`"), "{}", e.message);
+        assert!(
+            e.message.contains("invalid type: integer `5`"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
     fn syntax_errors_say_json() {
-        for body in [&br#"{"model": "m", "#[..], b"not json", br#"{"model": "m", "messages": []} trailing"#, b""] {
+        for body in [
+            &br#"{"model": "m", "#[..],
+            b"not json",
+            br#"{"model": "m", "messages": []} trailing"#,
+            b"",
+        ] {
             let e = parse::<Req>(body).unwrap_err();
-            assert!(e.message.starts_with("The request body is not valid JSON"), "{}", e.message);
+            assert!(
+                e.message.starts_with("The request body is not valid JSON"),
+                "{}",
+                e.message
+            );
             assert_eq!(e.param, None);
         }
     }

@@ -11,7 +11,10 @@ pub fn new_id(prefix: &str) -> String {
     static START: OnceLock<u64> = OnceLock::new();
     let start = *START.get_or_init(now_nanos);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{:016x}", splitmix64(start ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+    format!(
+        "{prefix}{:016x}",
+        splitmix64(start ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    )
 }
 
 /// Seconds since the Unix epoch (OpenAI's `created`).

@@ -37,7 +37,10 @@ enum State {
     /// After a value: `,` or the closing bracket.
     AfterValue,
     /// In a string (a key when `key`).
-    Str { key: bool, escape: Escape },
+    Str {
+        key: bool,
+        escape: Escape,
+    },
     Number(Num),
     /// In `true`, `false` or `null`: the bytes still due.
     Literal(&'static [u8]),
@@ -106,7 +109,10 @@ impl JsonPrefix {
                 _ => is_ws(b),
             },
             State::KeyOrClose | State::Key => match b {
-                b'"' => self.to(State::Str { key: true, escape: Escape::None }),
+                b'"' => self.to(State::Str {
+                    key: true,
+                    escape: Escape::None,
+                }),
                 b'}' if self.state == State::KeyOrClose => self.close(false),
                 _ => is_ws(b),
             },
@@ -146,7 +152,10 @@ impl JsonPrefix {
         match b {
             b'{' => self.open(false),
             b'[' => self.open(true),
-            b'"' => self.to(State::Str { key: false, escape: Escape::None }),
+            b'"' => self.to(State::Str {
+                key: false,
+                escape: Escape::None,
+            }),
             b'-' => self.to(State::Number(Num::Minus)),
             b'0' => self.to(State::Number(Num::Zero)),
             b'1'..=b'9' => self.to(State::Number(Num::Int)),
@@ -173,7 +182,11 @@ impl JsonPrefix {
         }
         self.stack = (self.stack << 1) | u64::from(array);
         self.depth += 1;
-        self.to(if array { State::ValueOrClose } else { State::KeyOrClose })
+        self.to(if array {
+            State::ValueOrClose
+        } else {
+            State::KeyOrClose
+        })
     }
 
     fn close(&mut self, array: bool) -> bool {
@@ -182,7 +195,11 @@ impl JsonPrefix {
         }
         self.stack >>= 1;
         self.depth -= 1;
-        self.to(if self.depth == 0 { State::Done } else { State::AfterValue })
+        self.to(if self.depth == 0 {
+            State::Done
+        } else {
+            State::AfterValue
+        })
     }
 
     fn string(&mut self, b: u8, key: bool, escape: Escape) -> bool {
@@ -319,7 +336,17 @@ mod tests {
 
     #[test]
     fn prefixes_are_accepted_but_not_complete() {
-        for text in ["", "  ", "{", "{\"a", "{\"a\":", "{\"a\": -", "{\"a\": 1.", "{\"a\": [tr", "{\"a\": \"\\u00"] {
+        for text in [
+            "",
+            "  ",
+            "{",
+            "{\"a",
+            "{\"a\":",
+            "{\"a\": -",
+            "{\"a\": 1.",
+            "{\"a\": [tr",
+            "{\"a\": \"\\u00",
+        ] {
             assert_eq!(accepts(text), Some(false), "{text}");
         }
     }
@@ -327,8 +354,20 @@ mod tests {
     #[test]
     fn invalid_text_is_refused() {
         for text in [
-            "[]", "x", "{a", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1.}", "{\"a\": tru}", "{\"a\": [1,]}",
-            "{\"a\": 1,}", "{\"a\": \"\\x\"}", "{\"a\": \"\n\"}", "{\"a\": 1]", "{} {}", "{\"a\": -}",
+            "[]",
+            "x",
+            "{a",
+            "{\"a\" 1}",
+            "{\"a\": 01}",
+            "{\"a\": 1.}",
+            "{\"a\": tru}",
+            "{\"a\": [1,]}",
+            "{\"a\": 1,}",
+            "{\"a\": \"\\x\"}",
+            "{\"a\": \"\n\"}",
+            "{\"a\": 1]",
+            "{} {}",
+            "{\"a\": -}",
             "{\"a\": \"\\u12g4\"}",
         ] {
             assert_eq!(accepts(text), None, "{text}");
@@ -345,7 +384,14 @@ mod tests {
     #[test]
     fn the_mask_keeps_only_continuations_and_ends_after_the_object() {
         let vocab = Vocabulary {
-            pieces: vec![None, Some(b"{".to_vec()), Some(b"}".to_vec()), Some(b" ".to_vec()), Some(b"x".to_vec()), Some(b"{}".to_vec())],
+            pieces: vec![
+                None,
+                Some(b"{".to_vec()),
+                Some(b"}".to_vec()),
+                Some(b" ".to_vec()),
+                Some(b"x".to_vec()),
+                Some(b"{}".to_vec()),
+            ],
             stop_ids: vec![0],
         };
         let mut logits = vec![0.0; 6];

@@ -49,10 +49,9 @@ impl ServedModel {
             )));
         }
         let id = id.unwrap_or_else(|| {
-            let name = path.file_name().map_or_else(
-                || "model".to_string(),
-                |n| n.to_string_lossy().into_owned(),
-            );
+            let name = path
+                .file_name()
+                .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
             name.strip_suffix(".gguf").unwrap_or(&name).to_string()
         });
         let tools_supported = describes_tools(&template);

@@ -45,7 +45,11 @@ impl Stop {
 impl Sampling {
     /// The engine's sampling parameters; `max_temperature` is the API's bound (2 for OpenAI,
     /// 1 for Anthropic).
-    pub fn to_params(&self, vocab: usize, max_temperature: f32) -> Result<SamplingParams, ApiError> {
+    pub fn to_params(
+        &self,
+        vocab: usize,
+        max_temperature: f32,
+    ) -> Result<SamplingParams, ApiError> {
         let mut p = SamplingParams::default();
         if let Some(t) = self.temperature {
             in_range("temperature", t, 0.0, max_temperature)?;
@@ -53,13 +57,17 @@ impl Sampling {
         }
         if let Some(v) = self.top_p {
             if !(v > 0.0 && v <= 1.0) {
-                return Err(ApiError::bad_param("top_p", format!("top_p must be in (0, 1], got {v}")));
+                return Err(ApiError::bad_param(
+                    "top_p",
+                    format!("top_p must be in (0, 1], got {v}"),
+                ));
             }
             p.top_p = v;
         }
         if let Some(k) = self.top_k {
-            p.top_k = usize::try_from(k)
-                .map_err(|_| ApiError::bad_param("top_k", format!("top_k must be >= 0, got {k}")))?;
+            p.top_k = usize::try_from(k).map_err(|_| {
+                ApiError::bad_param("top_k", format!("top_k must be >= 0, got {k}"))
+            })?;
         }
         if let Some(v) = self.min_p {
             in_range("min_p", v, 0.0, 1.0)?;
@@ -95,7 +103,10 @@ fn in_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<(), ApiError> {
     if v.is_finite() && (lo..=hi).contains(&v) {
         Ok(())
     } else {
-        Err(ApiError::bad_param(name, format!("{name} must be in [{lo}, {hi}], got {v}")))
+        Err(ApiError::bad_param(
+            name,
+            format!("{name} must be in [{lo}, {hi}], got {v}"),
+        ))
     }
 }
 
@@ -104,7 +115,10 @@ fn logit_bias(bias: &HashMap<String, f32>, vocab: usize) -> Result<Vec<(u32, f32
         .iter()
         .map(|(key, &b)| {
             let id: u32 = key.trim().parse().map_err(|_| {
-                ApiError::bad_param("logit_bias", format!("logit_bias keys are token ids, got '{key}'"))
+                ApiError::bad_param(
+                    "logit_bias",
+                    format!("logit_bias keys are token ids, got '{key}'"),
+                )
             })?;
             if id as usize >= vocab {
                 return Err(ApiError::bad_param(
@@ -132,7 +146,10 @@ pub fn max_tokens(
     let room = ctx.saturating_sub(prompt_tokens).max(1);
     match requested {
         None => Ok(room),
-        Some(n) if n < 1 => Err(ApiError::bad_param(name, format!("{name} must be at least 1, got {n}"))),
+        Some(n) if n < 1 => Err(ApiError::bad_param(
+            name,
+            format!("{name} must be at least 1, got {n}"),
+        )),
         Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX).min(room)),
     }
 }
@@ -145,7 +162,10 @@ pub const MAX_CHOICES: i64 = 8;
 pub fn choices(n: Option<i64>, params: GenerateParams) -> Result<Vec<GenerateParams>, ApiError> {
     let n = n.unwrap_or(1);
     if !(1..=MAX_CHOICES).contains(&n) {
-        return Err(ApiError::bad_param("n", format!("n must be in [1, {MAX_CHOICES}], got {n}")));
+        return Err(ApiError::bad_param(
+            "n",
+            format!("n must be in [1, {MAX_CHOICES}], got {n}"),
+        ));
     }
     Ok((0..n as u64)
         .map(|i| {
@@ -163,17 +183,50 @@ mod tests {
     #[test]
     fn ranges_are_checked_and_named() {
         let bad = [
-            (Sampling { temperature: Some(2.5), ..Default::default() }, "temperature"),
-            (Sampling { top_p: Some(0.0), ..Default::default() }, "top_p"),
-            (Sampling { presence_penalty: Some(-3.0), ..Default::default() }, "presence_penalty"),
-            (Sampling { top_k: Some(-1), ..Default::default() }, "top_k"),
-            (Sampling { temperature: Some(f32::NAN), ..Default::default() }, "temperature"),
+            (
+                Sampling {
+                    temperature: Some(2.5),
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                Sampling {
+                    top_p: Some(0.0),
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                Sampling {
+                    presence_penalty: Some(-3.0),
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                Sampling {
+                    top_k: Some(-1),
+                    ..Default::default()
+                },
+                "top_k",
+            ),
+            (
+                Sampling {
+                    temperature: Some(f32::NAN),
+                    ..Default::default()
+                },
+                "temperature",
+            ),
         ];
         for (s, name) in bad {
             let e = s.to_params(100, 2.0).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(name), "{}", e.message);
         }
-        let anthropic = Sampling { temperature: Some(1.5), ..Default::default() };
+        let anthropic = Sampling {
+            temperature: Some(1.5),
+            ..Default::default()
+        };
         assert!(anthropic.to_params(100, 1.0).is_err());
         assert!(anthropic.to_params(100, 2.0).is_ok());
     }
@@ -184,10 +237,19 @@ mod tests {
             logit_bias: Some(pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()),
             ..Default::default()
         };
-        let p = bias(&[("7", 5.0), ("3", -100.0)]).to_params(10, 2.0).unwrap();
+        let p = bias(&[("7", 5.0), ("3", -100.0)])
+            .to_params(10, 2.0)
+            .unwrap();
         assert_eq!(p.logit_bias, vec![(3, f32::NEG_INFINITY), (7, 5.0)]);
-        for bad in [bias(&[("x", 1.0)]), bias(&[("10", 1.0)]), bias(&[("1", 101.0)])] {
-            assert_eq!(bad.to_params(10, 2.0).unwrap_err().param.as_deref(), Some("logit_bias"));
+        for bad in [
+            bias(&[("x", 1.0)]),
+            bias(&[("10", 1.0)]),
+            bias(&[("1", 101.0)]),
+        ] {
+            assert_eq!(
+                bad.to_params(10, 2.0).unwrap_err().param.as_deref(),
+                Some("logit_bias")
+            );
         }
     }
 
@@ -195,7 +257,10 @@ mod tests {
     fn max_tokens_is_positive_and_fits_the_context() {
         assert_eq!(max_tokens("max_tokens", None, 100, 4096).unwrap(), 3996);
         assert_eq!(max_tokens("max_tokens", Some(10), 100, 4096).unwrap(), 10);
-        assert_eq!(max_tokens("max_tokens", Some(10_000), 100, 4096).unwrap(), 3996);
+        assert_eq!(
+            max_tokens("max_tokens", Some(10_000), 100, 4096).unwrap(),
+            3996
+        );
         for n in [0, -5] {
             let e = max_tokens("max_tokens", Some(n), 100, 4096).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("max_tokens"));

@@ -75,3 +75,120 @@ fn oldest(sessions: &[(Session, u64)]) -> Option<usize> {
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::any::Any;
+
+    use anelm_model::{ExecError, Executor, KvState, Logits};
+
+    use super::*;
+
+    /// Counts positions; its logits are zeros.
+    struct Counter {
+        len: usize,
+        capacity: usize,
+    }
+
+    impl KvState for Counter {
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn capacity(&self) -> usize {
+            self.capacity
+        }
+        fn truncate(&mut self, len: usize) {
+            self.len = self.len.min(len);
+        }
+        fn as_any_mut(&mut self) -> &mut dyn Any {
+            self
+        }
+    }
+
+    struct Exec;
+
+    impl Executor for Exec {
+        fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
+            Ok(Box::new(Counter { len: 0, capacity }))
+        }
+        fn forward(
+            &mut self,
+            state: &mut dyn KvState,
+            tokens: &[u32],
+            _: Logits,
+            out: &mut Vec<f32>,
+        ) -> Result<(), ExecError> {
+            let kv = state
+                .as_any_mut()
+                .downcast_mut::<Counter>()
+                .ok_or(ExecError::ForeignState)?;
+            kv.len += tokens.len();
+            out.clear();
+            out.resize(4, 0.0);
+            Ok(())
+        }
+        fn vocab_size(&self) -> usize {
+            4
+        }
+    }
+
+    /// A session holding `tokens`.
+    fn holding(tokens: &[u32]) -> Session {
+        let mut s = Session::new(&Exec, 64).unwrap();
+        s.prefill(&mut Exec, tokens, &mut Vec::new()).unwrap();
+        s
+    }
+
+    fn fresh() -> Result<Session> {
+        Session::new(&Exec, 64)
+    }
+
+    #[test]
+    fn the_longest_shared_prefix_wins() {
+        let pool = SessionPool::new(4);
+        pool.give_back(holding(&[1, 2, 3]));
+        pool.give_back(holding(&[1, 2, 3, 4, 5]));
+        pool.give_back(holding(&[1, 9]));
+        let s = pool
+            .take(&[1, 2, 3, 4, 6], || panic!("no new session needed"))
+            .unwrap();
+        assert_eq!(s.tokens(), [1, 2, 3, 4, 5]);
+        let s = pool
+            .take(&[1, 9, 9], || panic!("no new session needed"))
+            .unwrap();
+        assert_eq!(s.tokens(), [1, 9]);
+    }
+
+    #[test]
+    fn nothing_shared_gives_a_new_session_until_the_pool_is_full() {
+        let pool = SessionPool::new(2);
+        pool.give_back(holding(&[1, 2]));
+        let s = pool.take(&[7, 7], fresh).unwrap();
+        assert!(s.tokens().is_empty(), "a new session");
+        pool.give_back(holding(&[3, 4]));
+        // Full (two idle): the least recently used one is reused rather than a third made.
+        let s = pool.take(&[8], || panic!("the pool is full")).unwrap();
+        assert_eq!(s.tokens(), [1, 2]);
+    }
+
+    #[test]
+    fn giving_back_past_the_limit_drops_the_least_recently_used() {
+        let pool = SessionPool::new(2);
+        pool.give_back(holding(&[1]));
+        pool.give_back(holding(&[2]));
+        pool.give_back(holding(&[3]));
+        assert_eq!(pool.take(&[2], fresh).unwrap().tokens(), [2]);
+        assert_eq!(pool.take(&[3], fresh).unwrap().tokens(), [3]);
+        assert!(
+            pool.take(&[1], fresh).unwrap().tokens().is_empty(),
+            "[1] was dropped"
+        );
+    }
+
+    #[test]
+    fn a_pool_of_none_keeps_nothing() {
+        let pool = SessionPool::new(0);
+        pool.give_back(holding(&[1, 2]));
+        assert!(pool.take(&[1, 2], fresh).unwrap().tokens().is_empty());
+    }
+}

@@ -36,7 +36,11 @@ pub async fn collect(mut rx: UnboundedReceiver<Update>, n: usize) -> Result<Vec<
     let mut parts: Vec<Partial> = (0..n).map(|_| Partial::default()).collect();
     while let Some(update) = rx.recv().await {
         match update {
-            Update::Token { choice, id, logprob } => {
+            Update::Token {
+                choice,
+                id,
+                logprob,
+            } => {
                 parts[choice].tokens.push(id);
                 parts[choice].logprobs.extend(logprob);
             }
@@ -91,9 +95,15 @@ pub fn matched_stop(
 /// Speeds for clients that show them (llama.cpp's `timings`).
 pub fn timings(finishes: &[&Finish]) -> serde_json::Value {
     let prompt_n: usize = finishes.iter().map(|f| f.timings.prefilled_tokens).sum();
-    let prompt_s: f64 = finishes.iter().map(|f| f.timings.prefill.as_secs_f64()).sum();
+    let prompt_s: f64 = finishes
+        .iter()
+        .map(|f| f.timings.prefill.as_secs_f64())
+        .sum();
     let predicted_n: usize = finishes.iter().map(|f| f.usage.completion_tokens).sum();
-    let predicted_s: f64 = finishes.iter().map(|f| f.timings.decode.as_secs_f64()).sum();
+    let predicted_s: f64 = finishes
+        .iter()
+        .map(|f| f.timings.decode.as_secs_f64())
+        .sum();
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     serde_json::json!({
         "prompt_n": prompt_n,

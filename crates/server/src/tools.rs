@@ -47,7 +47,10 @@ fn tagged_calls(reply: &str, declared: &[String]) -> Option<(String, Vec<ToolCal
         text.push_str(&rest[..start]);
         let body_start = start + OPEN.len();
         let (body, next) = match rest[body_start..].find(CLOSE) {
-            Some(end) => (&rest[body_start..body_start + end], body_start + end + CLOSE.len()),
+            Some(end) => (
+                &rest[body_start..body_start + end],
+                body_start + end + CLOSE.len(),
+            ),
             None => (&rest[body_start..], rest.len()),
         };
         calls.push(call_from_json(body.trim(), declared)?);
@@ -109,8 +112,14 @@ mod tests {
         assert_eq!(
             calls,
             [
-                ToolCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() },
-                ToolCall { name: "add".into(), arguments: r#"{"a":1,"b":2}"#.into() },
+                ToolCall {
+                    name: "get_weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into()
+                },
+                ToolCall {
+                    name: "add".into(),
+                    arguments: r#"{"a":1,"b":2}"#.into()
+                },
             ]
         );
     }
@@ -118,8 +127,14 @@ mod tests {
     #[test]
     fn llama_and_mistral_shapes() {
         let (text, calls) = parse(r#"{"name": "add", "parameters": {"a": 1}}"#, &names());
-        assert_eq!((text, calls.len(), calls[0].arguments.as_str()), (None, 1, r#"{"a":1}"#));
-        let (text, calls) = parse(r#"[TOOL_CALLS][{"name": "add", "arguments": "{\"a\": 2}"}]"#, &names());
+        assert_eq!(
+            (text, calls.len(), calls[0].arguments.as_str()),
+            (None, 1, r#"{"a":1}"#)
+        );
+        let (text, calls) = parse(
+            r#"[TOOL_CALLS][{"name": "add", "arguments": "{\"a\": 2}"}]"#,
+            &names(),
+        );
         assert_eq!((text, calls[0].arguments.as_str()), (None, r#"{"a": 2}"#));
     }
 

@@ -32,7 +32,10 @@ fn long_text() -> String {
 /// Greedy, long and without end-of-turn: SmolLM2's `<|endoftext|>` (0) and `<|im_end|>` (2)
 /// banned, so the generation runs until stopped.
 fn endless(max_tokens: u32, stream: bool) -> Value {
-    let mut body = chat("Tell me a very long story about a lighthouse keeper.", max_tokens);
+    let mut body = chat(
+        "Tell me a very long story about a lighthouse keeper.",
+        max_tokens,
+    );
     body["logit_bias"] = json!({"0": -100, "2": -100});
     body["stream"] = json!(stream);
     body
@@ -90,20 +93,34 @@ async fn bad_requests_get_json_4xx_and_the_server_keeps_serving() {
             .await
             .expect("the server answers");
         let got = r.status().as_u16();
-        let ctype = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string());
+        let ctype = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string());
         let text = r.text().await.unwrap();
         let shown = &body[..body.len().min(80)];
         assert_eq!(got, status, "{url} {shown}: {text}");
         assert_eq!(ctype.as_deref(), Some("application/json"), "{url} {shown}");
-        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: not JSON ({e}): {text}"));
+        let v: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: not JSON ({e}): {text}"));
         if url.contains("/v1/messages") {
             assert_eq!(v["type"], "error", "{text}");
-            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{text}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{text}"
+            );
             if let Some(kind) = expect {
                 assert_eq!(v["error"]["type"], kind, "{shown}: {text}");
             }
         } else {
-            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{text}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{text}"
+            );
             assert!(v["error"]["type"].is_string(), "{text}");
             if let Some(param) = expect {
                 assert_eq!(v["error"]["param"], param, "{shown}: {text}");
@@ -111,19 +128,36 @@ async fn bad_requests_get_json_4xx_and_the_server_keeps_serving() {
         }
     }
     // Over the context: OpenAI's code for it.
-    let (_, v) = post(&c, &chat_url, &json!({"model": MODEL, "messages": [{"role": "user", "content": long_text()}]})).await;
+    let (_, v) = post(
+        &c,
+        &chat_url,
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": long_text()}]}),
+    )
+    .await;
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
     // Unknown routes and methods answer in JSON too.
     let r = c.get(format!("{base}/v1/engines")).send().await.unwrap();
     assert_eq!(r.status(), 404);
-    assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("/v1/engines"));
-    let r = c.get(format!("{base}/v1/chat/completions")).send().await.unwrap();
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/v1/engines"));
+    let r = c
+        .get(format!("{base}/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 405);
     assert!(r.json::<Value>().await.unwrap()["error"].is_object());
     // And the server still serves.
     let (status, v) = post(&c, &chat_url, &chat("Say hello.", 4)).await;
     assert_eq!(status, 200, "{v}");
-    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{v}"
+    );
 }
 
 /// Reads a server-sent-event stream into (event name, data) pairs.
@@ -167,25 +201,46 @@ async fn streams_carry_the_same_answer_as_plain_responses() {
     body["stream_options"] = json!({"include_usage": true});
     let events = sse(&c, &url, &body).await;
     assert_eq!(events.last().unwrap().1, "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|(_, d)| json_of(d)).collect();
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| json_of(d))
+        .collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let text: String = chunks
         .iter()
-        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str().map(str::to_string))
+        .filter_map(|c| {
+            c["choices"].get(0)?["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
         .collect();
-    assert_eq!(text, plain["choices"][0]["message"]["content"].as_str().unwrap());
-    let finish: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)).map(|c| &c["finish_reason"]).filter(|f| !f.is_null()).collect();
+    assert_eq!(
+        text,
+        plain["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| &c["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
     assert_eq!(finish, [&plain["choices"][0]["finish_reason"]]);
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(chunks.last().unwrap()["choices"], json!([]));
     for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
         assert_eq!(usage[k], plain["usage"][k], "{k}");
     }
-    assert!(chunks.last().unwrap()["timings"]["predicted_per_second"].as_f64().unwrap() > 0.0);
+    assert!(
+        chunks.last().unwrap()["timings"]["predicted_per_second"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
 
     // OpenAI completions.
     let url = format!("{base}/v1/completions");
-    let req = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0});
+    let req =
+        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0});
     let (_, plain) = post(&c, &url, &req).await;
     let mut body = req.clone();
     body["stream"] = json!(true);
@@ -193,7 +248,12 @@ async fn streams_carry_the_same_answer_as_plain_responses() {
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let text: String = events[..events.len() - 1]
         .iter()
-        .map(|(_, d)| json_of(d)["choices"][0]["text"].as_str().unwrap().to_string())
+        .map(|(_, d)| {
+            json_of(d)["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(text, plain["choices"][0]["text"].as_str().unwrap());
     assert_eq!(plain["usage"]["completion_tokens"], 12);
@@ -208,7 +268,10 @@ async fn streams_carry_the_same_answer_as_plain_responses() {
     body["stream"] = json!(true);
     let events = sse(&c, &url, &body).await;
     let names: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
-    let deltas = names.iter().filter(|n| **n == "content_block_delta").count();
+    let deltas = names
+        .iter()
+        .filter(|n| **n == "content_block_delta")
+        .count();
     assert!(deltas > 0);
     let mut expected = vec!["message_start", "content_block_start", "ping"];
     expected.extend(std::iter::repeat_n("content_block_delta", deltas));
@@ -224,14 +287,24 @@ async fn streams_carry_the_same_answer_as_plain_responses() {
         .collect();
     assert_eq!(text, plain["content"][0]["text"].as_str().unwrap());
     let start = json_of(&events[0].1);
-    assert_eq!(start["message"]["usage"]["input_tokens"], plain["usage"]["input_tokens"]);
+    assert_eq!(
+        start["message"]["usage"]["input_tokens"],
+        plain["usage"]["input_tokens"]
+    );
     let delta = json_of(&events[events.len() - 2].1);
-    assert_eq!(delta["usage"]["output_tokens"], plain["usage"]["output_tokens"]);
+    assert_eq!(
+        delta["usage"]["output_tokens"],
+        plain["usage"]["output_tokens"]
+    );
     assert_eq!(delta["delta"]["stop_reason"], plain["stop_reason"]);
 
     // count_tokens agrees with the usage.
-    let (status, count) = post(&c, &format!("{base}/v1/messages/count_tokens"),
-        &json!({"model": MODEL, "messages": [{"role": "user", "content": prompt}]})).await;
+    let (status, count) = post(
+        &c,
+        &format!("{base}/v1/messages/count_tokens"),
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": prompt}]}),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(count["input_tokens"], plain["usage"]["input_tokens"]);
 }
@@ -249,16 +322,27 @@ async fn choices_seeds_and_logprobs() {
     assert_eq!(status, 200, "{a}");
     let (_, b) = post(&c, &url, &body).await;
     let texts = |v: &Value| -> Vec<String> {
-        v["choices"].as_array().unwrap().iter().map(|c| c["message"]["content"].as_str().unwrap().to_string()).collect()
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect()
     };
     let (ta, tb) = (texts(&a), texts(&b));
     assert_eq!(ta.len(), 3);
     assert_eq!(ta, tb, "the same seed gives the same choices");
     let distinct: std::collections::HashSet<_> = ta.iter().collect();
-    assert!(distinct.len() >= 2, "choices drawn with different seeds differ: {ta:?}");
+    assert!(
+        distinct.len() >= 2,
+        "choices drawn with different seeds differ: {ta:?}"
+    );
     let per_choice: u64 = a["choices"].as_array().unwrap().iter().map(|_| 1).sum();
     assert_eq!(per_choice, 3);
-    assert!(a["usage"]["completion_tokens"].as_u64().unwrap() > 12, "three choices' tokens count");
+    assert!(
+        a["usage"]["completion_tokens"].as_u64().unwrap() > 12,
+        "three choices' tokens count"
+    );
 
     let mut body = chat("Name a fruit.", 8);
     body["logprobs"] = json!(true);
@@ -266,24 +350,50 @@ async fn choices_seeds_and_logprobs() {
     let (status, v) = post(&c, &url, &body).await;
     assert_eq!(status, 200, "{v}");
     let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
-    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    assert_eq!(
+        content.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
     for entry in content {
         let top = entry["top_logprobs"].as_array().unwrap();
         assert_eq!(top.len(), 3);
         // Greedy: the chosen token is the most likely one.
         assert_eq!(top[0]["token"], entry["token"]);
         assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
-        assert!(top.windows(2).all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()));
-        let bytes: Vec<u8> = entry["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8).collect();
-        assert_eq!(String::from_utf8_lossy(&bytes), entry["token"].as_str().unwrap());
+        assert!(top
+            .windows(2)
+            .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()));
+        let bytes: Vec<u8> = entry["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            entry["token"].as_str().unwrap()
+        );
     }
-    let joined: String = content.iter().map(|e| e["token"].as_str().unwrap()).collect();
-    assert!(joined.starts_with(v["choices"][0]["message"]["content"].as_str().unwrap()), "{joined}");
+    let joined: String = content
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert!(
+        joined.starts_with(v["choices"][0]["message"]["content"].as_str().unwrap()),
+        "{joined}"
+    );
 
     // A banned token never appears; a stop string cuts the answer before it.
     let (_, plain) = post(&c, &url, &chat("Name a fruit.", 8)).await;
-    let text = plain["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-    let word = text.split_whitespace().nth(1).expect("two words").to_string();
+    let text = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let word = text
+        .split_whitespace()
+        .nth(1)
+        .expect("two words")
+        .to_string();
     let mut body = chat("Name a fruit.", 8);
     body["stop"] = json!([word.clone()]);
     let (_, stopped) = post(&c, &url, &body).await;
@@ -301,8 +411,15 @@ async fn tools_need_a_template_that_describes_them() {
     let mut body = chat("What time is it?", 4);
     body["tools"] = tool.clone();
     let (status, v) = post(&c, &url, &body).await;
-    assert_eq!((status, &v["error"]["param"]), (400, &json!("tools")), "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("does not describe tools"));
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("tools")),
+        "{v}"
+    );
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("does not describe tools"));
     body["tool_choice"] = json!("none");
     let (status, v) = post(&c, &url, &body).await;
     assert_eq!(status, 200, "{v}");
@@ -320,8 +437,14 @@ async fn json_mode_replies_are_json_objects() {
     assert_eq!(status, 200, "{v}");
     let greedy = v["choices"][0]["message"]["content"].as_str().unwrap();
     let object: Value = serde_json::from_str(greedy).unwrap_or_else(|e| panic!("{e}: {greedy}"));
-    assert!(object.is_object() && object.get("name").is_some(), "{greedy}");
-    assert_eq!(v["choices"][0]["finish_reason"], "stop", "the object closes and the turn ends");
+    assert!(
+        object.is_object() && object.get("name").is_some(),
+        "{greedy}"
+    );
+    assert_eq!(
+        v["choices"][0]["finish_reason"], "stop",
+        "the object closes and the turn ends"
+    );
     // Sampled choices too: each is an object, or (cut by max_tokens) the start of one.
     body["temperature"] = json!(1.0);
     body["seed"] = json!(3);
@@ -332,7 +455,8 @@ async fn json_mode_replies_are_json_objects() {
         let text = choice["message"]["content"].as_str().unwrap();
         assert!(text.trim_start().starts_with('{'), "{text}");
         if choice["finish_reason"] == "stop" {
-            let parsed: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            let parsed: Value =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
             assert!(parsed.is_object(), "{text}");
             closed += 1;
         }
@@ -340,7 +464,10 @@ async fn json_mode_replies_are_json_objects() {
     assert!(closed >= 1, "{v}");
     // A question the model answers in prose comes back as an object all the same.
     let (_, prose) = post(&c, &url, &chat("Tell me about cats.", 24)).await;
-    let prose = prose["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let prose = prose["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(!prose.trim_start().starts_with('{'), "{prose}");
     let mut body = chat("Tell me about cats.", 24);
     body["response_format"] = json!({"type": "json_object"});
@@ -350,7 +477,11 @@ async fn json_mode_replies_are_json_objects() {
     let mut body = chat(ask, 4);
     body["response_format"] = json!({"type": "json_schema"});
     let (status, v) = post(&c, &url, &body).await;
-    assert_eq!((status, &v["error"]["param"]), (400, &json!("response_format")), "{v}");
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("response_format")),
+        "{v}"
+    );
 }
 
 #[tokio::test]
@@ -360,7 +491,12 @@ async fn a_continuing_conversation_reuses_its_prefix() {
     let c = client();
     let url = format!("{base}/v1/chat/completions");
     let first = json!([{"role": "user", "content": "What is the capital of France?"}]);
-    let (_, a) = post(&c, &url, &json!({"model": MODEL, "messages": first, "max_tokens": 20, "temperature": 0})).await;
+    let (_, a) = post(
+        &c,
+        &url,
+        &json!({"model": MODEL, "messages": first, "max_tokens": 20, "temperature": 0}),
+    )
+    .await;
     let reply = a["choices"][0]["message"]["content"].as_str().unwrap();
     let p1 = a["usage"]["prompt_tokens"].as_u64().unwrap();
     let second = json!([
@@ -368,13 +504,30 @@ async fn a_continuing_conversation_reuses_its_prefix() {
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "And of Italy?"},
     ]);
-    let (_, b) = post(&c, &url, &json!({"model": MODEL, "messages": second, "max_tokens": 8, "temperature": 0})).await;
-    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let (_, b) = post(
+        &c,
+        &url,
+        &json!({"model": MODEL, "messages": second, "max_tokens": 8, "temperature": 0}),
+    )
+    .await;
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     let p2 = b["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert!(cached >= p1 && cached < p2, "cached {cached} of {p2}; the first prompt had {p1}");
+    assert!(
+        cached >= p1 && cached < p2,
+        "cached {cached} of {p2}; the first prompt had {p1}"
+    );
     // An unrelated conversation shares at most the template's opening.
-    let (_, d) = post(&c, &url, &chat("Unrelated question: why is the sky blue?", 4)).await;
-    let cached = d["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let (_, d) = post(
+        &c,
+        &url,
+        &chat("Unrelated question: why is the sky blue?", 4),
+    )
+    .await;
+    let cached = d["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(cached < p1, "{d}");
 }
 
@@ -399,7 +552,12 @@ async fn a_client_that_goes_away_cancels_its_generation() {
     let url = format!("{base}/v1/chat/completions");
 
     // Streaming: read a few chunks, then hang up.
-    let r = c.post(&url).json(&endless(4000, true)).send().await.unwrap();
+    let r = c
+        .post(&url)
+        .json(&endless(4000, true))
+        .send()
+        .await
+        .unwrap();
     let mut body = r.bytes_stream();
     for _ in 0..4 {
         body.next().await.expect("a chunk").unwrap();
@@ -409,7 +567,11 @@ async fn a_client_that_goes_away_cancels_its_generation() {
         let t = Instant::now();
         let r = c.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(r.status(), 200);
-        assert!(t.elapsed() < Duration::from_millis(500), "{path} took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{path} took {:?}",
+            t.elapsed()
+        );
     }
     assert_eq!(health(&c, &base).await["busy"], 1);
     drop(body);
@@ -443,16 +605,42 @@ async fn past_the_queue_requests_are_refused_with_503_and_retry_after() {
     let c = client();
     let url = format!("{base}/v1/chat/completions");
     // One generation runs, one waits: the queue is full.
-    let running = c.post(&url).json(&endless(4000, true)).send().await.unwrap();
-    let waiting = c.post(&url).json(&endless(4000, true)).send().await.unwrap();
-    assert_eq!((running.status().as_u16(), waiting.status().as_u16()), (200, 200));
+    let running = c
+        .post(&url)
+        .json(&endless(4000, true))
+        .send()
+        .await
+        .unwrap();
+    let waiting = c
+        .post(&url)
+        .json(&endless(4000, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (running.status().as_u16(), waiting.status().as_u16()),
+        (200, 200)
+    );
     let h = health(&c, &base).await;
-    assert_eq!((h["busy"].as_u64(), h["waiting"].as_u64()), (Some(1), Some(1)), "{h}");
+    assert_eq!(
+        (h["busy"].as_u64(), h["waiting"].as_u64()),
+        (Some(1), Some(1)),
+        "{h}"
+    );
     for (path, body, kind) in [
         ("/v1/chat/completions", chat("Hi", 4), "server_error"),
-        ("/v1/messages", json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}), "overloaded_error"),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}),
+            "overloaded_error",
+        ),
     ] {
-        let r = c.post(format!("{base}{path}")).json(&body).send().await.unwrap();
+        let r = c
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()["retry-after"], "1");
         let v: Value = r.json().await.unwrap();
@@ -475,18 +663,48 @@ async fn the_api_key_guards_the_api_only() {
     let c = client();
     let r = c.get(format!("{base}/v1/models")).send().await.unwrap();
     assert_eq!(r.status(), 401);
-    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "authentication_error");
-    let r = c.post(format!("{base}/v1/messages")).header("x-api-key", "wrong").json(&json!({})).send().await.unwrap();
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["type"],
+        "authentication_error"
+    );
+    let r = c
+        .post(format!("{base}/v1/messages"))
+        .header("x-api-key", "wrong")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     let v: Value = r.json().await.unwrap();
-    assert_eq!((&v["type"], &v["error"]["type"]), (&json!("error"), &json!("authentication_error")));
-    let r = c.get(format!("{base}/v1/models")).bearer_auth("s3cret").send().await.unwrap();
+    assert_eq!(
+        (&v["type"], &v["error"]["type"]),
+        (&json!("error"), &json!("authentication_error"))
+    );
+    let r = c
+        .get(format!("{base}/v1/models"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let r = c.get(format!("{base}/v1/models")).header("x-api-key", "s3cret").send().await.unwrap();
+    let r = c
+        .get(format!("{base}/v1/models"))
+        .header("x-api-key", "s3cret")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     // The page and the health check stay open.
     for path in ["/", "/health"] {
-        assert_eq!(c.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path}");
+        assert_eq!(
+            c.get(format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200,
+            "{path}"
+        );
     }
 }
 
@@ -495,16 +713,25 @@ async fn cors_preflight_and_the_page() {
     let base = shared();
     let c = client();
     let r = c
-        .request(reqwest::Method::OPTIONS, format!("{base}/v1/chat/completions"))
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("{base}/v1/chat/completions"),
+        )
         .header("origin", "http://example.test")
         .header("access-control-request-method", "POST")
-        .header("access-control-request-headers", "authorization, content-type")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
         .send()
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     assert_eq!(r.headers()["access-control-allow-origin"], "*");
-    let methods = r.headers()["access-control-allow-methods"].to_str().unwrap().to_string();
+    let methods = r.headers()["access-control-allow-methods"]
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(methods.contains("POST"), "{methods}");
 
     let r = c.get(format!("{base}/")).send().await.unwrap();
@@ -513,7 +740,13 @@ async fn cors_preflight_and_the_page() {
     let page = r.text().await.unwrap();
     assert!(page.contains("renderMarkdown") && page.contains("localStorage"));
     // Self-contained: nothing loaded from elsewhere.
-    for external in ["src=\"http", "href=\"http", "stylesheet", "<script src", "@import"] {
+    for external in [
+        "src=\"http",
+        "href=\"http",
+        "stylesheet",
+        "<script src",
+        "@import",
+    ] {
         assert!(!page.contains(external), "the page loads '{external}'");
     }
 }

@@ -13,7 +13,8 @@ fn the_official_python_clients_work() {
         api_key: Some("test-key".into()),
         ..config(2, 8)
     });
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/official_clients.py");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/official_clients.py");
     let out = Command::new(anelm_testkit::python())
         .arg(&script)
         .env("ANELM_BASE", base(&server))

@@ -41,9 +41,28 @@ enum Outcome {
 
 impl Conversation {
     fn new(i: usize) -> Conversation {
-        let api = [Api::Chat, Api::ChatStream, Api::Messages, Api::MessagesStream, Api::Completions][i % 5];
-        let topics = ["lighthouses", "volcanoes", "bicycles", "owls", "glaciers", "violins", "comets", "bakeries"];
-        let question = format!("Write one sentence about {} and the number {}.", topics[i % topics.len()], 3 + 7 * i);
+        let api = [
+            Api::Chat,
+            Api::ChatStream,
+            Api::Messages,
+            Api::MessagesStream,
+            Api::Completions,
+        ][i % 5];
+        let topics = [
+            "lighthouses",
+            "volcanoes",
+            "bicycles",
+            "owls",
+            "glaciers",
+            "violins",
+            "comets",
+            "bakeries",
+        ];
+        let question = format!(
+            "Write one sentence about {} and the number {}.",
+            topics[i % topics.len()],
+            3 + 7 * i
+        );
         Conversation { api, question }
     }
 
@@ -72,7 +91,10 @@ impl Conversation {
             Err(e) => return Outcome::Unexpected(format!("transport: {e}")),
         };
         let status = r.status().as_u16();
-        let retry_after = r.headers().get("retry-after").map(|v| v.to_str().unwrap_or("").to_string());
+        let retry_after = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap_or("").to_string());
         let text = match r.text().await {
             Ok(t) => t,
             Err(e) => return Outcome::Unexpected(format!("reading the body: {e}")),
@@ -83,11 +105,14 @@ impl Conversation {
                 None => Outcome::Unexpected(format!("a malformed answer: {text}")),
             },
             503 => {
-                let json_error = serde_json::from_str::<Value>(&text).is_ok_and(|v| v["error"]["message"].is_string());
+                let json_error = serde_json::from_str::<Value>(&text)
+                    .is_ok_and(|v| v["error"]["message"].is_string());
                 if retry_after.as_deref() == Some("1") && json_error {
                     Outcome::Refused
                 } else {
-                    Outcome::Unexpected(format!("a 503 without Retry-After or JSON: {retry_after:?} {text}"))
+                    Outcome::Unexpected(format!(
+                        "a 503 without Retry-After or JSON: {retry_after:?} {text}"
+                    ))
                 }
             }
             other => Outcome::Unexpected(format!("{other}: {text}")),
@@ -187,7 +212,9 @@ async fn thirty_two_clients_for_thirty_seconds() {
                     let mut tally = tally.lock().unwrap();
                     match outcome {
                         Outcome::Answer(a) if a == expected => tally.latencies.push(t.elapsed()),
-                        Outcome::Answer(a) => tally.wrong.push(format!("{conv:?}: got {a:?}, alone {expected:?}")),
+                        Outcome::Answer(a) => tally
+                            .wrong
+                            .push(format!("{conv:?}: got {a:?}, alone {expected:?}")),
                         Outcome::Refused => tally.refused += 1,
                         Outcome::Unexpected(e) => tally.unexpected.push(format!("{conv:?}: {e}")),
                     }
@@ -208,7 +235,11 @@ async fn thirty_two_clients_for_thirty_seconds() {
             while Instant::now() < deadline {
                 for path in ["/health", "/v1/models"] {
                     let t = Instant::now();
-                    let r = c.get(format!("{base}{path}")).send().await.expect("the server answers");
+                    let r = c
+                        .get(format!("{base}{path}"))
+                        .send()
+                        .await
+                        .expect("the server answers");
                     assert_eq!(r.status(), 200, "{path}");
                     let v: Value = r.json().await.expect("JSON");
                     slowest = slowest.max(t.elapsed());
@@ -258,15 +289,40 @@ async fn thirty_two_clients_for_thirty_seconds() {
     });
     println!("{}", serde_json::to_string_pretty(&figures).unwrap());
     let path = artifacts_dir().join("load.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&figures).unwrap()).expect("writing load.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&figures).unwrap())
+        .expect("writing load.json");
     println!("figures written to {}", path.display());
 
-    assert!(tally.unexpected.is_empty(), "neither answered nor refused: {:#?}", tally.unexpected);
-    assert!(tally.wrong.is_empty(), "answers differ from the same conversation alone: {:#?}", tally.wrong);
-    assert!(served >= CLIENTS, "only {served} requests served in {elapsed:?}");
-    assert!(tally.refused > 0, "32 clients against 4 slots and a queue of 8 must meet the bound");
-    assert!(busy_seen > 0, "/health never saw a busy slot during the load");
-    assert!(slowest_probe < Duration::from_secs(2), "/health or /v1/models took {slowest_probe:?}");
+    assert!(
+        tally.unexpected.is_empty(),
+        "neither answered nor refused: {:#?}",
+        tally.unexpected
+    );
+    assert!(
+        tally.wrong.is_empty(),
+        "answers differ from the same conversation alone: {:#?}",
+        tally.wrong
+    );
+    assert!(
+        served >= CLIENTS,
+        "only {served} requests served in {elapsed:?}"
+    );
+    assert!(
+        tally.refused > 0,
+        "32 clients against 4 slots and a queue of 8 must meet the bound"
+    );
+    assert!(
+        busy_seen > 0,
+        "/health never saw a busy slot during the load"
+    );
+    assert!(
+        slowest_probe < Duration::from_secs(2),
+        "/health or /v1/models took {slowest_probe:?}"
+    );
     assert_eq!(stats["failed"], 0, "{stats}");
-    assert_eq!((stats["busy"].as_u64(), stats["waiting"].as_u64()), (Some(0), Some(0)), "{stats}");
+    assert_eq!(
+        (stats["busy"].as_u64(), stats["waiting"].as_u64()),
+        (Some(0), Some(0)),
+        "{stats}"
+    );
 }

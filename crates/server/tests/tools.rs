@@ -17,15 +17,25 @@ fn smollm2_with_tools() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("anelm-tools-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("smollm2-tools.gguf");
-    let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/hermes.jinja");
+    let template =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/hermes.jinja");
     let run = Command::new(anelm_testkit::python())
-        .args(["-m", "gguf.scripts.gguf_new_metadata", "--force", "--chat-template-file"])
+        .args([
+            "-m",
+            "gguf.scripts.gguf_new_metadata",
+            "--force",
+            "--chat-template-file",
+        ])
         .arg(&template)
         .arg(anelm_testkit::model(anelm_testkit::SMOLLM2))
         .arg(&out)
         .output()
         .expect("running gguf_new_metadata");
-    assert!(run.status.success(), "gguf_new_metadata: {}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "gguf_new_metadata: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     out
 }
 
@@ -51,7 +61,8 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
     let ask = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
 
     let request = |messages: &Value, tools: Option<Value>, extra: Value| {
-        let mut body = json!({"model": model, "messages": messages, "max_tokens": 6, "temperature": 0});
+        let mut body =
+            json!({"model": model, "messages": messages, "max_tokens": 6, "temperature": 0});
         if let Some(t) = tools {
             body["tools"] = t;
         }
@@ -60,11 +71,16 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
         }
         body
     };
-    let prompt_tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap_or_else(|| panic!("{v}"));
+    let prompt_tokens = |v: &Value| {
+        v["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{v}"))
+    };
 
     let (status, plain) = post(&c, &url, &request(&ask, None, json!({}))).await;
     assert_eq!(status, 200, "{plain}");
-    let (status, with_tools) = post(&c, &url, &request(&ask, Some(weather_tool()), json!({}))).await;
+    let (status, with_tools) =
+        post(&c, &url, &request(&ask, Some(weather_tool()), json!({}))).await;
     assert_eq!(status, 200, "{with_tools}");
     assert!(
         prompt_tokens(&with_tools) > prompt_tokens(&plain) + 40,
@@ -73,11 +89,28 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
         prompt_tokens(&plain)
     );
     // tool_choice "none" leaves the tools out; a forced call cannot be honoured.
-    let (_, none) = post(&c, &url, &request(&ask, Some(weather_tool()), json!({"tool_choice": "none"}))).await;
+    let (_, none) = post(
+        &c,
+        &url,
+        &request(&ask, Some(weather_tool()), json!({"tool_choice": "none"})),
+    )
+    .await;
     assert_eq!(prompt_tokens(&none), prompt_tokens(&plain));
-    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
-        let (status, v) = post(&c, &url, &request(&ask, Some(weather_tool()), json!({"tool_choice": choice}))).await;
-        assert_eq!((status, &v["error"]["param"]), (400, &json!("tool_choice")), "{v}");
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        let (status, v) = post(
+            &c,
+            &url,
+            &request(&ask, Some(weather_tool()), json!({"tool_choice": choice})),
+        )
+        .await;
+        assert_eq!(
+            (status, &v["error"]["param"]),
+            (400, &json!("tool_choice")),
+            "{v}"
+        );
     }
 
     // An earlier call (arguments as OpenAI sends them, JSON text) and its result.
@@ -87,14 +120,30 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees Celsius, light wind from the west."},
     ]);
-    let (status, after) = post(&c, &url, &request(&history, Some(weather_tool()), json!({}))).await;
+    let (status, after) = post(
+        &c,
+        &url,
+        &request(&history, Some(weather_tool()), json!({})),
+    )
+    .await;
     assert_eq!(status, 200, "{after}");
-    assert!(prompt_tokens(&after) > prompt_tokens(&with_tools) + 20, "{after}");
+    assert!(
+        prompt_tokens(&after) > prompt_tokens(&with_tools) + 20,
+        "{after}"
+    );
 
     // Streaming with tools: the reply comes whole at the end, the same as without streaming.
     let mut body = request(&ask, Some(weather_tool()), json!({"stream": true}));
     body["max_tokens"] = json!(6);
-    let text = c.post(&url).json(&body).send().await.unwrap().text().await.unwrap();
+    let text = c
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let chunks: Vec<Value> = text
         .split("\n\n")
         .filter_map(|b| b.strip_prefix("data: "))
@@ -106,6 +155,15 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .filter(|s| !s.is_empty())
         .collect();
-    assert_eq!(contents, [with_tools["choices"][0]["message"]["content"].as_str().unwrap()], "{text}");
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], with_tools["choices"][0]["finish_reason"]);
+    assert_eq!(
+        contents,
+        [with_tools["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()],
+        "{text}"
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        with_tools["choices"][0]["finish_reason"]
+    );
 }

@@ -12,18 +12,29 @@ use common::{artifacts_dir, base, client, config, health, start};
 
 /// `$ANELM_CHROMIUM`, else Debian's.
 fn chromium() -> PathBuf {
-    let p = std::env::var_os("ANELM_CHROMIUM").map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
-    assert!(p.exists(), "{} is missing: run scripts/setup-browser.sh", p.display());
+    let p = std::env::var_os("ANELM_CHROMIUM")
+        .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/setup-browser.sh",
+        p.display()
+    );
     p
 }
 
 /// playwright-core: `$ANELM_BROWSER_DEPS/node_modules/playwright-core`, by default under
 /// `<workspace>/target/browser-test`.
 fn playwright_core() -> PathBuf {
-    let dir = std::env::var_os("ANELM_BROWSER_DEPS")
-        .map_or_else(|| anelm_testkit::workspace_root().join("target/browser-test"), PathBuf::from);
+    let dir = std::env::var_os("ANELM_BROWSER_DEPS").map_or_else(
+        || anelm_testkit::workspace_root().join("target/browser-test"),
+        PathBuf::from,
+    );
     let p = dir.join("node_modules/playwright-core");
-    assert!(p.join("package.json").exists(), "{} is missing: run scripts/setup-browser.sh", p.display());
+    assert!(
+        p.join("package.json").exists(),
+        "{} is missing: run scripts/setup-browser.sh",
+        p.display()
+    );
     p.canonicalize().expect("playwright-core's directory")
 }
 
@@ -40,14 +51,26 @@ async fn the_web_chat_streams_stops_and_renders_in_chromium() {
         .env("CHROMIUM", chromium())
         .env("PLAYWRIGHT_CORE", playwright_core())
         .env("SCREENSHOT", &screenshot);
-    let out = tokio::task::spawn_blocking(move || node.output()).await.unwrap().expect("running node");
+    let out = tokio::task::spawn_blocking(move || node.output())
+        .await
+        .unwrap()
+        .expect("running node");
     let stdout = String::from_utf8_lossy(&out.stdout);
     print!("{stdout}");
-    assert!(out.status.success(), "{} failed:\n{stdout}\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{} failed:\n{stdout}\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("7 passed, 0 failed"), "{stdout}");
 
     let png = std::fs::read(&screenshot).expect("the screenshot");
-    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} is not a real screenshot", screenshot.display());
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} is not a real screenshot",
+        screenshot.display()
+    );
     println!("screenshot saved: {}", screenshot.display());
 
     // Stop closed the connection, and the server cancelled that generation.
@@ -56,7 +79,10 @@ async fn the_web_chat_streams_stops_and_renders_in_chromium() {
     loop {
         let h = health(&c, &base).await;
         if h["busy"] == 0 {
-            assert!(h["cancelled"].as_u64() >= Some(1), "the stopped answer was not cancelled: {h}");
+            assert!(
+                h["cancelled"].as_u64() >= Some(1),
+                "the stopped answer was not cancelled: {h}"
+            );
             assert_eq!(h["failed"], 0, "{h}");
             break;
         }

@@ -23,6 +23,18 @@ pub struct ModelArgs {
     /// Where the model runs.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    /// Which macOS driver `--device ane` uses.
+    #[arg(long, value_enum, default_value_t = Driver::Private)]
+    pub driver: Driver,
+}
+
+/// The macOS driver that runs the ANE programs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Driver {
+    /// AppleNeuralEngine.framework's in-memory MIL path (FACTS §3).
+    Private,
+    /// Core ML with compute units CPU_AND_NE.
+    Coreml,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +53,20 @@ impl ModelArgs {
         match self.device {
             Device::Cpu => Ok(Box::new(CpuExecutor::new(loaded.model.clone(), self.threads))),
             Device::Sim => Ok(Box::new(models::with_spinner("compiling for the simulator", || anelm_ane::ProjectionExecutor::on_device(loaded.model.clone(), anelm_ane::SimDevice::new(), &anelm_ane::LoweringOptions::default()))?)),
-            Device::Ane => bail!("--device ane: the ANE drivers are not built yet"),
+            Device::Ane => {
+                let (model, opts) = (loaded.model.clone(), anelm_ane::LoweringOptions::default());
+                let on = |what| format!("compiling for the ANE ({what})");
+                Ok(match self.driver {
+                    Driver::Private => {
+                        let device = anelm_ane::device::PrivateAneDevice::open(anelm_macos::LoadOptions::default())?;
+                        Box::new(models::with_spinner(&on("private driver"), || anelm_ane::ProjectionExecutor::on_device(model, device, &opts))?)
+                    }
+                    Driver::Coreml => {
+                        let device = anelm_ane::device::CoreMlDevice::open()?;
+                        Box::new(models::with_spinner(&on("Core ML"), || anelm_ane::ProjectionExecutor::on_device(model, device, &opts))?)
+                    }
+                })
+            }
         }
     }
 

@@ -15,14 +15,7 @@ use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, WeightData};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-/// Which macOS driver runs the ANE programs.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Driver {
-    /// AppleNeuralEngine.framework's in-memory MIL path (FACTS §3).
-    Private,
-    /// Core ML with compute units CPU_AND_NE.
-    Coreml,
-}
+use super::common::Driver;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -85,7 +85,10 @@ pub async fn handle(
         .map(|(i, m)| m.into_message(i))
         .collect::<Result<Vec<_>, _>>()?;
     if messages.is_empty() {
-        return Err(ApiError::bad_param("messages", "messages must not be empty"));
+        return Err(ApiError::bad_param(
+            "messages",
+            "messages must not be empty",
+        ));
     }
     let json = match req.response_format.as_ref().map(|f| f.kind.as_str()) {
         None | Some("text") => false,
@@ -101,7 +104,10 @@ pub async fn handle(
     let declared = tools.as_deref().map(tools::declared_names);
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, Some(_)) => {
-            return Err(ApiError::bad_param("top_logprobs", "top_logprobs needs logprobs: true"))
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
         }
         (false, None) => None,
         (true, None) => Some(0),
@@ -188,7 +194,9 @@ impl ChatMessage {
         }
         if let Some(calls) = self.tool_calls {
             let calls = calls.into_iter().map(arguments_as_object).collect();
-            message.extra.insert("tool_calls".into(), Value::Array(calls));
+            message
+                .extra
+                .insert("tool_calls".into(), Value::Array(calls));
         }
         Ok(message)
     }
@@ -214,7 +222,10 @@ fn text_of_parts(parts: Vec<Part>, field: &str) -> Result<String, ApiError> {
 /// them) expect an object.
 fn arguments_as_object(mut call: Value) -> Value {
     if let Some(args) = call.pointer_mut("/function/arguments") {
-        if let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()) {
+        if let Some(parsed) = args
+            .as_str()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        {
             *args = parsed;
         }
     }
@@ -245,7 +256,10 @@ fn active_tools(
     if !app.model.tools_supported {
         return Err(ApiError::bad_param(
             "tools",
-            format!("the chat template of '{}' does not describe tools", app.model.id),
+            format!(
+                "the chat template of '{}' does not describe tools",
+                app.model.id
+            ),
         ));
     }
     Ok(Some(tools))
@@ -407,7 +421,11 @@ impl Translate for ChatStream {
 
     fn update(&mut self, update: Update) -> Vec<Event> {
         match update {
-            Update::Token { choice, id, logprob } => {
+            Update::Token {
+                choice,
+                id,
+                logprob,
+            } => {
                 if let Some(lp) = logprob {
                     self.tokens[choice].push((id, lp));
                 }
@@ -427,7 +445,9 @@ impl Translate for ChatStream {
                 }))]
             }
             Update::Finish { choice, finish } => {
-                let (content, calls) = self.reply.split_calls(&std::mem::take(&mut self.held[choice]));
+                let (content, calls) = self
+                    .reply
+                    .split_calls(&std::mem::take(&mut self.held[choice]));
                 let mut delta = json!({});
                 if self.reply.declared.is_some() {
                     delta["content"] = content.into();
@@ -444,7 +464,9 @@ impl Translate for ChatStream {
                 }))];
                 self.finishes.push(finish);
                 if self.finishes.len() == self.n {
-                    let usage_chunk = self.include_usage.then(|| self.reply.chunk(json!([]), None));
+                    let usage_chunk = self
+                        .include_usage
+                        .then(|| self.reply.chunk(json!([]), None));
                     events.extend(stream_end(usage_chunk, &self.finishes));
                 }
                 events

@@ -56,7 +56,10 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     app.model.check_name(&req.model)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad_param("suffix", "suffix (insertion) is not supported"));
+        return Err(ApiError::bad_param(
+            "suffix",
+            "suffix (insertion) is not supported",
+        ));
     }
     let logprobs = match req.logprobs {
         None => None,
@@ -144,7 +147,12 @@ impl Reply {
             .enumerate()
             .map(|(i, c)| {
                 let text = format!("{}{}", self.echo.as_deref().unwrap_or(""), c.text);
-                let lps: Vec<_> = c.tokens.iter().copied().zip(c.logprobs.iter().cloned()).collect();
+                let lps: Vec<_> = c
+                    .tokens
+                    .iter()
+                    .copied()
+                    .zip(c.logprobs.iter().cloned())
+                    .collect();
                 json!({
                     "index": i,
                     "text": text,
@@ -184,8 +192,11 @@ impl Reply {
         let top: Vec<Value> = tokens
             .iter()
             .map(|(_, lp)| {
-                let map: serde_json::Map<String, Value> =
-                    lp.top.iter().map(|&(t, l)| (model.piece(t).0, json!(l))).collect();
+                let map: serde_json::Map<String, Value> = lp
+                    .top
+                    .iter()
+                    .map(|&(t, l)| (model.piece(t).0, json!(l)))
+                    .collect();
                 Value::Object(map)
             })
             .collect();
@@ -241,12 +252,18 @@ impl Translate for CompletionStream {
         let Some(echo) = self.reply.echo.clone() else {
             return Vec::new();
         };
-        (0..self.n).map(|i| self.chunk(i, echo.clone(), None)).collect()
+        (0..self.n)
+            .map(|i| self.chunk(i, echo.clone(), None))
+            .collect()
     }
 
     fn update(&mut self, update: Update) -> Vec<Event> {
         match update {
-            Update::Token { choice, id, logprob } => {
+            Update::Token {
+                choice,
+                id,
+                logprob,
+            } => {
                 if let Some(lp) = logprob {
                     self.tokens[choice].push((id, lp));
                 }
@@ -254,10 +271,13 @@ impl Translate for CompletionStream {
             }
             Update::Text { choice, text } => vec![self.chunk(choice, text, None)],
             Update::Finish { choice, finish } => {
-                let mut events = vec![self.chunk(choice, String::new(), Some(finish.reason.openai()))];
+                let mut events =
+                    vec![self.chunk(choice, String::new(), Some(finish.reason.openai()))];
                 self.finishes.push(finish);
                 if self.finishes.len() == self.n {
-                    let usage_chunk = self.include_usage.then(|| self.reply.chunk(json!([]), None));
+                    let usage_chunk = self
+                        .include_usage
+                        .then(|| self.reply.chunk(json!([]), None));
                     events.extend(stream_end(usage_chunk, &self.finishes));
                 }
                 events

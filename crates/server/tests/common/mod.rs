@@ -56,7 +56,12 @@ pub fn chat(content: &str, max_tokens: u32) -> Value {
 
 /// POSTs JSON, returning the status and the body as JSON.
 pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let r = c.post(url).json(body).send().await.expect("the server answers");
+    let r = c
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("the server answers");
     let status = r.status().as_u16();
     let text = r.text().await.expect("a body");
     let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
@@ -65,7 +70,11 @@ pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) 
 
 /// The current scheduler counters from /health.
 pub async fn health(c: &reqwest::Client, base: &str) -> Value {
-    let r = c.get(format!("{base}/health")).send().await.expect("/health answers");
+    let r = c
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .expect("/health answers");
     assert_eq!(r.status(), 200);
     r.json::<Value>().await.expect("JSON health")["scheduler"].clone()
 }
