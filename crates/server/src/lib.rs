@@ -109,9 +109,11 @@ impl Server {
         // Bound here, not in the runtime, so that starting works from any thread (a caller
         // inside another runtime included) and errors come back at once.
         let listener =
-            std::net::TcpListener::bind(&addr_text).map_err(|source| ServerError::Bind {
-                addr: addr_text.clone(),
-                source,
+            std::net::TcpListener::bind((config.host.as_str(), config.port)).map_err(|source| {
+                ServerError::Bind {
+                    addr: addr_text.clone(),
+                    source,
+                }
             })?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;

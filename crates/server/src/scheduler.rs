@@ -26,7 +26,7 @@ use crate::sessions::SessionPool;
 pub struct SchedulerConfig {
     /// Generations in progress at once (they share the executor token by token).
     pub parallel: usize,
-    /// Jobs that may wait for a slot; more are refused.
+    /// Jobs that may wait when every slot is busy; more are refused.
     pub queue: usize,
     /// Idle sessions kept for prefix reuse.
     pub cached_sessions: usize,
@@ -167,7 +167,9 @@ impl Scheduler {
     pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Update>, Busy> {
         let (updates, rx) = unbounded_channel();
         let mut q = lock(&self.shared.queue);
-        if q.closed || q.jobs.len() >= self.shared.config.queue {
+        // Slots take jobs (and count themselves busy) under this lock, so the count is exact.
+        let idle = self.slots.len() - self.shared.busy.load(Ordering::Relaxed);
+        if q.closed || q.jobs.len() >= self.shared.config.queue + idle {
             self.shared.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Busy);
         }
@@ -215,10 +217,10 @@ impl Shared {
     fn slot_loop(&self) {
         while let Some(Queued { job, updates }) = self.next_job() {
             if updates.is_closed() {
+                self.busy.fetch_sub(1, Ordering::Relaxed);
                 self.cancelled.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            self.busy.fetch_add(1, Ordering::Relaxed);
             // A panic in the engine must not take the slot down with it: the job fails, its
             // session is dropped, and the slot carries on.
             let outcome = catch_unwind(AssertUnwindSafe(|| self.run(job, &updates)))
@@ -251,10 +253,12 @@ impl Shared {
         })
     }
 
+    /// The next job, the slot counted busy from the moment it takes it.
     fn next_job(&self) -> Option<Queued> {
         let mut q = lock(&self.queue);
         loop {
             if let Some(job) = q.jobs.pop_front() {
+                self.busy.fetch_add(1, Ordering::Relaxed);
                 return Some(job);
             }
             if q.closed {

@@ -750,3 +750,26 @@ async fn cors_preflight_and_the_page() {
         assert!(!page.contains(external), "the page loads '{external}'");
     }
 }
+
+#[tokio::test]
+async fn without_a_queue_only_busy_slots_refuse() {
+    let server = start(config(1, 0));
+    let base = base(&server);
+    let c = client();
+    let url = format!("{base}/v1/chat/completions");
+    let (status, v) = post(&c, &url, &chat("Hi", 2)).await;
+    assert_eq!(status, 200, "an idle slot takes the job: {v}");
+    let running = c
+        .post(&url)
+        .json(&endless(4000, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(running.status(), 200);
+    let (status, v) = post(&c, &url, &chat("Hi", 2)).await;
+    assert_eq!(status, 503, "{v}");
+    drop(running);
+    until_idle(&c, &base).await;
+    let (status, _) = post(&c, &url, &chat("Hi", 2)).await;
+    assert_eq!(status, 200);
+}
