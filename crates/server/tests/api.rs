@@ -400,6 +400,36 @@ async fn choices_seeds_and_logprobs() {
     let cut = &text[..text.find(&word).unwrap()];
     assert_eq!(stopped["choices"][0]["message"]["content"], cut);
     assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    // Penalties reach the sampler: a strong frequency penalty changes a greedy answer, and a
+    // logit bias of +100 on one token makes it the whole answer.
+    let (_, plain) = post(&c, &url, &chat("List ten colours.", 24)).await;
+    let mut body = chat("List ten colours.", 24);
+    body["frequency_penalty"] = json!(2.0);
+    let (_, penalised) = post(&c, &url, &body).await;
+    assert_ne!(
+        plain["choices"][0]["message"]["content"],
+        penalised["choices"][0]["message"]["content"]
+    );
+    let loaded =
+        anelm_engine::LoadedModel::load(&anelm_testkit::model(anelm_testkit::SMOLLM2)).unwrap();
+    let blue = loaded
+        .tokenizer()
+        .unwrap()
+        .encode(" blue", false, false)
+        .unwrap();
+    assert_eq!(blue.len(), 1, "' blue' is one token");
+    let mut body = chat("List ten colours.", 3);
+    body["logit_bias"] = json!({blue[0].to_string(): 100});
+    body["logprobs"] = json!(true);
+    let (_, biased) = post(&c, &url, &body).await;
+    let tokens: Vec<&Value> = biased["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["token"])
+        .collect();
+    assert_eq!(tokens, [&json!(" blue"); 3]);
 }
 
 #[tokio::test]
