@@ -8,8 +8,11 @@ use anelm_model::{Executor, Logits, Model};
 use crate::compare::{argmax, diff};
 use crate::device::Device;
 use crate::error::{AneError, Result};
-use crate::exec::{DeviceProjections, ProjectionExecutor, Projections, ReferenceProjections};
+use crate::exec::{
+    DeviceProjections, FusedExecutor, ProjectionExecutor, Projections, ReferenceProjections,
+};
 use crate::lower::{LoweringOptions, Projection};
+use crate::strategy::Strategy;
 
 /// How far one kernel's output was from the reference.
 #[derive(Clone, Debug, PartialEq)]
@@ -118,31 +121,117 @@ fn hidden_states<P: Projections>(
     Ok(out)
 }
 
-/// The hidden state after each layer `0..=upto`, through `device`'s kernels and through the
-/// f32 reference (same CPU-side code), over `prompt`: per layer (max |diff|, relative error).
+/// The hidden state after each layer `0..=upto`, through `device` and through the f32 reference
+/// (same CPU-side code), over `prompt`: per layer (max |diff|, relative error). Projection
+/// strategy: the kernels as used. Fused strategy: one chunk per layer, so that every layer's
+/// output leaves the device (the last layer's only as logits: it can be bisected up to the one
+/// before).
 pub fn compare_layers<D: Device>(
     model: &Arc<Model>,
     device: D,
+    strategy: Strategy,
     opts: &LoweringOptions,
     prompt: &[u32],
     upto: usize,
 ) -> Result<Vec<(f32, f32)>> {
-    if upto >= model.n_layers() {
+    let n = model.n_layers();
+    let last = match strategy {
+        Strategy::Projection => n,
+        Strategy::Fused => n - 1,
+    };
+    if upto >= last {
         return Err(AneError::Unsupported(format!(
-            "layer {upto} asked for; the model has {} (0..={})",
-            model.n_layers(),
-            model.n_layers().saturating_sub(1)
+            "layer {upto} asked for; the model has {n} layers, comparable here up to {}",
+            last.saturating_sub(1)
         )));
     }
-    let got = hidden_states(
-        &mut ProjectionExecutor::on_device(model.clone(), device, opts)?,
-        prompt,
-        upto,
-    )?;
+    let got = match strategy {
+        Strategy::Projection => hidden_states(
+            &mut ProjectionExecutor::on_device(model.clone(), device, opts)?,
+            prompt,
+            upto,
+        )?,
+        Strategy::Fused => {
+            let per_layer = LoweringOptions {
+                chunk_layers: 1,
+                ..opts.clone()
+            };
+            let mut e = FusedExecutor::new(model.clone(), device, &per_layer, |_| {})?;
+            let mut out = vec![Vec::new(); upto + 1];
+            let mut state = e.new_state(prompt.len())?;
+            e.forward_traced(
+                state.as_mut(),
+                prompt,
+                Logits::None,
+                &mut Vec::new(),
+                &mut |c, x| {
+                    if c <= upto {
+                        out[c].extend_from_slice(x);
+                    }
+                },
+            )?;
+            out
+        }
+    };
     let want = hidden_states(
         &mut ProjectionExecutor::new(model.clone(), ReferenceProjections::new(model.clone())),
         prompt,
         upto,
     )?;
     Ok(got.iter().zip(&want).map(|(a, b)| diff(a, b)).collect())
+}
+
+/// The fused strategy's programs against the f32 reference, over `prompt` and then its greedy
+/// token: the hidden state each chunk hands on (against the reference's after the same layer)
+/// and the last chunk's logits. Each chunk runs on the device path's own input, so errors
+/// accumulate along the chunks, as they do in use.
+pub fn check_chunks<D: Device>(
+    model: &Arc<Model>,
+    device: D,
+    opts: &LoweringOptions,
+    prompt: &[u32],
+) -> Result<Vec<KernelCheck>> {
+    let mut dev = FusedExecutor::new(model.clone(), device, opts, |_| {})?;
+    let mut reference =
+        ProjectionExecutor::new(model.clone(), ReferenceProjections::new(model.clone()));
+    let chunks = dev.plan().chunks.clone();
+    let (mut ds, mut rs) = (
+        dev.new_state(prompt.len() + 1)?,
+        reference.new_state(prompt.len() + 1)?,
+    );
+    let mut checks = Vec::new();
+    let mut tokens = prompt.to_vec();
+    for _ in 0..2 {
+        let (mut got, mut want) = (
+            vec![Vec::new(); chunks.len()],
+            vec![Vec::new(); model.n_layers()],
+        );
+        let (mut dl, mut rl) = (Vec::new(), Vec::new());
+        dev.forward_traced(ds.as_mut(), &tokens, Logits::Last, &mut dl, &mut |c, x| {
+            got[c].extend_from_slice(x)
+        })?;
+        reference.forward_traced(rs.as_mut(), &tokens, Logits::Last, &mut rl, &mut |l, x| {
+            want[l].extend_from_slice(x)
+        })?;
+        for (c, spec) in chunks.iter().enumerate() {
+            let (max_abs_diff, rel_err) = if spec.head {
+                diff(&dl, &rl)
+            } else {
+                diff(&got[c], &want[spec.layers.end - 1])
+            };
+            let kernel = if spec.head {
+                format!("{} (logits)", spec.name)
+            } else {
+                spec.name.clone()
+            };
+            checks.push(KernelCheck {
+                kernel,
+                tokens: tokens.len(),
+                max_abs_diff,
+                rel_err,
+            });
+        }
+        tokens = vec![argmax(&rl)];
+    }
+    Ok(checks)
 }

@@ -3,6 +3,7 @@
 //! drivers implement the same trait), and an executor that runs a model on any device
 //! ([`exec`]) — so the engine drives the ANE exactly as it drives the CPU.
 
+pub mod cache;
 pub mod check;
 pub mod compare;
 pub mod dequant;
@@ -11,6 +12,7 @@ pub mod error;
 pub mod exec;
 pub mod lower;
 pub mod planar;
+pub mod strategy;
 pub mod unit;
 pub mod verify;
 
@@ -18,4 +20,5 @@ pub use device::{Device, DeviceError, SimDevice};
 pub use error::{AneError, Result};
 pub use exec::{DeviceProjections, ProjectionExecutor, Projections, ReferenceProjections};
 pub use lower::{LoweringOptions, Projection};
+pub use strategy::{AneExecutor, Strategy};
 pub use unit::CompileUnit;

@@ -34,15 +34,23 @@ pub fn scatter(layout: &IoLayout, x: &[f32], n: usize, scales: &[f32], bytes: &m
     }
 }
 
-/// Reads columns `0..n` of `bytes` into `out[t * ld + first + c]`.
-pub fn gather(layout: &IoLayout, bytes: &[u8], n: usize, out: &mut [f32], ld: usize, first: usize) {
+/// Reads columns `cols` of `bytes` into `out[(t - cols.start) * ld + first + c]`.
+pub fn gather(
+    layout: &IoLayout,
+    bytes: &[u8],
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+    ld: usize,
+    first: usize,
+) {
     let ch = layout.channels;
+    let n = cols.len();
     assert!(
         n <= layout.width && first + ch <= ld && out.len() >= (n.max(1) - 1) * ld + first + ch,
         "gather sizes"
     );
     for c in 0..ch {
-        let row = &bytes[layout.offset(c, 0)..layout.offset(c, n)];
+        let row = &bytes[layout.offset(c, cols.start)..layout.offset(c, cols.end)];
         match layout.dtype {
             IoType::Fp16 => {
                 for (t, b) in row.chunks_exact(2).enumerate() {
@@ -75,11 +83,14 @@ mod tests {
             "channel 1, token 0"
         );
         let mut out = vec![0f32; 2 * 5];
-        gather(&l, &bytes, 2, &mut out, 5, 1);
+        gather(&l, &bytes, 0..2, &mut out, 5, 1);
         assert_eq!(&out[1..4], &[2.0 * x[0], 2.0 * x[1], 2.0 * x[2]]);
         assert_eq!(&out[6..9], &x[3..6]);
         scatter(&l, &[1e6, -1e6, f32::NAN], 1, &[1.0], &mut bytes);
-        gather(&l, &bytes, 1, &mut out, 5, 0);
+        gather(&l, &bytes, 0..1, &mut out, 5, 0);
+        let mut one = [0f32; 3];
+        gather(&l, &bytes, 1..2, &mut one, 3, 0);
+        assert_eq!(one, [x[3], x[4], x[5]], "column 1 alone");
         assert_eq!(&out[0..2], &[65504.0, -65504.0]);
         assert!(out[2].is_nan());
     }

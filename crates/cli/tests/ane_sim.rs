@@ -27,7 +27,7 @@ fn anelm_json(args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("anelm {args:?}: {e}: {out}"))
 }
 
-fn verify(file: &str, fixture: &str) -> Value {
+fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
     let m = model(file);
     let prompts = shared(&format!("fixtures/llamacpp/{fixture}"));
     let v = anelm_json(&[
@@ -36,10 +36,16 @@ fn verify(file: &str, fixture: &str) -> Value {
         m.to_str().unwrap(),
         "--device",
         "sim",
+        "--strategy",
+        strategy,
         "--prompts",
         prompts.to_str().unwrap(),
         "--json",
     ]);
+    // 4 prompts of at most 64 tokens: one evaluation of every program per prompt, then 15 per
+    // prompt for the decoded tokens.
+    let per_token = v["dispatches_per_token"].as_u64().unwrap();
+    assert_eq!(v["dispatches"].as_u64().unwrap(), 4 * 16 * per_token, "{v}");
     for p in v["prompts"].as_array().unwrap() {
         println!(
             "{}: rel {} same {}",
@@ -61,17 +67,85 @@ fn verify(file: &str, fixture: &str) -> Value {
 #[test]
 fn smollm2_verify_within_a_minute() {
     let t = Instant::now();
-    let v = verify(SMOLLM2, "smollm2-135m-instruct-q4_1.prompts.json");
+    let v = verify(
+        SMOLLM2,
+        "smollm2-135m-instruct-q4_1.prompts.json",
+        "projection",
+    );
     let secs = t.elapsed().as_secs_f64();
     println!("SmolLM2 verify: {secs:.1} s ({})", v["seconds"]);
-    assert_eq!(v["kernels"], 3 * 30 + 1);
+    assert_eq!(
+        (v["strategy"].as_str(), v["programs"].as_u64()),
+        (Some("projection"), Some(3 * 30 + 1))
+    );
+    assert_eq!(v["dispatches_per_token"], 3 * 30 + 1);
     assert!(secs < 60.0, "a full SmolLM2 verify took {secs:.1} s");
 }
 
 #[test]
 fn gemma3_verify() {
-    let v = verify(GEMMA3, "gemma-3-270m-q4_k_m.prompts.json");
+    let v = verify(GEMMA3, "gemma-3-270m-q4_k_m.prompts.json", "projection");
     println!("Gemma 3 verify: {}", v["seconds"]);
+}
+
+#[test]
+fn fused_verify_of_both_models() {
+    // SmolLM2's 30 layers in two chunks (24 layers at most each); Gemma 3's 18 in one.
+    for (file, fixture, chunks) in [
+        (SMOLLM2, "smollm2-135m-instruct-q4_1.prompts.json", 2),
+        (GEMMA3, "gemma-3-270m-q4_k_m.prompts.json", 1),
+    ] {
+        let v = verify(file, fixture, "fused");
+        println!(
+            "{file} fused verify: {} dispatches per token, {}",
+            v["dispatches_per_token"], v["seconds"]
+        );
+        assert_eq!(v["strategy"], "fused");
+        assert_eq!(v["dispatches_per_token"], chunks, "{file}");
+    }
+}
+
+#[test]
+fn fused_packages_validate_and_fused_check() {
+    let out = tempfile::tempdir().unwrap();
+    let m = model(SMOLLM2);
+    let m = m.to_str().unwrap();
+    let (ok, stdout, err) = anelm(&[
+        "compile",
+        "--model",
+        m,
+        "--strategy",
+        "fused",
+        "--out",
+        out.path().to_str().unwrap(),
+        "--format",
+        "mlpackage",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        stdout.contains("2 chunks") && stdout.contains("2 dispatches per token"),
+        "the plan is printed: {stdout}"
+    );
+    assert!(
+        stdout.contains("layers 0..15") && stdout.contains("layers 15..30 + head"),
+        "{stdout}"
+    );
+    for chunk in ["chunk0", "chunk1"] {
+        let pkg = out
+            .path()
+            .join(format!("SmolLM2-135M-Instruct.Q4_1_{chunk}.mlpackage"));
+        let (code, report) = validate_mlpackage(&pkg);
+        assert_eq!(code, 0, "{chunk}: {report}");
+        let f = report["summary"]["functions"].as_object().unwrap();
+        assert_eq!(f.len(), 2, "{chunk}: prefill and decode");
+        assert_eq!(f["decode"]["inputs"]["x"], "FLOAT16[1,576,1,1]");
+        assert_eq!(f["prefill"]["inputs"]["x"], "FLOAT16[1,576,1,64]");
+    }
+    let v = anelm_json(&["check", "--model", m, "--strategy", "fused", "--json"]);
+    let chunks = v["kernels"].as_array().unwrap();
+    assert_eq!(chunks.len(), 4, "two chunks, prefill and decode: {v}");
+    assert_eq!(v["pass"], true, "{v}");
+    assert!(v["max_rel_err"].as_f64().unwrap() <= 2e-2);
 }
 
 #[test]

@@ -164,4 +164,35 @@ pub trait Device: Send {
         binding: &mut Self::Binding,
         live_columns: usize,
     ) -> Result<(), DeviceError>;
+
+    /// What identifies this device's compiler (kind, chip, OS build) to the program cache:
+    /// entries made by one do not serve another.
+    fn cache_tag(&self) -> String {
+        self.name().to_string()
+    }
+
+    /// Writes what [`Device::load_compiled`] needs to recreate `kernel` into the empty directory
+    /// `dir` (the program cache); `false` when this device keeps no such form.
+    fn save_compiled(
+        &self,
+        _kernel: &Self::Kernel,
+        _unit: &CompileUnit,
+        _dir: &std::path::Path,
+    ) -> Result<bool, DeviceError> {
+        Ok(false)
+    }
+
+    /// The kernel `unit_name` from a directory [`Device::save_compiled`] wrote.
+    fn load_compiled(
+        &mut self,
+        _dir: &std::path::Path,
+        unit_name: &str,
+    ) -> Result<Self::Kernel, DeviceError> {
+        Err(DeviceError {
+            device: self.name().to_string(),
+            stage: Stage::Compile,
+            kernel: unit_name.to_string(),
+            message: "this device has no cached form".into(),
+        })
+    }
 }

@@ -3,6 +3,7 @@
 //! [`anelm_mil::sim`], through buffers laid out like the ANE's IOSurfaces.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use anelm_mil::blob::BlobFile;
 use anelm_mil::sim::{Simulator, Tensor};
@@ -66,6 +67,37 @@ fn load(unit: &CompileUnit) -> Result<anelm_mil::Program, MilError> {
     Ok(program)
 }
 
+/// Prepares every function of a loaded program.
+fn kernel(name: &str, program: &anelm_mil::Program) -> Result<SimKernel, DeviceError> {
+    let fail = |m: String| SimDevice::error(Stage::Compile, name, m);
+    let mut functions = Vec::new();
+    for f in &program.functions {
+        let sim = Simulator::new(f).map_err(|e| fail(e.to_string()))?;
+        let inputs = sim
+            .inputs()
+            .map(|(n, t)| layout(n, t))
+            .collect::<Result<_, _>>()
+            .map_err(&fail)?;
+        let outputs = sim
+            .outputs()
+            .map(|(n, t)| layout(n, t))
+            .collect::<Result<_, _>>()
+            .map_err(&fail)?;
+        functions.push((
+            sim,
+            KernelIo {
+                function: f.name.clone(),
+                inputs,
+                outputs,
+            },
+        ));
+    }
+    Ok(SimKernel {
+        name: name.to_string(),
+        functions,
+    })
+}
+
 impl SimDevice {
     fn error(stage: Stage, kernel: &str, message: impl ToString) -> DeviceError {
         DeviceError {
@@ -86,34 +118,26 @@ impl Device for SimDevice {
     }
 
     fn compile(&mut self, unit: &CompileUnit) -> Result<SimKernel, DeviceError> {
-        let fail = |m: String| Self::error(Stage::Compile, &unit.name, m);
-        let program = load(unit).map_err(|e| fail(e.to_string()))?;
-        let mut functions = Vec::new();
-        for f in &program.functions {
-            let sim = Simulator::new(f).map_err(|e| fail(e.to_string()))?;
-            let inputs = sim
-                .inputs()
-                .map(|(n, t)| layout(n, t))
-                .collect::<Result<_, _>>()
-                .map_err(&fail)?;
-            let outputs = sim
-                .outputs()
-                .map(|(n, t)| layout(n, t))
-                .collect::<Result<_, _>>()
-                .map_err(&fail)?;
-            functions.push((
-                sim,
-                KernelIo {
-                    function: f.name.clone(),
-                    inputs,
-                    outputs,
-                },
-            ));
-        }
-        Ok(SimKernel {
-            name: unit.name.clone(),
-            functions,
-        })
+        let program = load(unit).map_err(|e| Self::error(Stage::Compile, &unit.name, e))?;
+        kernel(&unit.name, &program)
+    }
+
+    /// The simulator's compiled form is the unit itself: MIL text and weight files.
+    fn save_compiled(
+        &self,
+        _kernel: &SimKernel,
+        unit: &CompileUnit,
+        dir: &Path,
+    ) -> Result<bool, DeviceError> {
+        unit.write_mil_dir(dir)
+            .map_err(|e| Self::error(Stage::Compile, &unit.name, e))?;
+        Ok(true)
+    }
+
+    fn load_compiled(&mut self, dir: &Path, unit_name: &str) -> Result<SimKernel, DeviceError> {
+        let program = anelm_mil::text::read_model_dir(dir)
+            .map_err(|e| Self::error(Stage::Compile, unit_name, e))?;
+        kernel(unit_name, &program)
     }
 
     fn io<'k>(&self, kernel: &'k SimKernel, function: &str) -> Option<&'k KernelIo> {

@@ -49,7 +49,8 @@ impl<D: Device> DeviceProjections<D> {
         for spec in projection_kernels(model, opts) {
             on_kernel(&spec);
             let lowered = build_unit(model, &spec, opts)?;
-            let kernel = device.compile(&lowered.unit)?;
+            let kernel =
+                crate::cache::compile(&mut device, &lowered.unit, opts.cache_dir.as_deref())?;
             drop(lowered.unit);
             let io = device
                 .io(&kernel, "main")
@@ -162,7 +163,7 @@ impl<D: Device> Projections for DeviceProjections<D> {
             for (port, &o) in b.spec.outputs.iter().zip(&b.outputs) {
                 let layout = &b.io.outputs[o];
                 self.device.read_output(&b.binding, o, |bytes| {
-                    gather(layout, bytes, n, out, b.spec.total_rows, port.first)
+                    gather(layout, bytes, 0..n, out, b.spec.total_rows, port.first)
                 });
             }
         }

@@ -3,10 +3,12 @@
 //! QK-norm, RoPE, the KV cache, attention, residuals, soft-caps.
 
 mod device;
+mod fused;
 mod kv;
 mod reference;
 
 pub use device::DeviceProjections;
+pub use fused::{FusedExecutor, FusedKv};
 pub use kv::{attend, ProjectionKv};
 pub use reference::{activation, ReferenceProjections};
 
@@ -40,10 +42,32 @@ const NEAR_TIE: f32 = 3e-3;
 /// Most logits recomputed per row.
 const MAX_RECOMPUTED: usize = 64;
 
+/// The input of the first layer for `tokens` at positions `p0..`: embeddings (scaled, plus
+/// learned positions where the model has them), token-major into `x`.
+pub(crate) fn embed(m: &Model, tokens: &[u32], p0: usize, x: &mut [f32]) -> Result<()> {
+    let h = m.config.hidden_size;
+    let mut p = vec![0f32; h];
+    for (t, row) in x.chunks_exact_mut(h).enumerate() {
+        m.embedding.dequantize_row(tokens[t] as usize, row)?;
+        if let Some(s) = m.embed_scale {
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        if let Some(pe) = &m.pos_embedding {
+            pe.dequantize_row(p0 + t, &mut p)?;
+            row.iter_mut().zip(&p).for_each(|(v, p)| *v += p);
+        }
+    }
+    Ok(())
+}
+
 /// Where the two largest logits are closer than fp16 noise, recomputes every logit that close
 /// to the top in f32 on the CPU (from the f32 final-normed hidden state `x`), so that the
 /// argmax does not hang on the head kernel's rounding.
-fn settle_near_ties(head: &anelm_model::Weight, x: &[f32], logits: &mut [f32]) -> Result<()> {
+pub(crate) fn settle_near_ties(
+    head: &anelm_model::Weight,
+    x: &[f32],
+    logits: &mut [f32],
+) -> Result<()> {
     let scale = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
     let margin = NEAR_TIE * scale;
     let mut top: Vec<usize> = Vec::new();
@@ -161,17 +185,7 @@ impl<P: Projections> ProjectionExecutor<P> {
         let m = Arc::clone(&self.model);
         let (n, h, p0) = (tokens.len(), m.config.hidden_size, kv.len);
         let mut x = vec![0f32; n * h];
-        for (t, row) in x.chunks_exact_mut(h).enumerate() {
-            m.embedding.dequantize_row(tokens[t] as usize, row)?;
-            if let Some(s) = m.embed_scale {
-                row.iter_mut().for_each(|v| *v *= s);
-            }
-            if let Some(pe) = &m.pos_embedding {
-                let mut p = vec![0f32; h];
-                pe.dequantize_row(p0 + t, &mut p)?;
-                row.iter_mut().zip(&p).for_each(|(v, p)| *v += p);
-            }
-        }
+        embed(&m, tokens, p0, &mut x)?;
         let mut xn = vec![0f32; n * h];
         let mut y = vec![0f32; n * h];
         for (li, layer) in m.layers.iter().enumerate() {

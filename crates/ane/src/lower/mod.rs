@@ -18,6 +18,8 @@
 //! kernel multiplies into each such conv's output before any bias or activation. Powers of two
 //! are exact in fp16 (outside the subnormal range), so the result is the unscaled projection.
 
+pub mod fused;
+mod graph;
 mod projection;
 mod weights;
 
@@ -47,6 +49,19 @@ pub struct LoweringOptions {
     pub head_tile_rows: usize,
     /// Most fp16 weight bytes per lm_head program (tiles beyond it go to another program).
     pub head_program_bytes: usize,
+    /// Fused strategy: positions of the KV cache every chunk holds.
+    pub context: usize,
+    /// Fused strategy: most layers per program (large graphs fail to compile without
+    /// diagnostics, Espresso issue #18; this project's budget is 24).
+    pub chunk_layers: usize,
+    /// Fused strategy: most fp16 weight bytes per program (~1.5 GB is the largest reported
+    /// compiling, ANEForge PR #45; FACTS §4).
+    pub chunk_bytes: u64,
+    /// Fused strategy: the residual stream is held times `2^-residual_shift` (Gemma 3's
+    /// reaches 1e5, beyond fp16's 65504; SmolLM2's 2.3e4).
+    pub residual_shift: i32,
+    /// Where compiled programs are cached ([`crate::cache`]); None: compile every time.
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for LoweringOptions {
@@ -55,6 +70,11 @@ impl Default for LoweringOptions {
             width: 64,
             head_tile_rows: 16384,
             head_program_bytes: 512 << 20,
+            context: 1024,
+            chunk_layers: 24,
+            chunk_bytes: 1_600_000_000,
+            residual_shift: 4,
+            cache_dir: None,
         }
     }
 }

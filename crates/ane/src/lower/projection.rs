@@ -2,20 +2,15 @@
 
 use std::sync::Arc;
 
-use anelm_mil::{DType, FunctionBuilder, Opset, Program, TensorType, ValueId, WeightData};
-use anelm_model::plan::{Activation, Ffn, Linear};
+use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, ValueId, WeightData};
+use anelm_model::plan::{Ffn, Linear};
 use anelm_model::Model;
 
-use super::weights::{row_range, stacked, stacked_bias};
+use super::graph::{activate, linear, max_row_l1, normalize};
+use super::weights::{bias_data, linear_biases, row_range, stacked};
 use super::{KernelSpec, LoweringOptions, Port, Projection, DESCALE};
 use crate::error::{AneError, Result};
 use crate::unit::CompileUnit;
-
-/// `gelu_tanh(g) = 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))) = g · sigmoid(g (A + B g²))`:
-/// sigmoid compiles where gelu does not (FACTS §1.5), and `g²` overflows fp16 only beyond
-/// |g| = 256, where the sigmoid saturates correctly anyway (g³ would overflow beyond 40).
-const GELU_A: f32 = 1.595_769; // 2 √(2/π)
-const GELU_B: f32 = 0.071_354_82; // 2 √(2/π) · 0.044715
 
 fn port(name: &str, channels: usize) -> Port {
     Port {
@@ -103,52 +98,7 @@ struct Builder {
     bound: f32,
 }
 
-fn max_row_l1(w: &WeightData, cols: usize) -> f32 {
-    w.to_f32()
-        .chunks_exact(cols)
-        .map(|r| r.iter().map(|v| v.abs() as f64).sum::<f64>())
-        .fold(0.0, f64::max) as f32
-}
-
-/// The bound partial sums are kept under (half the 2^15 at which the ANE returns 0).
-const PARTIAL_TARGET: f32 = 16384.0;
-
 impl Builder {
-    /// `y = x Wᵀ (+ b)` as a 1×1 conv, its result multiplied by `descale` (per column) before
-    /// the bias; the output value is named `name`.
-    #[allow(clippy::too_many_arguments)]
-    fn linear(
-        &mut self,
-        name: &str,
-        x: ValueId,
-        descale: Option<ValueId>,
-        w: Arc<WeightData>,
-        rows: usize,
-        cols: usize,
-        bias: Option<Vec<f32>>,
-    ) -> Result<ValueId> {
-        let f = &mut self.f;
-        let wt = f.weight(
-            &format!("{name}_w"),
-            TensorType::fp16([rows, cols, 1, 1]),
-            w,
-        )?;
-        let mut y = f.name_next(&format!("{name}_conv")).conv1x1(x, wt)?;
-        if let Some(d) = descale {
-            y = f.name_next(&format!("{name}_descaled")).mul(y, d)?;
-        }
-        if let Some(b) = bias {
-            let bt = f.weight(
-                &format!("{name}_b"),
-                TensorType::fp16([1, rows, 1, 1]),
-                WeightData::f16_from_f32(&b),
-            )?;
-            y = f.name_next(&format!("{name}_biased")).add(y, bt)?;
-        }
-        f.rename(y, name)?;
-        Ok(y)
-    }
-
     /// A linear over the kernel's (CPU-scaled) input: descaled by the descale input, its
     /// weights counted in the input bound.
     fn input_linear(
@@ -158,11 +108,19 @@ impl Builder {
         w: Arc<WeightData>,
         rows: usize,
         cols: usize,
-        bias: Option<Vec<f32>>,
+        bias: Option<Arc<WeightData>>,
     ) -> Result<ValueId> {
         self.bound = self.bound.max(max_row_l1(&w, cols));
-        let d = self.descale;
-        self.linear(name, x, Some(d), w, rows, cols, bias)
+        linear(
+            &mut self.f,
+            name,
+            x,
+            Some(self.descale),
+            w,
+            rows,
+            cols,
+            bias,
+        )
     }
 
     fn input_linear_of(&mut self, name: &str, x: ValueId, l: &Linear) -> Result<ValueId> {
@@ -172,7 +130,7 @@ impl Builder {
             stacked(&[&l.weight])?,
             l.out_features(),
             l.in_features(),
-            stacked_bias(&[l]),
+            bias_data(linear_biases(&[l])),
         )
     }
 
@@ -183,44 +141,18 @@ impl Builder {
     fn normalized_linear(&mut self, name: &str, h: ValueId, l: &Linear) -> Result<ValueId> {
         let (rows, cols) = (l.out_features(), l.in_features());
         let w = stacked(&[&l.weight])?;
-        let l1 = max_row_l1(&w, cols).max(f32::MIN_POSITIVE);
-        let target = (PARTIAL_TARGET / l1).min(32768.0);
-        let f = &mut self.f;
-        let a = f.name_next(&format!("{name}_abs")).unary("abs", h)?;
-        let m = f
-            .name_next(&format!("{name}_max"))
-            .reduce("reduce_max", a, &[1], true)?;
-        // The floor keeps an all-zero column finite (its factor ≤ 2^15).
-        let m = f
-            .name_next(&format!("{name}_maxf"))
-            .binary_scalar("add", m, target / 32768.0)?;
-        let c = f.scalar(&format!("{name}_target"), DType::Fp16, target)?;
-        let scale = f.name_next(&format!("{name}_scale")).real_div(c, m)?;
-        let back = f.name_next(&format!("{name}_back")).real_div(m, c)?;
-        let hs = f.name_next(&format!("{name}_in")).mul(h, scale)?;
-        self.linear(name, hs, Some(back), w, rows, cols, stacked_bias(&[l]))
+        let (hs, back) = normalize(&mut self.f, name, h, &[1], max_row_l1(&w, cols), 1.0)?;
+        linear(
+            &mut self.f,
+            name,
+            hs,
+            Some(back),
+            w,
+            rows,
+            cols,
+            bias_data(linear_biases(&[l])),
+        )
     }
-}
-
-fn activate(f: &mut FunctionBuilder, act: Activation, g: ValueId, name: &str) -> Result<ValueId> {
-    Ok(match act {
-        Activation::Silu => {
-            let s = f.name_next(&format!("{name}_sig")).sigmoid(g)?;
-            f.name_next(name).mul(g, s)?
-        }
-        Activation::GeluTanh => {
-            let g2 = f.name_next(&format!("{name}_sq")).mul(g, g)?;
-            let t = f
-                .name_next(&format!("{name}_b"))
-                .binary_scalar("mul", g2, GELU_B)?;
-            let t = f
-                .name_next(&format!("{name}_ab"))
-                .binary_scalar("add", t, GELU_A)?;
-            let z = f.name_next(&format!("{name}_z")).mul(t, g)?;
-            let s = f.name_next(&format!("{name}_sig")).sigmoid(z)?;
-            f.name_next(name).mul(g, s)?
-        }
-    })
 }
 
 /// Builds the program of `spec` with the model's weights.
@@ -255,7 +187,7 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
                 ws,
                 rows,
                 a.q.in_features(),
-                stacked_bias(&ls),
+                bias_data(linear_biases(&ls)),
             )?);
         }
         Projection::O(i) => {

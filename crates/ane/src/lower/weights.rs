@@ -69,21 +69,32 @@ pub fn row_range(w: &Weight, first: usize, rows: usize) -> Result<Arc<WeightData
     )?))
 }
 
-/// The biases of `ls` stacked like their weights (zeros for a linear without one); None when
-/// none has a bias.
-pub fn stacked_bias(ls: &[&Linear]) -> Option<Vec<f32>> {
-    if ls.iter().all(|l| l.bias.is_none()) {
+/// Biases stacked like their weights, each given with its row count (zeros where a part has
+/// none); None when no part has a bias.
+pub fn stacked_bias(parts: &[(Option<&[f32]>, usize)]) -> Option<Vec<f32>> {
+    if parts.iter().all(|(b, _)| b.is_none()) {
         return None;
     }
     Some(
-        ls.iter()
-            .flat_map(|l| {
-                l.bias
-                    .clone()
-                    .unwrap_or_else(|| vec![0.0; l.out_features()])
-            })
+        parts
+            .iter()
+            .flat_map(|&(b, n)| b.map_or_else(|| vec![0.0; n], <[f32]>::to_vec))
             .collect(),
     )
+}
+
+/// The biases of linears stacked like their weights.
+pub fn linear_biases(ls: &[&Linear]) -> Option<Vec<f32>> {
+    stacked_bias(
+        &ls.iter()
+            .map(|l| (l.bias.as_deref(), l.out_features()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Bias values as fp16 blob data.
+pub fn bias_data(b: Option<Vec<f32>>) -> Option<Arc<WeightData>> {
+    b.map(|b| Arc::new(WeightData::f16_from_f32(&b)))
 }
 
 #[cfg(test)]
@@ -114,7 +125,7 @@ mod tests {
             weight: b,
             bias: Some(vec![1.0, 2.0]),
         };
-        assert_eq!(stacked_bias(&[&la, &lb]).unwrap(), [0.0, 1.0, 2.0]);
-        assert!(stacked_bias(&[&la]).is_none());
+        assert_eq!(linear_biases(&[&la, &lb]).unwrap(), [0.0, 1.0, 2.0]);
+        assert!(linear_biases(&[&la]).is_none());
     }
 }

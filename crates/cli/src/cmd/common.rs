@@ -26,6 +26,9 @@ pub struct ModelArgs {
     /// Which macOS driver `--device ane` uses.
     #[arg(long, value_enum, default_value_t = Driver::Private)]
     pub driver: Driver,
+    /// How the ANE path (--device sim|ane) lowers the model.
+    #[arg(long, value_enum, default_value_t = super::compile::Strategy::Projection)]
+    pub strategy: super::compile::Strategy,
 }
 
 /// The macOS driver that runs the ANE programs.
@@ -52,7 +55,7 @@ impl ModelArgs {
     pub fn executor(&self, loaded: &LoadedModel) -> Result<Box<dyn Executor>> {
         match self.device {
             Device::Cpu => Ok(Box::new(CpuExecutor::new(loaded.model.clone(), self.threads))),
-            Device::Sim => Ok(Box::new(models::with_spinner("compiling for the simulator", || anelm_ane::ProjectionExecutor::on_device(loaded.model.clone(), anelm_ane::SimDevice::new(), &anelm_ane::LoweringOptions::default()))?)),
+            Device::Sim => super::compile::sim_executor(loaded.model.clone(), self.strategy),
             Device::Ane => {
                 let (model, opts) = (loaded.model.clone(), anelm_ane::LoweringOptions::default());
                 let on = |what| format!("compiling for the ANE ({what})");

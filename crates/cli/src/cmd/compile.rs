@@ -1,30 +1,67 @@
-//! `anelm compile`: lower a model and write every program of the projection strategy — per
-//! kernel a directory with `model.mil` and its weight blobs (what the private ANE path compiles),
-//! or one multifunction Core ML package with a function per kernel.
+//! `anelm compile`: lower a model and write every program. Projection strategy: per kernel a
+//! directory with `model.mil` and its weight blobs (what the private ANE path compiles), or one
+//! multifunction Core ML package with a function per kernel. Fused strategy: per chunk a
+//! directory whose `model.mil` holds the prefill and decode functions (procedures) over one set
+//! of weights, or per chunk a stateful multifunction package (the KV cache as Core ML states).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use anelm_ane::lower::fused::{build_chunk, fused_plan, KvForm};
 use anelm_ane::lower::{build_unit, projection_kernels};
-use anelm_ane::LoweringOptions;
+use anelm_ane::{AneExecutor, CompileUnit, LoweringOptions, SimDevice};
 use anelm_mil::blob::BlobPolicy;
-use anelm_mil::lint::{lint, Severity};
+use anelm_mil::lint::{lint_with, LintConfig, Severity};
 use anelm_mil::package::{write_package, PackageOptions};
 use anelm_mil::{Dialect, Program};
+use anelm_model::{Executor, Model};
 use anyhow::{Context, Result};
 
 use super::common::ModelArgs;
 
+/// How the ANE path lowers a model.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Per layer a QKV, an O and an FFN kernel; norms, RoPE and attention on the CPU.
+    Projection,
+    /// Whole layers per program (chunks), the KV cache resident on the device.
+    Fused,
+}
+
+impl From<Strategy> for anelm_ane::Strategy {
+    fn from(s: Strategy) -> Self {
+        match s {
+            Strategy::Projection => anelm_ane::Strategy::Projection,
+            Strategy::Fused => anelm_ane::Strategy::Fused,
+        }
+    }
+}
+
+/// The model compiled for the simulator under `strategy` (what `--device sim` runs).
+pub fn sim_executor(model: Arc<Model>, strategy: Strategy) -> Result<Box<dyn Executor>> {
+    let exec = crate::models::with_spinner("compiling for the simulator", || {
+        AneExecutor::new(
+            model,
+            SimDevice::new(),
+            strategy.into(),
+            &LoweringOptions::default(),
+        )
+    })?;
+    Ok(Box::new(exec))
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
-    /// `OUT/<kernel>/model.mil` + `weights/*.bin`, one directory per kernel.
+    /// `OUT/<program>/model.mil` + `weights/*.bin`, one directory per program.
     Mil,
-    /// `OUT/<model>.mlpackage`, one function per kernel.
+    /// Core ML packages: `OUT/<model>.mlpackage` (projection), `OUT/<model>_<chunk>.mlpackage`
+    /// (fused).
     Mlpackage,
 }
 
 #[derive(clap::Args)]
 #[command(
-    about = "Lower a model to ANE programs and write them (MIL text + weight blobs, or a Core ML package)"
+    about = "Lower a model to ANE programs and write them (MIL text + weight blobs, or Core ML packages)"
 )]
 pub struct Args {
     #[command(flatten)]
@@ -34,9 +71,56 @@ pub struct Args {
     pub out: PathBuf,
     #[arg(long, value_enum, default_value_t = Format::Mil)]
     pub format: Format,
-    /// Columns (tokens) of every kernel's activations.
+    /// Columns (tokens) of every activation (the prefill width of fused chunks).
     #[arg(long, default_value_t = 64)]
     pub width: usize,
+    /// Fused strategy: KV-cache positions every chunk holds.
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+}
+
+/// Prints one program's line and its lint warnings; returns the warnings. (Padded I/O rows are
+/// not one: every binding marshals with the row stride the device gives.)
+fn report(unit: &CompileUnit, layers: Option<usize>, what: &str) -> usize {
+    let cfg = LintConfig {
+        layers,
+        ..LintConfig::default()
+    };
+    let findings: Vec<_> = lint_with(&unit.program, &cfg)
+        .into_iter()
+        .filter(|f| f.severity >= Severity::Warning && f.rule != "io-row-padding")
+        .collect();
+    for f in &findings {
+        eprintln!("{}: {f}", unit.name);
+    }
+    println!(
+        "{:<14} {:<24} {:>10.2}  {}",
+        unit.name,
+        what,
+        unit.weight_bytes() as f64 / 1e6,
+        &unit.cache_key()[..16]
+    );
+    findings.len()
+}
+
+fn stem(m: &Model) -> String {
+    m.source
+        .path()
+        .file_stem()
+        .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+fn write(program: &Program, path: &Path) -> Result<()> {
+    crate::models::with_spinner(&format!("writing {}", path.display()), || {
+        write_package(
+            program,
+            path,
+            &PackageOptions::default(),
+            &BlobPolicy::default(),
+        )
+    })?;
+    println!("wrote {}", path.display());
+    Ok(())
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -44,69 +128,88 @@ pub fn run(a: Args) -> Result<()> {
     let m = &loaded.model;
     let opts = LoweringOptions {
         width: a.width,
+        context: a.context,
         ..LoweringOptions::default()
     };
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("{}: cannot create", a.out.display()))?;
-    let mut package = Program::new(Dialect::a());
     let (mut total, mut warnings) = (0u64, 0usize);
     println!(
-        "{:<14} {:>7} {:>9} {:>10}  cache key",
-        "kernel", "inputs", "outputs", "weights MB"
+        "{:<14} {:<24} {:>10}  cache key",
+        "program", "computes", "weights MB"
     );
-    for spec in projection_kernels(m, &opts) {
-        let lowered = build_unit(m, &spec, &opts)?;
-        let unit = lowered.unit;
-        let findings = lint(&unit.program);
-        for f in findings.iter().filter(|f| f.severity >= Severity::Warning) {
-            eprintln!("{}: {f}", spec.name);
-            warnings += 1;
-        }
-        let outputs: usize = spec.outputs.iter().map(|p| p.channels).sum();
-        println!(
-            "{:<14} {:>7} {:>9} {:>10.2}  {}",
-            spec.name,
-            spec.input.channels,
-            outputs,
-            unit.weight_bytes() as f64 / 1e6,
-            &unit.cache_key()[..16]
-        );
-        total += unit.weight_bytes();
-        match a.format {
-            Format::Mil => unit.write_mil_dir(&a.out.join(&spec.name))?,
-            Format::Mlpackage => {
-                let mut f = unit
-                    .program
-                    .functions
-                    .into_iter()
-                    .next()
-                    .context("a lowered program has a function")?;
-                f.name = spec.name.clone();
-                package.add_function(f)?;
+    match a.model.strategy {
+        Strategy::Projection => {
+            let mut package = Program::new(Dialect::a());
+            let specs = projection_kernels(m, &opts);
+            let n = specs.len();
+            for spec in specs {
+                let unit = build_unit(m, &spec, &opts)?.unit;
+                let outputs: usize = spec.outputs.iter().map(|p| p.channels).sum();
+                warnings += report(
+                    &unit,
+                    None,
+                    &format!("{} -> {outputs}", spec.input.channels),
+                );
+                total += unit.weight_bytes();
+                match a.format {
+                    Format::Mil => unit.write_mil_dir(&a.out.join(&spec.name))?,
+                    Format::Mlpackage => {
+                        let mut f = unit
+                            .program
+                            .functions
+                            .into_iter()
+                            .next()
+                            .context("a lowered program has a function")?;
+                        f.name = spec.name.clone();
+                        package.add_function(f)?;
+                    }
+                }
             }
+            if a.format == Format::Mlpackage {
+                write(&package, &a.out.join(format!("{}.mlpackage", stem(m))))?;
+            }
+            println!("{n} kernels: {n} dispatches per token");
         }
-    }
-    if a.format == Format::Mlpackage {
-        let stem = m
-            .source
-            .path()
-            .file_stem()
-            .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned());
-        let path = a.out.join(format!("{stem}.mlpackage"));
-        crate::models::with_spinner(&format!("writing {}", path.display()), || {
-            write_package(
-                &package,
-                &path,
-                &PackageOptions::default(),
-                &BlobPolicy::default(),
-            )
-        })?;
-        println!("wrote {}", path.display());
+        Strategy::Fused => {
+            let plan = fused_plan(m, &opts)?;
+            let form = if a.format == Format::Mil {
+                KvForm::Inputs
+            } else {
+                KvForm::States
+            };
+            for (i, spec) in plan.chunks.iter().enumerate() {
+                let unit = build_chunk(m, &plan, i, form)?;
+                let what = format!(
+                    "layers {}..{}{}",
+                    spec.layers.start,
+                    spec.layers.end,
+                    if spec.head { " + head" } else { "" }
+                );
+                warnings += report(&unit, Some(spec.layers.len()), &what);
+                total += unit.weight_bytes();
+                match a.format {
+                    Format::Mil => unit.write_mil_dir(&a.out.join(&spec.name))?,
+                    Format::Mlpackage => write(
+                        &unit.program,
+                        &a.out.join(format!("{}_{}.mlpackage", stem(m), spec.name)),
+                    )?,
+                }
+            }
+            println!(
+                "{} chunks (at most {} layers and {:.1} GB each): {} dispatches per token; context {}, prefill width {}",
+                plan.chunks.len(),
+                opts.chunk_layers,
+                opts.chunk_bytes as f64 / 1e9,
+                plan.dispatches_per_token(),
+                plan.context,
+                plan.width
+            );
+        }
     }
     println!(
-        "{:.1} MB of fp16 weights, width {}; {warnings} lint warnings",
-        total as f64 / 1e6,
-        opts.width
+        "{:.1} MB of fp16 weights; {warnings} lint warnings",
+        total as f64 / 1e6
     );
     Ok(())
 }

@@ -35,9 +35,23 @@ pub fn run(a: Args) -> Result<()> {
     if n == 0 {
         bail!("{} has no layers", loaded.model.source.path().display());
     }
-    let upto = a.upto.unwrap_or(n - 1);
-    if upto >= n {
-        bail!("--upto {upto}: the model has {n} layers (0..={})", n - 1);
+    // The fused strategy hands on every layer's output but the last (which leaves as logits).
+    let last = if a.model.strategy == super::compile::Strategy::Fused {
+        n - 1
+    } else {
+        n
+    };
+    if last == 0 {
+        bail!(
+            "a one-layer model has no layer output to compare under the fused strategy; use check"
+        );
+    }
+    let upto = a.upto.unwrap_or(last - 1);
+    if upto >= last {
+        bail!(
+            "--upto {upto}: the model has {n} layers, comparable here up to {}",
+            last - 1
+        );
     }
     let opts = LoweringOptions {
         width: a.width,
@@ -47,7 +61,11 @@ pub fn run(a: Args) -> Result<()> {
         Ok(compare_layers(
             &loaded.model,
             diagnostic_device(a.model.device)?,
-            &opts,
+            a.model.strategy.into(),
+            &LoweringOptions {
+                context: prompt.len().next_multiple_of(64),
+                ..opts
+            },
             &prompt,
             upto,
         )?)

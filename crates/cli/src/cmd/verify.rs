@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anelm_ane::compare::PromptCase;
 use anelm_ane::verify::{verify, Reference};
-use anelm_ane::{LoweringOptions, ProjectionExecutor, SimDevice};
+use anelm_ane::{AneExecutor, LoweringOptions, SimDevice, Strategy};
 use anelm_engine::LoadedModel;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -174,13 +174,21 @@ pub fn run(a: Args) -> Result<()> {
     let started = Instant::now();
     let loaded = a.model.load()?;
     let cases = prompts(&a, &loaded)?;
+    // Fused chunks attend over their whole cache: hold just what the longest prompt needs.
+    let longest = cases
+        .iter()
+        .map(|c| c.ids.len() + a.greedy)
+        .max()
+        .unwrap_or(0);
     let opts = LoweringOptions {
         width: a.width,
+        context: longest.next_multiple_of(64).max(64),
         ..LoweringOptions::default()
     };
+    let strategy: Strategy = a.model.strategy.into();
     let t = Instant::now();
     let mut exec = crate::models::with_spinner("compiling for the simulator", || {
-        ProjectionExecutor::on_device(loaded.model.clone(), device, &opts)
+        AneExecutor::new(loaded.model.clone(), device, strategy, &opts)
     })?;
     let compile_seconds = t.elapsed().as_secs_f64();
     let reference = match a.reference {
@@ -199,7 +207,7 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|c| c.ids.len() + a.greedy.saturating_sub(1))
         .sum();
-    let dispatches = exec.projections().dispatches();
+    let dispatches = exec.dispatches();
     if a.json {
         let prompts: Vec<_> = report
             .prompts
@@ -214,8 +222,10 @@ pub fn run(a: Args) -> Result<()> {
             "max_abs_diff": report.max_abs_diff(),
             "greedy_same": report.greedy_same(),
             "n_greedy": a.greedy,
-            "kernels": exec.projections().n_kernels(),
+            "strategy": strategy.name(),
+            "programs": exec.programs(),
             "dispatches": dispatches,
+            "dispatches_per_token": exec.dispatches_per_token(),
             "seconds": {"total": started.elapsed().as_secs_f64(), "compile": compile_seconds, "device": report.device_seconds, "reference": report.reference_seconds},
             "tokens": tokens,
             "prompts": prompts,
@@ -237,11 +247,13 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         println!(
-            "max relative error {:.2e} vs {}; greedy tokens {}; {} kernels compiled in {compile_seconds:.1} s; device {:.1} s, reference {:.1} s",
+            "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs compiled in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
             report.max_rel_err(),
             reference.name(),
             if report.greedy_same() { "all the same" } else { "differ" },
-            exec.projections().n_kernels(),
+            strategy.name(),
+            exec.programs(),
+            exec.dispatches_per_token(),
             report.device_seconds,
             report.reference_seconds
         );

@@ -1,0 +1,465 @@
+//! The executor of the fused strategy: per token batch one evaluation per chunk — the prefill
+//! function for several tokens, the decode function for one — with the KV cache resident in
+//! the chunks' bound input buffers. The CPU embeds the tokens, fills the RoPE tables and the
+//! attention masks, copies the new keys and values into the cache buffers, chains the hidden
+//! state chunk to chunk and settles near-ties of the logits.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use anelm_cpu::ops::softcap;
+use anelm_model::{ExecError, Executor, KvState, Logits, Model};
+use half::f16;
+
+use super::{embed, settle_near_ties};
+use crate::device::{Device, IoLayout, KernelIo};
+use crate::error::{AneError, Result};
+use crate::lower::fused::{
+    build_chunk, fused_plan, ChunkSpec, FusedPlan, KvForm, DECODE, MASKED, PREFILL,
+};
+use crate::lower::LoweringOptions;
+use crate::planar::{gather, scatter};
+
+static NEXT_STATE: AtomicUsize = AtomicUsize::new(1);
+static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(1);
+
+/// One function of a chunk, bound.
+struct Bound<D: Device> {
+    binding: D::Binding,
+    io: KernelIo,
+    width: usize,
+}
+
+struct Chunk<D: Device> {
+    spec: ChunkSpec,
+    kernel: D::Kernel,
+    prefill: Bound<D>,
+    decode: Bound<D>,
+}
+
+/// A sequence's KV cache, kept on the CPU (fp16, `[kv_dim][context]` per layer) and uploaded
+/// into the chunks' buffers when the sequence becomes the resident one.
+pub struct FusedKv {
+    owner: usize,
+    uid: usize,
+    len: usize,
+    capacity: usize,
+    context: usize,
+    /// Per layer: keys and values.
+    cache: Vec<[Vec<f16>; 2]>,
+}
+
+impl KvState for FusedKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn truncate(&mut self, len: usize) {
+        // Positions from `len` on are masked out; their stale values need no clearing.
+        self.len = self.len.min(len);
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+pub struct FusedExecutor<D: Device> {
+    model: Arc<Model>,
+    device: D,
+    plan: FusedPlan,
+    chunks: Vec<Chunk<D>>,
+    id: usize,
+    /// The sequence whose cache the bound buffers hold.
+    resident: Option<usize>,
+    dispatches: u64,
+}
+
+fn io_error(chunk: &str, what: &str) -> AneError {
+    AneError::Unsupported(format!("{chunk}: the device reports no {what}"))
+}
+
+impl<D: Device> FusedExecutor<D> {
+    /// Segments, lowers and compiles `model` for `device`; `on_chunk` sees each chunk before it
+    /// is compiled.
+    pub fn new(
+        model: Arc<Model>,
+        mut device: D,
+        opts: &LoweringOptions,
+        mut on_chunk: impl FnMut(&ChunkSpec),
+    ) -> Result<Self> {
+        let plan = fused_plan(&model, opts)?;
+        let mut chunks = Vec::new();
+        for (i, spec) in plan.chunks.iter().enumerate() {
+            on_chunk(spec);
+            let unit = build_chunk(&model, &plan, i, KvForm::Inputs)?;
+            let kernel = crate::cache::compile(&mut device, &unit, opts.cache_dir.as_deref())?;
+            drop(unit);
+            let mut bind = |name: &str, width: usize| -> Result<Bound<D>> {
+                let io = device
+                    .io(&kernel, name)
+                    .ok_or_else(|| io_error(&spec.name, name))?
+                    .clone();
+                Ok(Bound {
+                    binding: device.bind(&kernel, name)?,
+                    io,
+                    width,
+                })
+            };
+            let (prefill, decode) = (bind(PREFILL, plan.width)?, bind(DECODE, 1)?);
+            chunks.push(Chunk {
+                spec: spec.clone(),
+                kernel,
+                prefill,
+                decode,
+            });
+        }
+        Ok(FusedExecutor {
+            model,
+            device,
+            plan,
+            chunks,
+            id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
+            resident: None,
+            dispatches: 0,
+        })
+    }
+
+    pub fn plan(&self) -> &FusedPlan {
+        &self.plan
+    }
+
+    /// Device evaluations so far.
+    pub fn dispatches(&self) -> u64 {
+        self.dispatches
+    }
+
+    fn kv_dim(&self, l: usize) -> usize {
+        let a = self.model.layers[l].attention();
+        a.n_kv_heads * a.head_dim
+    }
+
+    /// Writes columns `cols` of the cache input `name` of every bound function that has it:
+    /// channel `c`, column `t` gets `value(c, t)`.
+    fn write_cache(
+        &mut self,
+        name: &str,
+        cols: std::ops::Range<usize>,
+        value: impl Fn(usize, usize) -> f16,
+    ) {
+        for c in &mut self.chunks {
+            for b in [&mut c.prefill, &mut c.decode] {
+                if let Some(i) = b.io.input(name) {
+                    let l = &b.io.inputs[i];
+                    self.device.write_input(&mut b.binding, i, |bytes| {
+                        for ch in 0..l.channels {
+                            for t in cols.clone() {
+                                let at = l.offset(ch, t);
+                                bytes[at..at + 2].copy_from_slice(&value(ch, t).to_le_bytes());
+                            }
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Makes `kv` the sequence the bound cache buffers hold.
+    fn make_resident(&mut self, kv: &FusedKv) {
+        if self.resident == Some(kv.uid) {
+            return;
+        }
+        let s = kv.context;
+        for (l, caches) in kv.cache.iter().enumerate() {
+            for (kind, cache) in ["k", "v"].iter().zip(caches) {
+                self.write_cache(&format!("{kind}{l}"), 0..s, |c, t| cache[c * s + t]);
+            }
+        }
+        self.resident = Some(kv.uid);
+    }
+
+    /// The attention mask of `window` for `n` tokens at `p0` (function width `w`): column-major
+    /// rows of `w` values over the `context` cached positions then the `w` new ones; rows past
+    /// `n` repeat row `n - 1`.
+    fn mask(&self, window: Option<usize>, p0: usize, n: usize, w: usize) -> Vec<f32> {
+        let s = self.plan.context;
+        let mut m = vec![MASKED; (s + w) * w];
+        for t in 0..w {
+            let q = p0 + t.min(n - 1);
+            let sees = |pos: usize| pos <= q && window.is_none_or(|win| q - pos < win);
+            for j in 0..p0.min(s) {
+                if sees(j) {
+                    m[j * w + t] = 0.0;
+                }
+            }
+            for u in 0..n.min(w) {
+                if sees(p0 + u) {
+                    m[(s + u) * w + t] = 0.0;
+                }
+            }
+        }
+        m
+    }
+
+    /// Runs `tokens` (at most the prefill width) through every chunk; `on_chunk(c, hidden)`
+    /// sees the hidden state (token-major, unscaled) each chunk but the last hands on.
+    fn step(
+        &mut self,
+        kv: &mut FusedKv,
+        tokens: &[u32],
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        on_chunk: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        let m = Arc::clone(&self.model);
+        let (n, h, p0) = (tokens.len(), m.config.hidden_size, kv.len);
+        let mut x = vec![0f32; n * h];
+        embed(&m, tokens, p0, &mut x)?;
+        let shift = 2f32.powi(-self.plan.residual_shift);
+        x.iter_mut().for_each(|v| *v *= shift);
+        let decode = n == 1;
+        let w = if decode { 1 } else { self.plan.width };
+        // Tables this batch needs: RoPE cos/sin per distinct rope (token-major), masks.
+        let ropes: Vec<(Vec<f32>, Vec<f32>)> = self
+            .plan
+            .ropes
+            .iter()
+            .map(|r| {
+                let d2 = r.dims / 2;
+                let (mut cos, mut sin) = (vec![0f32; n * d2], vec![0f32; n * d2]);
+                for t in 0..n {
+                    r.angles(
+                        p0 + t,
+                        &mut cos[t * d2..(t + 1) * d2],
+                        &mut sin[t * d2..(t + 1) * d2],
+                    );
+                }
+                (cos, sin)
+            })
+            .collect();
+        let masks: Vec<Vec<f32>> = self
+            .plan
+            .windows
+            .iter()
+            .map(|&win| self.mask(win, p0, n, w))
+            .collect();
+        let ones = vec![1f32; (self.plan.context + w).max(n)];
+        for ci in 0..self.chunks.len() {
+            let chunk = &mut self.chunks[ci];
+            let b = if decode {
+                &mut chunk.decode
+            } else {
+                &mut chunk.prefill
+            };
+            let width = b.width;
+            for (i, l) in b.io.inputs.clone().iter().enumerate() {
+                let name = l.name.as_str();
+                let table: Option<(&[f32], usize)> = if name == "x" {
+                    Some((&x, n))
+                } else if let Some(r) = name
+                    .strip_prefix("cos")
+                    .and_then(|r| r.parse::<usize>().ok())
+                {
+                    Some((&ropes[r].0, n))
+                } else if let Some(r) = name
+                    .strip_prefix("sin")
+                    .and_then(|r| r.parse::<usize>().ok())
+                {
+                    Some((&ropes[r].1, n))
+                } else if let Some(mi) = name
+                    .strip_prefix("mask")
+                    .and_then(|r| r.parse::<usize>().ok())
+                {
+                    Some((&masks[mi], self.plan.context + width))
+                } else {
+                    None
+                };
+                if let Some((values, cols)) = table {
+                    self.device.write_input(&mut b.binding, i, |bytes| {
+                        scatter(l, values, cols, &ones, bytes)
+                    });
+                }
+            }
+            self.device.evaluate(&chunk.kernel, &mut b.binding, n)?;
+            self.dispatches += 1;
+            let io = b.io.clone();
+            let read = |device: &D,
+                        binding: &D::Binding,
+                        name: &str,
+                        cols: std::ops::Range<usize>,
+                        out: &mut [f32],
+                        ld: usize,
+                        first: usize|
+             -> Result<()> {
+                let i = io
+                    .output(name)
+                    .ok_or_else(|| io_error(&chunk.spec.name, name))?;
+                let l: &IoLayout = &io.outputs[i];
+                device.read_output(binding, i, |bytes| gather(l, bytes, cols, out, ld, first));
+                Ok(())
+            };
+            let mut new_kv = Vec::new();
+            for li in chunk.spec.layers.clone() {
+                let a = m.layers[li].attention();
+                let kvd = a.n_kv_heads * a.head_dim;
+                for kind in ["k", "v"] {
+                    let mut vals = vec![0f32; n * kvd];
+                    read(
+                        &self.device,
+                        &b.binding,
+                        &format!("{kind}{li}_new"),
+                        0..n,
+                        &mut vals,
+                        kvd,
+                        0,
+                    )?;
+                    new_kv.push((li, kind, vals));
+                }
+            }
+            if chunk.spec.head {
+                if !rows.is_empty() {
+                    let vocab = m.config.vocab_size;
+                    let mut xf = vec![0f32; rows.len() * h];
+                    read(&self.device, &b.binding, "xf", rows.clone(), &mut xf, h, 0)?;
+                    if xf.iter().any(|v| !v.is_finite()) {
+                        return Err(AneError::Unsupported(format!("{}: the final hidden state left the fp16 range; lower with a larger residual_shift", chunk.spec.name)));
+                    }
+                    for (t, &(first, _)) in self.plan.head_tiles.iter().enumerate() {
+                        read(
+                            &self.device,
+                            &b.binding,
+                            &format!("logits{t}"),
+                            rows.clone(),
+                            out,
+                            vocab,
+                            first,
+                        )?;
+                    }
+                    for (logits, x) in out.chunks_exact_mut(vocab).zip(xf.chunks_exact(h)) {
+                        settle_near_ties(&m.lm_head, x, logits)?;
+                    }
+                }
+            } else {
+                read(&self.device, &b.binding, "y", 0..n, &mut x, h, 0)?;
+                on_chunk(ci, &x.iter().map(|v| v / shift).collect::<Vec<f32>>());
+            }
+            if x.iter().any(|v| !v.is_finite()) {
+                return Err(AneError::Unsupported(format!("{}: the residual stream left the fp16 range; lower with a larger residual_shift", chunk.spec.name)));
+            }
+            // The new keys and values: into the sequence's cache and the bound buffers.
+            let s = self.plan.context;
+            for (li, kind, vals) in new_kv {
+                let kvd = vals.len() / n;
+                let cache = &mut kv.cache[li][if kind == "k" { 0 } else { 1 }];
+                for t in 0..n {
+                    for c in 0..kvd {
+                        cache[c * s + p0 + t] = f16::from_f32(vals[t * kvd + c]);
+                    }
+                }
+                self.write_cache(&format!("{kind}{li}"), p0..p0 + n, |c, t| {
+                    f16::from_f32(vals[(t - p0) * kvd + c])
+                });
+            }
+        }
+        kv.len += n;
+        Ok(())
+    }
+}
+
+impl<D: Device> Executor for FusedExecutor<D> {
+    fn new_state(&self, capacity: usize) -> std::result::Result<Box<dyn KvState>, ExecError> {
+        let max = self.plan.context.min(self.model.max_positions());
+        if capacity > max {
+            return Err(ExecError::ContextFull {
+                needed: capacity,
+                capacity: max,
+            });
+        }
+        let context = self.plan.context;
+        let cache = (0..self.model.n_layers())
+            .map(|l| {
+                [
+                    vec![f16::ZERO; self.kv_dim(l) * context],
+                    vec![f16::ZERO; self.kv_dim(l) * context],
+                ]
+            })
+            .collect();
+        Ok(Box::new(FusedKv {
+            owner: self.id,
+            uid: NEXT_STATE.fetch_add(1, Ordering::Relaxed),
+            len: 0,
+            capacity,
+            context,
+            cache,
+        }))
+    }
+
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> std::result::Result<(), ExecError> {
+        self.forward_traced(state, tokens, logits, out, &mut |_, _| {})
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+}
+
+impl<D: Device> FusedExecutor<D> {
+    /// [`Executor::forward`], calling `on_chunk(chunk, hidden)` with the hidden state each chunk
+    /// but the last hands to the next (token-major, unscaled).
+    pub fn forward_traced(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+        on_chunk: &mut dyn FnMut(usize, &[f32]),
+    ) -> std::result::Result<(), ExecError> {
+        let kv = state
+            .as_any_mut()
+            .downcast_mut::<FusedKv>()
+            .ok_or(ExecError::ForeignState)?;
+        if kv.owner != self.id {
+            return Err(ExecError::ForeignState);
+        }
+        out.clear();
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ExecError::TokenOutOfRange { id, vocab });
+        }
+        if kv.len + tokens.len() > kv.capacity {
+            return Err(ExecError::ContextFull {
+                needed: kv.len + tokens.len(),
+                capacity: kv.capacity,
+            });
+        }
+        self.make_resident(kv);
+        let n = tokens.len();
+        let want = n - logits.rows(n)..n;
+        out.resize(want.len() * vocab, 0.0);
+        let mut done = 0;
+        while done < n {
+            let len = self.plan.width.min(n - done);
+            let (lo, hi) = (want.start.max(done), done + len);
+            let rows = if lo < hi { lo - done..hi - done } else { 0..0 };
+            let dst = if lo < hi {
+                &mut out[(lo - want.start) * vocab..(hi - want.start) * vocab]
+            } else {
+                &mut [][..]
+            };
+            self.step(kv, &tokens[done..done + len], rows, dst, on_chunk)?;
+            done += len;
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,127 @@
+//! The two ways the ANE path runs a model, behind one executor: projection kernels (the linear
+//! layers on the device, the rest on the CPU; about three dispatches per layer) or fused layer
+//! chunks (whole layers on the device; one dispatch per chunk).
+
+use std::sync::Arc;
+
+use anelm_model::{ExecError, Executor, KvState, Logits, Model};
+
+use crate::device::Device;
+use crate::error::Result;
+use crate::exec::{DeviceProjections, FusedExecutor, ProjectionExecutor};
+use crate::lower::LoweringOptions;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    Projection,
+    Fused,
+}
+
+impl Strategy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Projection => "projection",
+            Strategy::Fused => "fused",
+        }
+    }
+}
+
+/// A model compiled for a device under a strategy.
+pub enum AneExecutor<D: Device> {
+    Projection(ProjectionExecutor<DeviceProjections<D>>),
+    Fused(FusedExecutor<D>),
+}
+
+impl<D: Device> AneExecutor<D> {
+    /// Lowers `model` and compiles every program on `device`.
+    pub fn new(
+        model: Arc<Model>,
+        device: D,
+        strategy: Strategy,
+        opts: &LoweringOptions,
+    ) -> Result<Self> {
+        Ok(match strategy {
+            Strategy::Projection => {
+                AneExecutor::Projection(ProjectionExecutor::on_device(model, device, opts)?)
+            }
+            Strategy::Fused => AneExecutor::Fused(FusedExecutor::new(model, device, opts, |_| {})?),
+        })
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        match self {
+            AneExecutor::Projection(_) => Strategy::Projection,
+            AneExecutor::Fused(_) => Strategy::Fused,
+        }
+    }
+
+    /// Device evaluations one decoded token costs.
+    pub fn dispatches_per_token(&self) -> usize {
+        match self {
+            AneExecutor::Projection(e) => e.projections().n_kernels(),
+            AneExecutor::Fused(e) => e.plan().dispatches_per_token(),
+        }
+    }
+
+    /// Device evaluations so far.
+    pub fn dispatches(&self) -> u64 {
+        match self {
+            AneExecutor::Projection(e) => e.projections().dispatches(),
+            AneExecutor::Fused(e) => e.dispatches(),
+        }
+    }
+
+    /// Programs compiled.
+    pub fn programs(&self) -> usize {
+        match self {
+            AneExecutor::Projection(e) => e.projections().n_kernels(),
+            AneExecutor::Fused(e) => e.plan().chunks.len(),
+        }
+    }
+
+    fn inner(&mut self) -> &mut dyn Executor {
+        match self {
+            AneExecutor::Projection(e) => e,
+            AneExecutor::Fused(e) => e,
+        }
+    }
+}
+
+impl<D: Device> Executor for AneExecutor<D> {
+    fn new_state(&self, capacity: usize) -> std::result::Result<Box<dyn KvState>, ExecError> {
+        match self {
+            AneExecutor::Projection(e) => e.new_state(capacity),
+            AneExecutor::Fused(e) => e.new_state(capacity),
+        }
+    }
+
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> std::result::Result<(), ExecError> {
+        self.inner().forward(state, tokens, logits, out)
+    }
+
+    fn vocab_size(&self) -> usize {
+        match self {
+            AneExecutor::Projection(e) => e.vocab_size(),
+            AneExecutor::Fused(e) => e.vocab_size(),
+        }
+    }
+}
+
+impl<D: Device> Drop for AneExecutor<D> {
+    fn drop(&mut self) {
+        tracing::info!(
+            strategy = self.strategy().name(),
+            dispatches = self.dispatches(),
+            per_token = self.dispatches_per_token(),
+            "ANE path: {} device evaluations, {} per decoded token",
+            self.dispatches(),
+            self.dispatches_per_token()
+        );
+    }
+}
