@@ -127,6 +127,25 @@ async fn bad_requests_get_json_4xx_and_the_server_keeps_serving() {
             }
         }
     }
+    // A prompt that nearly fills the context: the answer gets what is left, and ends there.
+    let near = "The quick brown fox jumps over the lazy dog. ".repeat(45);
+    let (status, v) = post(
+        &c,
+        &chat_url,
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": near}], "temperature": 0,
+        "logit_bias": {"0": -100, "2": -100}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (p, n) = (
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(
+        p > 400 && p + n == 512,
+        "prompt {p} + completion {n} fill the context of 512"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
     // Over the context: OpenAI's code for it.
     let (_, v) = post(
         &c,
@@ -236,6 +255,32 @@ async fn streams_carry_the_same_answer_as_plain_responses() {
             .unwrap()
             > 0.0
     );
+
+    // Two sampled choices, streamed: each index carries the same text as without streaming.
+    let mut body = chat(prompt, 16);
+    body["n"] = json!(2);
+    body["temperature"] = json!(1.0);
+    body["seed"] = json!(99);
+    let (_, plain) = post(&c, &url, &body).await;
+    body["stream"] = json!(true);
+    let events = sse(&c, &url, &body).await;
+    for i in 0..2 {
+        let text: String = events[..events.len() - 1]
+            .iter()
+            .map(|(_, d)| json_of(d))
+            .filter(|c| c["choices"][0]["index"] == i)
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect();
+        assert_eq!(
+            text,
+            plain["choices"][i]["message"]["content"].as_str().unwrap(),
+            "choice {i}"
+        );
+    }
 
     // OpenAI completions.
     let url = format!("{base}/v1/completions");
