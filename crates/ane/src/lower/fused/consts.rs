@@ -1,0 +1,199 @@
+//! A chunk's weights as fp16 constants, prepared once and shared by its two functions: the
+//! stacked QKV and gate/up matrices, biases, norm weights with the residual shift folded in,
+//! and GGUF llama's Q/K rows reordered for half-split RoPE.
+
+use std::sync::Arc;
+
+use anelm_mil::WeightData;
+use anelm_model::plan::{Ffn, Layer, Norm, NormKind, RopePairing};
+use anelm_model::Weight;
+
+use super::super::graph::max_row_l1;
+use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
+use crate::error::Result;
+
+/// A norm's weight (and bias) as constants of `shape`, times `scale`.
+pub(super) struct NormConst {
+    pub(super) kind: NormKind,
+    pub(super) eps: f32,
+    pub(super) weight: Arc<WeightData>,
+    pub(super) bias: Option<Arc<WeightData>>,
+}
+
+impl NormConst {
+    /// `n` with its weight (and bias) times `scale`, reordered by `order`, for an input held
+    /// times `input_scale` (eps scales with the input's square: the norm stays exact).
+    pub(super) fn new(
+        n: &Norm,
+        scale: f32,
+        input_scale: f32,
+        order: Option<&[usize]>,
+    ) -> NormConst {
+        let pick = |v: &[f32]| -> Vec<f32> {
+            match order {
+                Some(o) => o.iter().map(|&i| v[i] * scale).collect(),
+                None => v.iter().map(|x| x * scale).collect(),
+            }
+        };
+        NormConst {
+            kind: n.kind,
+            eps: n.eps * input_scale * input_scale,
+            weight: Arc::new(WeightData::f16_from_f32(&pick(&n.weight))),
+            bias: n
+                .bias
+                .as_ref()
+                .map(|b| Arc::new(WeightData::f16_from_f32(&pick(b)))),
+        }
+    }
+}
+
+/// A linear as fp16 data shared by both functions.
+pub(super) struct LinearConst {
+    pub(super) w: Arc<WeightData>,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) bias: Option<Arc<WeightData>>,
+    pub(super) l1: f32,
+}
+
+impl LinearConst {
+    pub(super) fn new(ws: &[&Weight], bias: Option<Vec<f32>>) -> Result<LinearConst> {
+        let (rows, cols) = (ws.iter().map(|w| w.rows).sum(), ws[0].cols);
+        Ok(Self::of(stacked(ws)?, rows, cols, bias))
+    }
+
+    pub(super) fn of(
+        w: Arc<WeightData>,
+        rows: usize,
+        cols: usize,
+        bias: Option<Vec<f32>>,
+    ) -> LinearConst {
+        LinearConst {
+            l1: max_row_l1(&w, cols),
+            w,
+            rows,
+            cols,
+            bias: bias_data(bias),
+        }
+    }
+}
+
+pub(super) struct LayerConsts {
+    pub(super) attn_norm: NormConst,
+    pub(super) qkv: LinearConst,
+    pub(super) q_norm: Option<NormConst>,
+    pub(super) k_norm: Option<NormConst>,
+    pub(super) o: LinearConst,
+    pub(super) post_attn_norm: Option<NormConst>,
+    pub(super) ffn_norm: NormConst,
+    /// Gate (if gated) and up, stacked: one normalised input for both.
+    pub(super) gate_up: LinearConst,
+    pub(super) gated: bool,
+    pub(super) down: LinearConst,
+    pub(super) post_ffn_norm: Option<NormConst>,
+}
+
+/// Row order that turns GGUF llama's adjacent-pair RoPE layout back into half-split (undoing
+/// llama.cpp's permutation of Q/K rows per head, ARCHITECTURES.md §5), for `heads` heads.
+pub(super) fn half_split_order(heads: usize, head_dim: usize, dims: usize) -> Vec<usize> {
+    let half = dims / 2;
+    (0..heads)
+        .flat_map(|h| {
+            (0..head_dim).map(move |r| {
+                h * head_dim
+                    + if r < half {
+                        2 * r
+                    } else if r < dims {
+                        2 * (r - half) + 1
+                    } else {
+                        r
+                    }
+            })
+        })
+        .collect()
+}
+
+impl LayerConsts {
+    pub(super) fn new(l: &Layer, shift: f32) -> Result<LayerConsts> {
+        let a = l.attention();
+        // Adjacent pairs become half-split pairs by permuting Q/K rows (and their biases and
+        // QK-norm weights); the attention scores are unchanged.
+        let orders = match &a.rope {
+            Some(r) if r.pairing == RopePairing::Adjacent => Some((
+                half_split_order(a.n_heads, a.head_dim, r.dims),
+                half_split_order(a.n_kv_heads, a.head_dim, r.dims),
+                half_split_order(1, a.head_dim, r.dims),
+            )),
+            _ => None,
+        };
+        let permuted = orders
+            .as_ref()
+            .map(|(qo, ko, _)| (a.q.weight.permute_rows(qo), a.k.weight.permute_rows(ko)));
+        let (qw, kw) = match &permuted {
+            Some((q, k)) => (q, k),
+            None => (&a.q.weight, &a.k.weight),
+        };
+        let perm_bias = |b: &Option<Vec<f32>>, o: Option<&Vec<usize>>| match (b, o) {
+            (Some(b), Some(o)) => Some(o.iter().map(|&i| b[i]).collect::<Vec<f32>>()),
+            (b, _) => b.clone(),
+        };
+        let (qb, kb) = (
+            perm_bias(&a.q.bias, orders.as_ref().map(|o| &o.0)),
+            perm_bias(&a.k.bias, orders.as_ref().map(|o| &o.1)),
+        );
+        let (qd, kvd) = (a.q.out_features(), a.k.out_features());
+        let qkv = LinearConst::new(
+            &[qw, kw, &a.v.weight],
+            stacked_bias(&[
+                (qb.as_deref(), qd),
+                (kb.as_deref(), kvd),
+                (a.v.bias.as_deref(), kvd),
+            ]),
+        )?;
+        let head_order = orders.as_ref().map(|o| o.2.as_slice());
+        let (gate_up, gated, down) = match &l.ffn {
+            Ffn::Gated { gate, up, down, .. } => (
+                LinearConst::new(&[&gate.weight, &up.weight], linear_biases(&[gate, up]))?,
+                true,
+                down,
+            ),
+            Ffn::Plain { up, down, .. } => (
+                LinearConst::new(&[&up.weight], linear_biases(&[up]))?,
+                false,
+                down,
+            ),
+        };
+        // Layer outputs join the residual stream scaled by 2^-shift: through the sandwich norm
+        // when there is one, else through the projection.
+        let out_scale = |post: &Option<Norm>| if post.is_some() { 1.0 } else { shift };
+        let scaled_bias =
+            |b: &Option<Vec<f32>>, s: f32| b.as_ref().map(|b| b.iter().map(|v| v * s).collect());
+        let o_scale = out_scale(&l.post_attn_norm);
+        let d_scale = out_scale(&l.post_ffn_norm);
+        Ok(LayerConsts {
+            attn_norm: NormConst::new(&l.attn_norm, 1.0, shift, None),
+            qkv,
+            q_norm: a
+                .q_norm
+                .as_ref()
+                .map(|n| NormConst::new(n, 1.0, 1.0, head_order)),
+            k_norm: a
+                .k_norm
+                .as_ref()
+                .map(|n| NormConst::new(n, 1.0, 1.0, head_order)),
+            o: LinearConst::new(&[&a.o.weight], scaled_bias(&a.o.bias, o_scale))?,
+            post_attn_norm: l
+                .post_attn_norm
+                .as_ref()
+                .map(|n| NormConst::new(n, shift, 1.0, None)),
+            ffn_norm: NormConst::new(&l.ffn_norm, 1.0, shift, None),
+            gate_up,
+            gated,
+            down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale))?,
+            post_ffn_norm: l
+                .post_ffn_norm
+                .as_ref()
+                .map(|n| NormConst::new(n, shift, 1.0, None)),
+        })
+    }
+}
