@@ -172,6 +172,8 @@ pub struct Generation<'s> {
     timings: Timings,
     /// When the decode step in progress began (its time counts even if it ends the generation).
     step_started: Option<Instant>,
+    /// Whether a prefill chunk has run (the first one tells how much was cached).
+    prefill_started: bool,
 }
 
 impl Session {
@@ -221,6 +223,7 @@ impl Session {
             usage,
             timings: Timings::default(),
             step_started: None,
+            prefill_started: false,
         })
     }
 
@@ -265,11 +268,7 @@ impl Generation<'_> {
             match self.phase {
                 Phase::Done => return Ok(None),
                 Phase::Prefill => {
-                    let reused = self.session.prefill(exec, &self.prompt, &mut self.logits)?;
-                    self.usage.cached_tokens = reused;
-                    self.timings.prefilled_tokens = self.prompt.len() - reused;
-                    self.timings.prefill = start.elapsed();
-                    self.phase = Phase::Decode(None);
+                    self.prefill_step(exec)?;
                 }
                 Phase::Decode(feed) => {
                     self.step_started = Some(start);
@@ -280,6 +279,30 @@ impl Generation<'_> {
                 }
             }
         }
+    }
+
+    /// Advances the prefill by one chunk of at most [`crate::session::PREFILL_CHUNK`] tokens;
+    /// true once the prompt is in (and always after it). Optional: [`Generation::next_event`]
+    /// runs whatever prefill remains. Calling this first lets a caller cancel, or lend the
+    /// executor to other generations, between the chunks of a long prompt.
+    pub fn prefill_step(&mut self, exec: &mut dyn Executor) -> Result<bool> {
+        if !matches!(self.phase, Phase::Prefill) {
+            return Ok(true);
+        }
+        let start = Instant::now();
+        let step = self
+            .session
+            .prefill_chunk(exec, &self.prompt, &mut self.logits)?;
+        if !self.prefill_started {
+            self.prefill_started = true;
+            self.usage.cached_tokens = step.reused;
+            self.timings.prefilled_tokens = self.prompt.len() - step.reused;
+        }
+        self.timings.prefill += start.elapsed();
+        if step.done {
+            self.phase = Phase::Decode(None);
+        }
+        Ok(step.done)
     }
 
     /// Ends the generation now: the text held back so far and the finish (reason `Cancelled`)

@@ -35,6 +35,6 @@ pub use generate::{Event, Finish, FinishReason, GenerateParams, Generation, Timi
 pub use loaded::{LoadError, LoadedModel};
 pub use prompt::{Input, Overflow};
 pub use sampler::{argmax, logprobs, Sampler, SamplingParams, TokenLogprob};
-pub use session::Session;
+pub use session::{PrefillStep, Session};
 pub use stop::{StopScan, StopStrings};
 pub use utf8_stream::Utf8Stream;

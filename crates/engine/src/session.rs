@@ -8,6 +8,15 @@ use crate::error::{EngineError, Result};
 /// Tokens per forward pass when prefilling; bounds the activation memory of long prompts.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// What one [`Session::prefill_chunk`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillStep {
+    /// Prompt tokens the session held when the step began (kept, not recomputed).
+    pub reused: usize,
+    /// The whole prompt is in, and the logits after it are written.
+    pub done: bool,
+}
+
 pub struct Session {
     state: Box<dyn KvState>,
     tokens: Vec<u32>,
@@ -51,6 +60,24 @@ impl Session {
         prompt: &[u32],
         logits: &mut Vec<f32>,
     ) -> Result<usize> {
+        let first = self.prefill_chunk(exec, prompt, logits)?;
+        let mut done = first.done;
+        while !done {
+            done = self.prefill_chunk(exec, prompt, logits)?.done;
+        }
+        Ok(first.reused)
+    }
+
+    /// One step of [`Session::prefill`]: the session takes at most [`PREFILL_CHUNK`] more
+    /// tokens of `prompt`, after the longest prefix it already holds; the last chunk writes the
+    /// logits after the prompt's last token. Repeated calls complete the prefill, so a caller
+    /// can stop, or lend the executor to other work, between the chunks of a long prompt.
+    pub fn prefill_chunk(
+        &mut self,
+        exec: &mut dyn Executor,
+        prompt: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<PrefillStep> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -68,17 +95,11 @@ impl Session {
             .count();
         let reused = common.min(prompt.len() - 1);
         self.truncate(reused);
-        let rest = &prompt[reused..];
-        let n_chunks = rest.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
-            let want = if i + 1 == n_chunks {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            self.run(exec, chunk, want, logits)?;
-        }
-        Ok(reused)
+        let end = (reused + PREFILL_CHUNK).min(prompt.len());
+        let done = end == prompt.len();
+        let want = if done { Logits::Last } else { Logits::None };
+        self.run(exec, &prompt[reused..end], want, logits)?;
+        Ok(PrefillStep { reused, done })
     }
 
     /// Appends `tokens` and writes the requested logits.

@@ -552,3 +552,60 @@ fn bad_requests_are_clear_errors() {
     assert!(err(Input::Ids(vec![1]), bad, &mut session).contains("top_p"));
     assert!(err(Input::Ids(vec![1]), greedy(0), &mut session).contains("max_tokens"));
 }
+
+#[test]
+fn a_long_prompt_prefills_chunk_by_chunk_and_can_stop_between() {
+    use anelm_engine::session::PREFILL_CHUNK;
+    let model = smollm2();
+    let prompt: Vec<u32> = (0..2 * PREFILL_CHUNK + 100).map(|i| 100 + (i % 50) as u32).collect();
+    let mut exec = Scripted::new(model.model.config.vocab_size, prompt.len(), &[500, EOS]);
+    let passes = exec.passes.clone();
+    let capacity = 4 * PREFILL_CHUNK;
+
+    // Step by step: one chunk per call, then next_event decodes.
+    let mut session = Session::new(&exec, capacity).unwrap();
+    let mut generation = session
+        .generate(&model, &Input::Ids(prompt.clone()), greedy(4))
+        .unwrap();
+    let steps: Vec<bool> = (0..4)
+        .map(|_| generation.prefill_step(&mut exec).unwrap())
+        .collect();
+    assert_eq!(steps, [false, false, true, true]);
+    assert_eq!(*passes.lock().unwrap(), [PREFILL_CHUNK, PREFILL_CHUNK, 100]);
+    let mut events = Vec::new();
+    while let Some(e) = generation.next_event(&mut exec).unwrap() {
+        events.push(e);
+    }
+    let f = finish(&events);
+    assert_eq!((f.reason, f.usage.completion_tokens), (FinishReason::Stop, 2));
+    assert_eq!((f.usage.cached_tokens, f.timings.prefilled_tokens), (0, prompt.len()));
+    drop(generation);
+
+    // Cancelled after one chunk: nothing more runs, and the session keeps that chunk.
+    passes.lock().unwrap().clear();
+    let mut session = Session::new(&exec, capacity).unwrap();
+    let mut generation = session
+        .generate(&model, &Input::Ids(prompt.clone()), greedy(4))
+        .unwrap();
+    assert!(!generation.prefill_step(&mut exec).unwrap());
+    generation.cancel();
+    let mut events = Vec::new();
+    while let Some(e) = generation.next_event(&mut exec).unwrap() {
+        events.push(e);
+    }
+    assert_eq!(finish(&events).reason, FinishReason::Cancelled);
+    assert_eq!(*passes.lock().unwrap(), [PREFILL_CHUNK]);
+    drop(generation);
+    assert_eq!(session.tokens(), &prompt[..PREFILL_CHUNK]);
+
+    // The next request with that prompt starts where the cancelled one stopped.
+    let f = finish(&collect(
+        &mut session,
+        &mut exec,
+        &model,
+        &Input::Ids(prompt.clone()),
+        greedy(4),
+    ));
+    assert_eq!(f.usage.cached_tokens, PREFILL_CHUNK);
+    assert_eq!(f.timings.prefilled_tokens, PREFILL_CHUNK + 100);
+}

@@ -310,21 +310,28 @@ impl Shared {
                 return Outcome::Failed;
             }
         };
+        // The prompt goes in chunk by chunk, so a long one neither holds the executor from the
+        // other slots nor outlives its client by more than a chunk.
         loop {
             if updates.is_closed() {
                 generation.cancel();
                 return Outcome::Cancelled;
             }
-            let mut exec = self.exec.lock();
-            let event = match &json {
-                Some(prefix) => generation.next_event(&mut Constrained {
-                    inner: exec.as_mut(),
-                    vocabulary: self.vocabulary(),
-                    prefix,
-                }),
-                None => generation.next_event(exec.as_mut()),
-            };
-            drop(exec);
+            match self.with_executor(json.as_ref(), |exec| generation.prefill_step(exec)) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    let _ = updates.send(Update::Failed(e.to_string()));
+                    return Outcome::Failed;
+                }
+            }
+        }
+        loop {
+            if updates.is_closed() {
+                generation.cancel();
+                return Outcome::Cancelled;
+            }
+            let event = self.with_executor(json.as_ref(), |exec| generation.next_event(exec));
             if let (Some(prefix), Ok(Some(Event::Token { id, .. }))) = (&mut json, &event) {
                 // The mask allowed only tokens that continue the object.
                 prefix.push_all(self.vocabulary().piece(*id));
@@ -348,6 +355,23 @@ impl Shared {
             };
             // A send fails only when the client is gone; the next turn notices.
             let _ = updates.send(update);
+        }
+    }
+
+    /// Runs `step` with the executor locked, its logits held to the JSON prefix if there is one.
+    fn with_executor<T>(
+        &self,
+        json: Option<&JsonPrefix>,
+        step: impl FnOnce(&mut dyn Executor) -> T,
+    ) -> T {
+        let mut exec = self.exec.lock();
+        match json {
+            Some(prefix) => step(&mut Constrained {
+                inner: exec.as_mut(),
+                vocabulary: self.vocabulary(),
+                prefix,
+            }),
+            None => step(exec.as_mut()),
         }
     }
 }
