@@ -7,6 +7,7 @@ use crate::error::{ModelError, Result};
 use crate::hparams::Hparams;
 use crate::loader::TensorLoader;
 use crate::model::{Family, Model, ModelConfig, ModelSource};
+use crate::hybrid::{self, DeltaNetSpec, MoeSpec};
 use crate::plan::{Activation, Attention, Ffn, Layer, Mixer, Norm, NormKind, Rope, RopePairing};
 
 /// Tensor naming convention of the file.
@@ -125,6 +126,12 @@ pub(crate) struct Recipe {
     /// Per-layer RoPE frequency divisors (llama.cpp's `rope_freqs.weight`, Llama 3).
     pub freq_factors: Option<Vec<f32>>,
     pub layers: Vec<AttnKind>,
+    /// Mixture-of-experts FFNs on the layers it marks.
+    pub moe: Option<MoeSpec>,
+    /// Gated DeltaNet mixers on the layers it marks.
+    pub deltanet: Option<DeltaNetSpec>,
+    /// `q_proj` carries a per-head output gate (Qwen3-Next, Qwen3.5).
+    pub gated_attention: bool,
 }
 
 /// Inverse RoPE frequencies for `dims` rotated dimensions under `p`'s scaling.
@@ -201,22 +208,35 @@ pub(crate) fn build(loader: &TensorLoader, r: Recipe, source: ModelSource, name:
                 Ok(None)
             }
         };
-        let inv_freq = rope_inv_freq(&kind.rope, hp.rope_dims, r.freq_factors.as_deref())
-            .map_err(|m| ModelError::invalid(&path, m))?;
-        let attention = Attention {
-            n_heads: hp.n_heads,
-            n_kv_heads: hp.n_kv_heads,
-            head_dim: hp.head_dim,
-            scale: kind.scale,
-            window: kind.window,
-            softcap: kind.softcap,
-            rope: Some(Rope { dims: hp.rope_dims, pairing: r.pairing, inv_freq, mscale: 1.0 }),
-            q: lin(Role::Q, q_out, hp.hidden)?,
-            k: lin(Role::K, kv_out, hp.hidden)?,
-            v: lin(Role::V, kv_out, hp.hidden)?,
-            o: lin(Role::O, hp.hidden, q_out)?,
-            q_norm: head_norm(Role::QNorm)?,
-            k_norm: head_norm(Role::KNorm)?,
+        let mixer = match &r.deltanet {
+            Some(d) if d.layers[i] => Mixer::DeltaNet(hybrid::deltanet(loader, i, d, hp.hidden, hp.eps)?),
+            _ => {
+                let inv_freq = rope_inv_freq(&kind.rope, hp.rope_dims, r.freq_factors.as_deref())
+                    .map_err(|m| ModelError::invalid(&path, m))?;
+                let (q, output_gate) = if r.gated_attention {
+                    let name = format!("{}.weight", n.layer(i, Role::Q));
+                    let (q, g) = hybrid::gated_query(loader, &name, hp.n_heads, hp.head_dim, hp.hidden)?;
+                    (q, Some(g))
+                } else {
+                    (lin(Role::Q, q_out, hp.hidden)?, None)
+                };
+                Mixer::Attention(Attention {
+                    n_heads: hp.n_heads,
+                    n_kv_heads: hp.n_kv_heads,
+                    head_dim: hp.head_dim,
+                    scale: kind.scale,
+                    window: kind.window,
+                    softcap: kind.softcap,
+                    rope: Some(Rope { dims: hp.rope_dims, pairing: r.pairing, inv_freq, mscale: 1.0 }),
+                    q,
+                    k: lin(Role::K, kv_out, hp.hidden)?,
+                    v: lin(Role::V, kv_out, hp.hidden)?,
+                    o: lin(Role::O, hp.hidden, q_out)?,
+                    q_norm: head_norm(Role::QNorm)?,
+                    k_norm: head_norm(Role::KNorm)?,
+                    output_gate,
+                })
+            }
         };
         let post = |role: Role| -> Result<Option<Norm>> {
             if r.sandwich {
@@ -225,17 +245,21 @@ pub(crate) fn build(loader: &TensorLoader, r: Recipe, source: ModelSource, name:
                 Ok(None)
             }
         };
-        layers.push(Layer {
-            attn_norm: rms(&n.layer(i, Role::AttnNorm), hp.hidden)?,
-            mixer: Mixer::Attention(attention),
-            post_attn_norm: post(Role::PostAttnNorm)?,
-            ffn_norm: rms(&n.layer(i, Role::FfnNorm), hp.hidden)?,
-            ffn: Ffn::Gated {
+        let ffn = match &r.moe {
+            Some(m) if m.layers[i] => Ffn::Moe(hybrid::moe(loader, i, m, r.act, hp.hidden)?),
+            _ => Ffn::Gated {
                 act: r.act,
                 gate: lin(Role::Gate, hp.ffn, hp.hidden)?,
                 up: lin(Role::Up, hp.ffn, hp.hidden)?,
                 down: lin(Role::Down, hp.hidden, hp.ffn)?,
             },
+        };
+        layers.push(Layer {
+            attn_norm: rms(&n.layer(i, Role::AttnNorm), hp.hidden)?,
+            mixer,
+            post_attn_norm: post(Role::PostAttnNorm)?,
+            ffn_norm: rms(&n.layer(i, Role::FfnNorm), hp.hidden)?,
+            ffn,
             post_ffn_norm: post(Role::PostFfnNorm)?,
         });
     }

@@ -23,6 +23,9 @@ fn recipe(family: Family, hp: Hparams, naming: Naming, layers: Vec<AttnKind>) ->
         pairing: RopePairing::HalfSplit,
         freq_factors: None,
         layers,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     }
 }
 

@@ -105,6 +105,7 @@ pub(crate) fn load(l: &TensorLoader, hp: Hparams, hf: Option<&HfConfig>, source:
             o: lin(&at("attn_output", "attn.c_proj"), &at("attn_output", "attn.c_proj"), h, h)?,
             q_norm: None,
             k_norm: None,
+            output_gate: None,
         };
         layers.push(Layer {
             attn_norm: ln(&at("attn_norm", "ln_1"))?,

@@ -34,6 +34,9 @@ pub(crate) fn gguf(ctx: &Ctx, hp: Hparams) -> Result<Recipe> {
         embed_scale: None,
         pairing: RopePairing::Adjacent,
         freq_factors,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     })
 }
 
@@ -50,5 +53,8 @@ pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> 
         embed_scale: None,
         pairing: RopePairing::HalfSplit,
         freq_factors: None,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     })
 }

@@ -5,6 +5,7 @@ mod gemma;
 mod gpt2;
 mod llama;
 mod qwen;
+mod qwen_moe;
 
 use std::path::Path;
 
@@ -22,7 +23,8 @@ pub(crate) struct Ctx {
 }
 
 const GGUF_ARCHS: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, gpt2";
-const HF_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2";
+const HF_TYPES: &str =
+    "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text";
 
 pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
     let Gguf { metadata, tensors, .. } = Gguf::open(path)?;
@@ -59,6 +61,11 @@ pub(crate) fn load_hf(dir: &Path) -> Result<Model> {
         "gemma2" => Family::Gemma2,
         "gemma3_text" => Family::Gemma3,
         "gpt2" => Family::Gpt2,
+        "qwen2_moe" => Family::Qwen2Moe,
+        "qwen3_moe" => Family::Qwen3Moe,
+        "qwen3_next" => Family::Qwen3Next,
+        "qwen3_5_text" => Family::Qwen35,
+        "qwen3_5_moe_text" => Family::Qwen35Moe,
         other => return Err(unsupported(cfg.path(), other, HF_TYPES)),
     };
     let hp = Hparams::from_hf(&cfg)?;
@@ -70,6 +77,9 @@ pub(crate) fn load_hf(dir: &Path) -> Result<Model> {
         Family::Qwen2 | Family::Qwen3 => qwen::hf(&cfg, hp, family)?,
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => gemma::hf(&cfg, family, hp)?,
         Family::Gpt2 => return gpt2::load(&loader, hp, Some(&cfg), source, name),
+        Family::Qwen2Moe | Family::Qwen3Moe | Family::Qwen3Next | Family::Qwen35 | Family::Qwen35Moe => {
+            qwen_moe::hf(&cfg, hp, family)?
+        }
     };
     decoder::build(&loader, recipe, source, name)
 }

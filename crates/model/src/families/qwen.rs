@@ -26,6 +26,9 @@ fn recipe(family: Family, hp: Hparams, naming: Naming, windows: Vec<Option<usize
         pairing: RopePairing::HalfSplit,
         freq_factors: None,
         layers,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     }
 }
 
