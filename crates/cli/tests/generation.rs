@@ -204,3 +204,31 @@ fn template_prints_what_transformers_renders() {
         "{err}"
     );
 }
+
+#[test]
+fn a_model_without_tokenizer_has_a_template_but_no_chat() {
+    let tiny = anelm_testkit::tiny("llama");
+    let tiny = tiny.to_str().unwrap();
+    let err = stderr_of_failure(&["chat", "--model", tiny]);
+    assert!(err.contains("no tokenizer"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("m.json");
+    std::fs::write(&file, r#"[{"role": "user", "content": "Hi"}]"#).unwrap();
+    let out = anelm(&[
+        "template",
+        "--model",
+        tiny,
+        "--messages",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text,
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+}

@@ -162,7 +162,7 @@ impl BlobFile {
             let size = u64_at(&bytes, at + 8);
             let data_offset = u64_at(&bytes, at + 16);
             let padding_bits = u64_at(&bytes, at + 24);
-            if data_offset % ALIGN != 0 || data_offset < off + METADATA_BYTES {
+            if !data_offset.is_multiple_of(ALIGN) || data_offset < off + METADATA_BYTES {
                 return Err(fail(format!("record {i} at {off}: data offset {data_offset} is not aligned after its metadata")));
             }
             let end = data_offset

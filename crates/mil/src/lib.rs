@@ -11,7 +11,8 @@
 //! - written as a Core ML `.mlpackage` ([`package`], COREML.md) and read back,
 //! - linted against what public sources report failing on ANE hardware ([`lint`]),
 //! - walked by the simulator: [`Function::ops`], [`Operation::inputs`], [`Function::const_value`],
-//!   [`Literal::weight_data`] / [`WeightData::to_f32`].
+//!   [`Literal::weight_data`] / [`WeightData::to_f32`] — and executed with the ANE's fp16
+//!   numerics by [`sim::Simulator`].
 //!
 //! One program, both back ends:
 //!
@@ -63,6 +64,7 @@ pub mod lint;
 pub mod literal;
 pub mod ops;
 pub mod package;
+pub mod sim;
 pub mod text;
 pub mod types;
 

@@ -146,7 +146,7 @@ impl FnLint<'_> {
         // wrong unless the row (last dim x element size) is a multiple of 64 B.
         if let Some(&w) = t.shape.last() {
             let row = w * elem_bytes(t.dtype);
-            if row % 64 != 0 {
+            if !row.is_multiple_of(64) {
                 self.push(
                     "io-row-padding",
                     Severity::Warning,

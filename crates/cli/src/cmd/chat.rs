@@ -62,6 +62,8 @@ impl Chat {
 
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
+    // Chat needs text in and out: refuse a model without a tokenizer before the first turn.
+    loaded.tokenizer()?;
     let template = loaded.chat_template()?;
     let mut exec = a.model.executor(&loaded)?;
     let ctx = a

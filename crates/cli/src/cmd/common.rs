@@ -59,9 +59,27 @@ impl ModelArgs {
     }
 }
 
+/// A prompt given as text or as token ids.
+#[derive(clap::Args, Clone)]
+pub struct PromptArgs {
+    /// The prompt text (tokenized with special tokens added and parsed, as llama.cpp does).
+    #[arg(short, long)]
+    pub prompt: Option<String>,
+    /// The prompt as comma-separated token ids.
+    #[arg(long)]
+    pub ids: Option<String>,
+}
+
+impl PromptArgs {
+    /// The prompt as ids, checked against the vocabulary.
+    pub fn ids(&self, loaded: &LoadedModel) -> Result<Vec<u32>> {
+        prompt_ids(loaded, self.prompt.as_deref(), self.ids.as_deref())
+    }
+}
+
 /// The prompt as ids: `--ids` as given, or `--prompt` tokenized as llama.cpp tokenizes a prompt
 /// (special tokens added and parsed). Every id is checked against the vocabulary.
-pub fn prompt_ids(loaded: &LoadedModel, prompt: Option<&str>, ids: Option<&str>) -> Result<Vec<u32>> {
+fn prompt_ids(loaded: &LoadedModel, prompt: Option<&str>, ids: Option<&str>) -> Result<Vec<u32>> {
     let out = match (prompt, ids) {
         (Some(_), Some(_)) => bail!("give --prompt or --ids, not both"),
         (None, None) => bail!("give a --prompt or --ids"),

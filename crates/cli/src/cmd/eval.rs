@@ -6,17 +6,14 @@ use anelm_engine::{argmax, Session};
 use anelm_model::Logits;
 use serde::Serialize;
 
-use super::common::{prompt_ids, ModelArgs};
+use super::common::{ModelArgs, PromptArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    #[arg(short, long)]
-    pub prompt: Option<String>,
-    /// The prompt as comma-separated token ids.
-    #[arg(long)]
-    pub ids: Option<String>,
+    #[command(flatten)]
+    pub prompt: PromptArgs,
     /// Greedy tokens to decode after the prompt.
     #[arg(long, default_value_t = 0)]
     pub greedy: usize,
@@ -34,7 +31,7 @@ struct EvalJson {
 
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
-    let prompt = prompt_ids(&loaded, a.prompt.as_deref(), a.ids.as_deref())?;
+    let prompt = a.prompt.ids(&loaded)?;
     let mut exec = a.model.executor(&loaded)?;
     let vocab = exec.vocab_size();
     let capacity = prompt.len() + a.greedy;

@@ -8,7 +8,7 @@ use anelm_engine::{Event, GenerateParams, Input, Message, SamplingParams, Sessio
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::common::{prompt_ids, ModelArgs};
+use super::common::{ModelArgs, PromptArgs};
 
 /// The sampling flags, shared by `run` and `chat`.
 #[derive(clap::Args, Clone, Debug)]
@@ -83,12 +83,8 @@ impl SamplingArgs {
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The prompt text (tokenized with special tokens added and parsed, as llama.cpp does).
-    #[arg(short, long)]
-    pub prompt: Option<String>,
-    /// The prompt as comma-separated token ids.
-    #[arg(long)]
-    pub ids: Option<String>,
+    #[command(flatten)]
+    pub prompt: PromptArgs,
     /// Send --prompt as a user message through the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -137,13 +133,13 @@ struct LogprobJson {
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let prompt = if a.chat {
-        let text = a.prompt.as_deref().context("--chat needs a --prompt")?;
-        if a.ids.is_some() {
+        let text = a.prompt.prompt.as_deref().context("--chat needs a --prompt")?;
+        if a.prompt.ids.is_some() {
             bail!("--chat takes --prompt, not --ids");
         }
         chat_ids(&loaded, &[Message::user(text)])?
     } else {
-        prompt_ids(&loaded, a.prompt.as_deref(), a.ids.as_deref())?
+        a.prompt.ids(&loaded)?
     };
     let mut exec = a.model.executor(&loaded)?;
     let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
