@@ -1,33 +1,18 @@
 //! The CPU engine against Hugging Face transformers on the tiny random-weight fixtures
 //! (../shared/fixtures/hf-tiny): argmax at every prompt position, the last four logit rows within
-//! 1e-4, and 16 greedy tokens decoded through the KV cache — from safetensors and from GGUF.
+//! 1e-4, and 16 greedy tokens decoded through the KV cache (and the recurrent state of the
+//! DeltaNet layers) — from safetensors and from GGUF, for the dense, MoE and hybrid families.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anelm_cpu::CpuExecutor;
 use anelm_model::{Executor, Logits};
+use anelm_testkit::{argmax, ids, tiny, DENSE_TINY as DENSE, MOE_HYBRID_TINY, TINY_WITH_GGUF as WITH_GGUF};
 use serde_json::Value;
 
-const DENSE: [&str; 8] = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "gpt2"];
-const WITH_GGUF: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
+fn fixtures() -> std::path::PathBuf {
+    anelm_testkit::shared("fixtures/hf-tiny")
 }
 
 /// Checks one model file against the arch's reference; returns the largest logit difference.
@@ -71,6 +56,14 @@ fn dense_safetensors_match_transformers() {
     for arch in DENSE {
         let d = check(arch, &fixtures().join(arch));
         println!("{arch:8} safetensors: max |logit diff| {d:.2e}");
+    }
+}
+
+#[test]
+fn moe_and_hybrid_safetensors_match_transformers() {
+    for arch in MOE_HYBRID_TINY {
+        let d = check(arch, &tiny(arch));
+        println!("{arch:12} safetensors: max |logit diff| {d:.2e}");
     }
 }
 

@@ -36,10 +36,11 @@ impl Session {
         self.truncate(0);
     }
 
-    /// Keeps only the first `len` tokens.
+    /// Keeps at most the first `len` tokens (fewer when the state cannot go back that far).
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
         self.state.truncate(self.tokens.len());
+        self.tokens.truncate(self.state.len());
     }
 
     /// Makes the session hold exactly `prompt` and writes the logits after its last token into
@@ -66,8 +67,8 @@ impl Session {
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let reused = common.min(prompt.len() - 1);
-        self.truncate(reused);
+        self.truncate(common.min(prompt.len() - 1));
+        let reused = self.tokens.len();
         let rest = &prompt[reused..];
         let n_chunks = rest.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {

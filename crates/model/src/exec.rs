@@ -12,7 +12,9 @@ pub trait KvState: Any + Send {
     }
     /// Positions the state can hold.
     fn capacity(&self) -> usize;
-    /// Forgets every position from `len` on (prefix reuse, speculative rollback).
+    /// Forgets every position from `len` on (prefix reuse, speculative rollback). A state that
+    /// cannot go back (a recurrent one) may keep fewer positions, down to none: callers read
+    /// [`KvState::len`] afterwards.
     fn truncate(&mut self, len: usize);
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }

@@ -11,6 +11,8 @@ pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The dense tiny HF fixtures (../shared/fixtures/hf-tiny).
 pub const DENSE_TINY: [&str; 8] = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "gpt2"];
+/// The tiny mixture-of-experts and hybrid (gated DeltaNet) fixtures.
+pub const MOE_HYBRID_TINY: [&str; 5] = ["qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"];
 /// The tiny fixtures that also ship a model.gguf.
 pub const TINY_WITH_GGUF: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 
