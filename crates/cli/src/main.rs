@@ -35,6 +35,10 @@ enum Command {
     Mil(cmd::mil::Args),
     /// Prompt-processing and generation speed (tok/s), weight bandwidth and peak RSS.
     Bench(cmd::bench::Args),
+    /// What this machine offers the ANE path: libraries, classes, chip, and why not if not.
+    Info(cmd::info::Args),
+    /// Compile one 1×1 conv, run it on the ANE through a driver, compare with the CPU.
+    Probe(cmd::probe::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Mil(a) => cmd::mil::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Probe(a) => cmd::probe::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

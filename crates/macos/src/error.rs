@@ -128,7 +128,7 @@ pub struct Unavailable {
 pub enum MacError {
     /// No ANE here: a framework did not load, or lacks a class or method the driver calls.
     #[error("no ANE here: {0}")]
-    Unavailable(#[from] Unavailable),
+    Unavailable(Unavailable),
     /// An Objective-C call failed with an `NSError`.
     #[error("{step} ({call}): {error}")]
     Call { step: Step, call: &'static str, kind: NsErrorKind, error: NsErrorInfo },
@@ -151,6 +151,14 @@ pub enum MacError {
     /// `@model_path`, a tensor of an unsupported type, …).
     #[error("{0}")]
     Invalid(String),
+}
+
+// Not `#[from]`: that would make the Unavailable the error's source too, and error chains
+// (anyhow's `{:#}`) would print it twice.
+impl From<Unavailable> for MacError {
+    fn from(u: Unavailable) -> MacError {
+        MacError::Unavailable(u)
+    }
 }
 
 impl MacError {

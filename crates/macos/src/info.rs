@@ -59,7 +59,7 @@ impl SystemReport {
             (Ok(()), Err(e)) => format!("ANE: available through the private driver; Core ML is not ({e})"),
             (Err(e), Ok(())) => format!("ANE: available through Core ML only; the private driver is not ({e})"),
             (Err(e), Err(_)) if !self.platform.starts_with("macos/") => {
-                format!("ANE: none — this is {}, and the Apple Neural Engine is reachable only on macOS on Apple silicon ({e})", self.platform)
+                format!("ANE: none — this is {}; the Apple Neural Engine is reachable only on macOS on Apple silicon ({e})", self.platform)
             }
             (Err(e), Err(_)) => format!("ANE: unavailable — {e}"),
         }
@@ -76,9 +76,9 @@ mod tests {
 
     #[test]
     fn verdicts() {
-        let no = || Err("no ANE here: libobjc (/usr/lib/libobjc.A.dylib) is not available: cannot open".to_string());
+        let no = || Err("no ANE here: libobjc is not available: /usr/lib/libobjc.A.dylib: cannot open".to_string());
         let v = report(no(), no(), "linux/x86_64").verdict();
-        assert!(v.starts_with("ANE: none — this is linux/x86_64") && v.contains("libobjc") && !v.contains('\n'), "{v}");
+        assert!(v.starts_with("ANE: none — this is linux/x86_64;") && v.contains("libobjc") && !v.contains('\n'), "{v}");
         assert!(report(no(), no(), "macos/x86_64").verdict().starts_with("ANE: unavailable — no ANE here"));
         assert_eq!(report(Ok(()), Ok(()), "macos/aarch64").verdict(), "ANE: available through the private driver and Core ML");
         assert!(report(no(), Ok(()), "macos/aarch64").verdict().starts_with("ANE: available through Core ML only"));

@@ -22,6 +22,35 @@ impl Planar {
     pub fn bytes(&self) -> usize {
         self.channels * self.channel_stride
     }
+
+    /// Writes channel-major values (`values[c * width + w]`) into `out`; padding is untouched.
+    pub fn write_f32(&self, values: &[f32], out: &mut [u8]) -> Result<()> {
+        self.check(values.len(), out.len())?;
+        let e = self.dtype.bytes();
+        for (i, &v) in values.iter().enumerate() {
+            let to = &mut out[(i / self.width) * self.channel_stride + (i % self.width) * e..][..e];
+            match self.dtype {
+                ElemType::Fp16 => to.copy_from_slice(&f16::from_f32(v).to_le_bytes()),
+                ElemType::Fp32 => to.copy_from_slice(&v.to_le_bytes()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the buffer as channel-major values.
+    pub fn read_f32(&self, bytes: &[u8]) -> Result<Vec<f32>> {
+        self.check(self.channels * self.width, bytes.len())?;
+        let t = ArrayType::of(self.dtype);
+        let e = self.dtype.bytes();
+        Ok((0..self.channels * self.width).map(|i| t.read(&bytes[(i / self.width) * self.channel_stride + (i % self.width) * e..][..e])).collect())
+    }
+
+    fn check(&self, values: usize, bytes: usize) -> Result<()> {
+        if values != self.channels * self.width || bytes < self.bytes() || self.channel_stride < self.width * self.dtype.bytes() {
+            return Err(MacError::Invalid(format!("{values} values in a buffer of {bytes} bytes do not fit [1, {}, 1, {}] with channel stride {}", self.channels, self.width, self.channel_stride)));
+        }
+        Ok(())
+    }
 }
 
 /// `MLMultiArrayDataType` (an `NSInteger` enum: kind bits | element bits).
@@ -182,6 +211,21 @@ mod tests {
         let mut out = vec![0u8; 128];
         copy_into_planar(&src, &bytes, &dst, &mut out).unwrap();
         assert_eq!(f32::from_le_bytes(out[64..68].try_into().unwrap()), -2.0);
+    }
+
+    #[test]
+    fn planar_values_round_trip_through_padded_rows() {
+        let p = Planar { dtype: ElemType::Fp16, channels: 2, width: 3, channel_stride: 64 };
+        let mut buf = vec![0xEEu8; 128];
+        p.write_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.5], &mut buf).unwrap();
+        assert_eq!(p.read_f32(&buf).unwrap(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.5]);
+        assert_eq!(&buf[64..66], &f16::from_f32(4.0).to_le_bytes());
+        assert_eq!(buf[6], 0xEE, "padding untouched");
+        let q = Planar { dtype: ElemType::Fp32, ..p };
+        q.write_f32(&[0.1; 6], &mut buf).unwrap();
+        assert_eq!(q.read_f32(&buf).unwrap(), [0.1; 6]);
+        assert!(p.write_f32(&[0.0; 5], &mut buf).is_err());
+        assert!(p.read_f32(&buf[..100]).is_err());
     }
 
     #[test]

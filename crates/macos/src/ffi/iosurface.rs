@@ -9,7 +9,7 @@ use libloading::Library;
 
 use super::foundation::{foundation, Foundation};
 use super::loader::{self, CORE_FOUNDATION, IOSURFACE};
-use super::objc::Id;
+use super::objc::{AutoreleasePool, Id};
 use crate::error::{MacError, Result, Unavailable};
 use crate::surface::{property_values, PROPERTY_KEYS};
 
@@ -101,6 +101,7 @@ impl IoSurface {
     pub fn new(bytes: usize) -> Result<IoSurface> {
         let api = iosurface()?;
         let fnd = api.fnd;
+        let _pool = AutoreleasePool::new(fnd.rt);
         let numbers = property_values(bytes).iter().map(|&v| fnd.number(v)).collect::<Result<Vec<_>>>()?;
         let entries: Vec<(Id, Id)> = api.keys.iter().zip(&numbers).map(|(k, n)| (k.0, n.id())).collect();
         let props = fnd.dictionary(&entries)?;

@@ -254,7 +254,7 @@ mod tests {
             assert!(objc().is_ok());
         } else {
             let e = objc().err().unwrap();
-            assert!(e.component.contains("/usr/lib/libobjc.A.dylib"), "{e}");
+            assert!(e.component == "libobjc" && e.reason.contains("/usr/lib/libobjc.A.dylib"), "{e}");
         }
     }
 
