@@ -7,6 +7,7 @@ use anelm_model::plan::{Attention, Ffn, Layer, Linear, Mixer, Norm};
 use anelm_model::{Model, ModelSource, Weight};
 
 use crate::error::Result;
+use crate::support::{attention, unsupported};
 
 fn f32_weight(w: &Weight) -> Result<Weight> {
     Ok(Weight::from_f32(&w.name, w.rows, w.cols, &w.to_f32()?))
@@ -32,8 +33,8 @@ fn norm(n: &Norm) -> Norm {
     }
 }
 
-fn layer(l: &Layer) -> Result<Layer> {
-    let a = l.attention();
+fn layer(l: &Layer, index: usize) -> Result<Layer> {
+    let a = attention(l, index)?;
     let attention = Attention {
         n_heads: a.n_heads,
         n_kv_heads: a.n_kv_heads,
@@ -48,6 +49,7 @@ fn layer(l: &Layer) -> Result<Layer> {
         o: linear(&a.o)?,
         q_norm: a.q_norm.as_ref().map(norm),
         k_norm: a.k_norm.as_ref().map(norm),
+        output_gate: None,
     };
     let ffn = match &l.ffn {
         Ffn::Gated {
@@ -66,6 +68,7 @@ fn layer(l: &Layer) -> Result<Layer> {
             up: linear(up)?,
             down: linear(down)?,
         },
+        Ffn::Moe(_) => return Err(unsupported(index, "a mixture-of-experts FFN")),
     };
     Ok(Layer {
         attn_norm: norm(&l.attn_norm),
@@ -93,7 +96,9 @@ pub fn dequantized(m: &Model) -> Result<Model> {
         embedding: copy(&m.embedding),
         embed_scale: m.embed_scale,
         pos_embedding: m.pos_embedding.as_ref().map(copy),
-        layers: m.layers.iter().map(layer).collect::<Result<_>>()?,
+        layers: (m.layers.iter().enumerate())
+            .map(|(i, l)| layer(l, i))
+            .collect::<Result<_>>()?,
         final_norm: norm(&m.final_norm),
         lm_head: f32_weight(&m.lm_head)?,
         final_softcap: m.final_softcap,

@@ -13,6 +13,7 @@ pub mod exec;
 pub mod lower;
 pub mod planar;
 pub mod strategy;
+pub mod support;
 pub mod unit;
 pub mod verify;
 

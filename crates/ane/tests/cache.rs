@@ -12,7 +12,7 @@ use anelm_model::{Executor, Logits};
 fn hits_misses_and_repairs() {
     let m = anelm_model::load(&anelm_testkit::tiny("llama")).unwrap();
     let opts = LoweringOptions::default();
-    let specs = projection_kernels(&m, &opts);
+    let specs = projection_kernels(&m, &opts).unwrap();
     let (a, b) = (
         build_unit(&m, &specs[0], &opts).unwrap().unit,
         build_unit(&m, &specs[2], &opts).unwrap().unit,

@@ -34,7 +34,7 @@ fn kernels_per_layer_and_what_they_contain() {
     ] {
         let m = tiny(family);
         let opts = LoweringOptions::default();
-        let specs = projection_kernels(&m, &opts);
+        let specs = projection_kernels(&m, &opts).unwrap();
         assert_eq!(specs.len(), 3 * m.n_layers() + 1, "{family}");
         for spec in &specs {
             let lowered = build_unit(&m, spec, &opts).unwrap();
@@ -104,7 +104,7 @@ fn a_tiled_head_gives_the_same_logits() {
         head_program_bytes: 2 * 200 * 64 * 2,
         ..Default::default()
     };
-    let specs = projection_kernels(&m, &opts);
+    let specs = projection_kernels(&m, &opts).unwrap();
     let heads: Vec<_> = specs
         .iter()
         .filter(|s| s.projection == Projection::Head)
@@ -124,4 +124,28 @@ fn a_tiled_head_gives_the_same_logits() {
     assert!(rel < 1e-3, "relative difference {rel}");
     let am = |v: &[f32]| v.chunks_exact(512).map(argmax).collect::<Vec<_>>();
     assert_eq!(am(&tiled), am(&whole));
+}
+
+#[test]
+fn mixtures_and_deltanet_layers_are_refused_with_a_clear_error() {
+    let opts = LoweringOptions::default();
+    for family in anelm_testkit::MOE_HYBRID_TINY {
+        let m = tiny(family);
+        let errors = [
+            projection_kernels(&m, &opts).err().map(|e| e.to_string()),
+            anelm_ane::lower::fused::fused_plan(&m, &opts)
+                .err()
+                .map(|e| e.to_string()),
+            anelm_ane::dequant::dequantized(&m)
+                .err()
+                .map(|e| e.to_string()),
+        ];
+        for e in errors {
+            let e = e.unwrap_or_else(|| panic!("{family}: lowered"));
+            assert!(
+                e.contains("layer 0") && e.contains("--device cpu"),
+                "{family}: {e}"
+            );
+        }
+    }
 }

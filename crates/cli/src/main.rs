@@ -8,7 +8,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "anelm", version, about = "Run decoder LLMs on the Apple Neural Engine, with a fast CPU engine beside it")]
+#[command(
+    name = "anelm",
+    version,
+    about = "Run decoder LLMs on the Apple Neural Engine, with a fast CPU engine beside it"
+)]
 struct Cli {
     /// More log output (-v info, -vv debug); ANELM_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -54,8 +58,12 @@ fn main() -> ExitCode {
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ANELM_LOG").unwrap_or_else(|_| level.into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("ANELM_LOG").unwrap_or_else(|_| level.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),

@@ -14,7 +14,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("ANELM_MODELS") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache/anelm/models")
 }
 
@@ -40,7 +42,9 @@ pub fn resolve(model: Option<&Path>) -> Result<PathBuf> {
 /// Runs `f`, showing a spinner with `msg` if it takes longer than a second.
 pub fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
     let bar = ProgressBar::hidden();
-    bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("static template"));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("static template"),
+    );
     bar.set_message(msg.to_string());
     let shown = bar.clone();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -61,6 +65,10 @@ pub fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
 /// Parses `1,2,3` into token ids.
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     s.split(',')
-        .map(|t| t.trim().parse::<u32>().with_context(|| format!("'{t}' is not a token id")))
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .with_context(|| format!("'{t}' is not a token id"))
+        })
         .collect()
 }

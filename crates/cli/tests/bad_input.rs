@@ -9,13 +9,26 @@ use anelm_formats::gguf_writer::GgufWriter;
 use anelm_formats::{GgmlType, MetaValue};
 
 fn anelm(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_anelm")).args(args).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Runs `anelm eval` on `model` and checks the failure is one clean line mentioning `needles`.
 fn expect_error(model: &Path, ids: &str, needles: &[&str]) {
-    let (code, stderr) = anelm(&["eval", "--model", model.to_str().unwrap(), "--ids", ids, "--json"]);
+    let (code, stderr) = anelm(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids,
+        "--json",
+    ]);
     assert_eq!(code, 1, "exit code; stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -41,7 +54,12 @@ fn tiny_llama() -> GgufWriter {
         .meta_str("tokenizer.ggml.pre", "gpt-2")
         .meta(
             "tokenizer.ggml.tokens",
-            MetaValue::Array(["a", "b", "c", "d"].iter().map(|s| MetaValue::Str(s.as_bytes().to_vec())).collect()),
+            MetaValue::Array(
+                ["a", "b", "c", "d"]
+                    .iter()
+                    .map(|s| MetaValue::Str(s.as_bytes().to_vec()))
+                    .collect(),
+            ),
         )
         .meta("tokenizer.ggml.merges", MetaValue::Array(vec![]));
     let m = |r: usize, c: usize| vec![0.01f32; r * c];
@@ -69,7 +87,14 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 fn a_valid_tiny_model_runs() {
     let d = tempfile::tempdir().unwrap();
     let p = write(d.path(), "ok.gguf", &tiny_llama().to_bytes());
-    let (code, stderr) = anelm(&["eval", "--model", p.to_str().unwrap(), "--ids", "1,2,3", "--json"]);
+    let (code, stderr) = anelm(&[
+        "eval",
+        "--model",
+        p.to_str().unwrap(),
+        "--ids",
+        "1,2,3",
+        "--json",
+    ]);
     assert_eq!(code, 0, "{stderr}");
 }
 
@@ -101,7 +126,11 @@ fn unknown_tensor_type() {
     let at = b.windows(name.len()).position(|x| x == name).unwrap() + name.len() + 4 + 8;
     b[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
     let p = write(d.path(), "type.gguf", &b);
-    expect_error(&p, "1", &["type.gguf", "unknown ggml type id 99", "blk.0.extra.weight"]);
+    expect_error(
+        &p,
+        "1",
+        &["type.gguf", "unknown ggml type id 99", "blk.0.extra.weight"],
+    );
 }
 
 #[test]
@@ -122,7 +151,11 @@ fn missing_tensor() {
     let at = b.windows(name.len()).position(|x| x == name).unwrap();
     b[at..at + name.len()].copy_from_slice(b"blk.0.attn_x.weight");
     let p = write(d.path(), "missing.gguf", &b);
-    expect_error(&p, "1", &["missing.gguf", "missing tensor 'blk.0.attn_q.weight'"]);
+    expect_error(
+        &p,
+        "1",
+        &["missing.gguf", "missing tensor 'blk.0.attn_q.weight'"],
+    );
 }
 
 #[test]
@@ -133,12 +166,20 @@ fn config_without_a_required_field() {
     let mut json: serde_json::Value = serde_json::from_str(&cfg).unwrap();
     json.as_object_mut().unwrap().remove("num_hidden_layers");
     std::fs::write(d.path().join("config.json"), json.to_string()).unwrap();
-    std::fs::copy(src.join("model.safetensors"), d.path().join("model.safetensors")).unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        d.path().join("model.safetensors"),
+    )
+    .unwrap();
     expect_error(d.path(), "1", &["config.json", "num_hidden_layers"]);
 }
 
 #[test]
 fn prompt_id_outside_the_vocabulary() {
     let model = anelm_testkit::tiny("llama");
-    expect_error(&model, "5,512", &["hf-tiny/llama", "token id 512", "outside the vocabulary"]);
+    expect_error(
+        &model,
+        "5,512",
+        &["hf-tiny/llama", "token id 512", "outside the vocabulary"],
+    );
 }

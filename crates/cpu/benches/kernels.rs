@@ -51,7 +51,11 @@ fn matrix(t: GgmlType) -> Vec<u8> {
         _ => &[0],
     };
     match t {
-        GgmlType::F32 => v = (0..ROWS * COLS).flat_map(|i| ((i % 17) as f32 * 0.01).to_le_bytes()).collect(),
+        GgmlType::F32 => {
+            v = (0..ROWS * COLS)
+                .flat_map(|i| ((i % 17) as f32 * 0.01).to_le_bytes())
+                .collect()
+        }
         GgmlType::F16 | GgmlType::BF16 => v.iter_mut().skip(1).step_by(2).for_each(|b| *b &= 0x3f),
         _ => {
             for block in v.chunks_exact_mut(t.block_bytes()) {
@@ -65,7 +69,9 @@ fn matrix(t: GgmlType) -> Vec<u8> {
 }
 
 fn activations(kind: ActKind, tokens: usize) -> (Q8Buf, Vec<f32>) {
-    let x: Vec<f32> = (0..tokens * COLS).map(|i| ((i * 7919) % 1000) as f32 * 0.002 - 1.0).collect();
+    let x: Vec<f32> = (0..tokens * COLS)
+        .map(|i| ((i * 7919) % 1000) as f32 * 0.002 - 1.0)
+        .collect();
     let mut q = Q8Buf::new(kind, tokens, COLS);
     if kind != ActKind::F32 {
         for t in 0..tokens {
@@ -94,7 +100,8 @@ fn run(b: Bencher, t: GgmlType, isa: Isa, tokens: usize) {
                     unsafe { f(row, &xs, &mut out[..tokens]) };
                 }
                 Kernel::F32(f) | Kernel::Dequant(f) => {
-                    let xs: Vec<&[f32]> = (0..tokens).map(|i| &x[i * COLS..(i + 1) * COLS]).collect();
+                    let xs: Vec<&[f32]> =
+                        (0..tokens).map(|i| &x[i * COLS..(i + 1) * COLS]).collect();
                     // SAFETY: as above.
                     unsafe { f(row, &xs, &mut out[..tokens]) };
                 }
@@ -129,7 +136,8 @@ fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
     }
     let w = matrix(t);
     let rb = w.len() / ROWS;
-    let p = packed::pack(t, ROWS, COLS / 32, |r| &w[r * rb..(r + 1) * rb], |_| {}).expect("a packable type");
+    let p = packed::pack(t, ROWS, COLS / 32, |r| &w[r * rb..(r + 1) * rb], |_| {})
+        .expect("a packable type");
     let lay = packed::Layout::of(t).expect("a packable type");
     let (q, _) = activations(ActKind::Q8B32, T);
     let group = COLS / 32 * lay.column();
@@ -138,7 +146,14 @@ fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
         let xs: Vec<_> = (0..T).map(|i| q.row(i)).collect();
         for g in 0..ROWS / packed::ROWS {
             // SAFETY: AVX-512 is available.
-            unsafe { anelm_cpu::kernels::x86::packed_dot(&p.data[g * group..(g + 1) * group], lay, &xs, &mut out) };
+            unsafe {
+                anelm_cpu::kernels::x86::packed_dot(
+                    &p.data[g * group..(g + 1) * group],
+                    lay,
+                    &xs,
+                    &mut out,
+                )
+            };
         }
         divan::black_box(&out);
     });

@@ -29,7 +29,11 @@ fn stream_read(b: Bencher, threads: usize) {
     b.counter(BytesCount::new(BYTES)).bench_local(|| {
         std::thread::scope(|s| {
             let hs: Vec<_> = buf.chunks(part).map(|c| s.spawn(move || fold(c))).collect();
-            divan::black_box(hs.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, |a, b| a ^ b))
+            divan::black_box(
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or(0))
+                    .fold(0, |a, b| a ^ b),
+            )
         })
     });
 }

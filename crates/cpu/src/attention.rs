@@ -20,14 +20,33 @@ pub struct Cache<'a, E> {
 /// position `pos`) over the cached positions `0..=pos`, or the window ending there. `scores` is
 /// scratch of at least `g × (pos + 1)` values.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_group<E: KvElem>(isa: Isa, a: &Attention, kvh: usize, q: &[f32], pos: usize, cache: &Cache<'_, E>, scores: &mut [f32], out: &mut [f32]) {
+pub fn attend_group<E: KvElem>(
+    isa: Isa,
+    a: &Attention,
+    kvh: usize,
+    q: &[f32],
+    pos: usize,
+    cache: &Cache<'_, E>,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     let hd = a.head_dim;
     let g = a.n_heads / a.n_kv_heads;
     let start = a.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let n = pos + 1 - start;
     let at = start * cache.kv_dim + kvh * hd;
     let scores = &mut scores[..g * n];
-    E::scores(isa, q, g, hd, &cache.k[at..], cache.kv_dim, n, a.scale, scores);
+    E::scores(
+        isa,
+        q,
+        g,
+        hd,
+        &cache.k[at..],
+        cache.kv_dim,
+        n,
+        a.scale,
+        scores,
+    );
     for row in scores.chunks_exact_mut(n) {
         if let Some(cap) = a.softcap {
             softcap(row, cap);

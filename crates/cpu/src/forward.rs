@@ -14,14 +14,18 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anelm_model::plan::{Activation, Ffn, Layer, Linear};
+use anelm_model::plan::{
+    Activation, Attention, DeltaNet, Ffn, GatedMlp, Layer, Linear, Mixer, Moe, Norm,
+};
 use anelm_model::{ExecError, Executor, KvState, Logits, Model, Weight};
 
 use crate::attention::{attend_group, Cache};
-use crate::kernels::{select, select_exact, Kernel};
-use crate::kv::{CpuKv, KvData, KvDtype, Layers};
+use crate::deltanet;
 use crate::kernels::packed::Packed;
+use crate::kernels::{select, select_exact, Kernel};
+use crate::kv::{CpuKv, KvData, KvDtype, Layers, Recurrent};
 use crate::matmul::{matmul, pack_for, Input};
+use crate::moe::route;
 use crate::ops::{norm_row, rope_head, softcap};
 use crate::pool::{physical_cores, Ctx, Pool};
 use crate::q8::{ActKind, Q8Buf};
@@ -66,17 +70,49 @@ pub struct CpuExecutor {
 impl CpuExecutor {
     /// An executor running on `threads` threads (0: one per physical core).
     pub fn new(model: Arc<Model>, threads: usize) -> Self {
-        Self::with_options(model, CpuOptions { threads, ..CpuOptions::default() })
+        Self::with_options(
+            model,
+            CpuOptions {
+                threads,
+                ..CpuOptions::default()
+            },
+        )
     }
 
     pub fn with_options(model: Arc<Model>, opts: CpuOptions) -> Self {
-        let threads = if opts.threads == 0 { physical_cores() } else { opts.threads };
-        let isa = opts.isa.filter(|i| Isa::available().contains(i)).unwrap_or_else(Isa::detect);
-        let kv = opts.kv.unwrap_or_else(|| if all_quantized(&model) && !opts.exact { KvDtype::F16 } else { KvDtype::F32 });
+        let threads = if opts.threads == 0 {
+            physical_cores()
+        } else {
+            opts.threads
+        };
+        let isa = opts
+            .isa
+            .filter(|i| Isa::available().contains(i))
+            .unwrap_or_else(Isa::detect);
+        let kv = opts.kv.unwrap_or_else(|| {
+            if all_quantized(&model) && !opts.exact {
+                KvDtype::F16
+            } else {
+                KvDtype::F32
+            }
+        });
         let bufs = Buffers::new(&Dims::of(&model), 0, threads);
-        let packed = if opts.exact { HashMap::new() } else { pack_all(&model, isa) };
+        let packed = if opts.exact {
+            HashMap::new()
+        } else {
+            pack_all(&model, isa)
+        };
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        CpuExecutor { model, pool: Pool::new(threads), isa, kv, id, bufs, exact: opts.exact, packed }
+        CpuExecutor {
+            model,
+            pool: Pool::new(threads),
+            isa,
+            kv,
+            id,
+            bufs,
+            exact: opts.exact,
+            packed,
+        }
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -96,12 +132,20 @@ impl CpuExecutor {
     }
 }
 
+fn mlp_linears(m: &GatedMlp) -> [&Linear; 3] {
+    [&m.gate, &m.up, &m.down]
+}
+
 fn linears(l: &Layer) -> Vec<&Linear> {
-    let a = l.attention();
-    let mut v = vec![&a.q, &a.k, &a.v, &a.o];
+    let mut v = l.mixer.linears();
+    let mlp = mlp_linears;
     match &l.ffn {
         Ffn::Gated { gate, up, down, .. } => v.extend([gate, up, down]),
         Ffn::Plain { up, down, .. } => v.extend([up, down]),
+        Ffn::Moe(m) => {
+            v.extend(m.experts.iter().flat_map(mlp));
+            v.extend(m.shared.iter().flat_map(|s| mlp(&s.mlp)));
+        }
     }
     v
 }
@@ -111,7 +155,12 @@ fn linears(l: &Layer) -> Vec<&Linear> {
 fn pack_all(m: &Model, isa: Isa) -> HashMap<usize, Packed> {
     let maps = crate::mem::file_mappings();
     let mut out = HashMap::new();
-    let weights = m.layers.iter().flat_map(linears).map(|l| &l.weight).chain(std::iter::once(&m.lm_head));
+    let weights = m
+        .layers
+        .iter()
+        .flat_map(linears)
+        .map(|l| &l.weight)
+        .chain(std::iter::once(&m.lm_head));
     for w in weights {
         let all = w.bytes();
         let rb = all.len() / w.rows.max(1);
@@ -123,14 +172,24 @@ fn pack_all(m: &Model, isa: Isa) -> HashMap<usize, Packed> {
 }
 
 fn all_quantized(m: &Model) -> bool {
-    m.layers.iter().flat_map(linears).all(|l| l.weight.dtype.is_quantized())
+    m.layers
+        .iter()
+        .flat_map(linears)
+        .all(|l| l.weight.dtype.is_quantized())
 }
 
 /// Widths of the activation buffers (the largest over the layers).
 struct Dims {
     hidden: usize,
+    /// Queries, or a DeltaNet's `q | k | v` projection.
     q: usize,
     kv: usize,
+    /// An attention output gate, or a DeltaNet's `z`.
+    z: usize,
+    /// A DeltaNet's value heads (`b`, `a`).
+    heads: usize,
+    /// Router logits of a mixture of experts.
+    experts: usize,
     ffn: usize,
     /// The longest weight row in values (dequantisation scratch).
     cols: usize,
@@ -141,18 +200,39 @@ struct Dims {
 impl Dims {
     fn of(m: &Model) -> Dims {
         let max = |f: &dyn Fn(&Layer) -> usize| m.layers.iter().map(f).max().unwrap_or(0);
+        let attn = |f: &dyn Fn(&Attention) -> usize| max(&|l| l.attention().map_or(0, f));
+        let dn = |f: &dyn Fn(&DeltaNet) -> usize| {
+            max(&|l| match &l.mixer {
+                Mixer::DeltaNet(d) => f(d),
+                Mixer::Attention(_) => 0,
+            })
+        };
         Dims {
             hidden: m.config.hidden_size,
-            q: max(&|l| l.attention().n_heads * l.attention().head_dim),
-            kv: max(&|l| l.attention().n_kv_heads * l.attention().head_dim),
+            q: attn(&|a| a.n_heads * a.head_dim).max(dn(&|d| d.conv_channels())),
+            kv: attn(&|a| a.n_kv_heads * a.head_dim),
+            z: attn(&|a| a.output_gate.as_ref().map_or(0, |g| g.out_features()))
+                .max(dn(&|d| d.n_v_heads * d.v_dim)),
+            heads: dn(&|d| d.n_v_heads),
+            experts: max(&|l| match &l.ffn {
+                Ffn::Moe(moe) => moe.router.rows,
+                _ => 0,
+            }),
             ffn: max(&|l| l.ffn.hidden_features()),
-            cols: m.layers.iter().flat_map(linears).map(|l| l.in_features()).max().unwrap_or(0).max(m.config.hidden_size),
-            rope: max(&|l| l.attention().rope.as_ref().map_or(0, |r| r.dims)),
+            cols: m
+                .layers
+                .iter()
+                .flat_map(linears)
+                .map(|l| l.in_features())
+                .max()
+                .unwrap_or(0)
+                .max(m.config.hidden_size),
+            rope: attn(&|a| a.rope.as_ref().map_or(0, |r| r.dims)),
         }
     }
 
     fn widest(&self) -> usize {
-        self.hidden.max(self.q).max(self.ffn)
+        self.hidden.max(self.q).max(self.z).max(self.ffn)
     }
 }
 
@@ -170,6 +250,13 @@ struct Buffers {
     o: Vec<f32>,
     g: Vec<f32>,
     u: Vec<f32>,
+    /// Attention output gate or DeltaNet `z`.
+    z: Vec<f32>,
+    /// DeltaNet `b` and `a`.
+    b: Vec<f32>,
+    a: Vec<f32>,
+    /// Router logits.
+    r: Vec<f32>,
     own: Vec<Mutex<Private>>,
 }
 
@@ -185,6 +272,12 @@ struct Private {
     scratch: Vec<f32>,
     /// RoPE's cos and sin per token of the current layer.
     angles: Vec<f32>,
+    /// Mixture of experts: the normalised inputs, the weighted sum of the experts, the routes.
+    moe_x: Vec<f32>,
+    moe_acc: Vec<f32>,
+    routes: Vec<Vec<(usize, f32)>>,
+    probs: Vec<f32>,
+    picked: Vec<(usize, f32)>,
 }
 
 impl Buffers {
@@ -200,6 +293,10 @@ impl Buffers {
             o: z(d.hidden),
             g: z(d.ffn),
             u: z(d.ffn),
+            z: z(d.z),
+            b: z(d.heads),
+            a: z(d.heads),
+            r: z(d.experts),
             own: (0..threads)
                 .map(|_| {
                     Mutex::new(Private {
@@ -210,6 +307,19 @@ impl Buffers {
                         q8k: Q8Buf::new(ActKind::Q8K, cap, widest.next_multiple_of(256)),
                         scratch: vec![0.0; d.cols],
                         angles: vec![0.0; cap * d.rope],
+                        moe_x: if d.experts > 0 {
+                            z(d.hidden)
+                        } else {
+                            Vec::new()
+                        },
+                        moe_acc: if d.experts > 0 {
+                            z(d.hidden)
+                        } else {
+                            Vec::new()
+                        },
+                        routes: vec![Vec::new(); d.experts],
+                        probs: Vec::new(),
+                        picked: Vec::new(),
                     })
                 })
                 .collect(),
@@ -221,14 +331,42 @@ impl Executor for CpuExecutor {
     fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
         let max = self.model.max_positions();
         if capacity > max {
-            return Err(ExecError::ContextFull { needed: capacity, capacity: max });
+            return Err(ExecError::ContextFull {
+                needed: capacity,
+                capacity: max,
+            });
         }
-        let dims: Vec<usize> = self.model.layers.iter().map(|l| l.attention().n_kv_heads * l.attention().head_dim).collect();
-        Ok(Box::new(CpuKv::new(&dims, capacity, self.kv, self.id)))
+        let layers = &self.model.layers;
+        let dims: Vec<usize> = layers
+            .iter()
+            .map(|l| l.attention().map_or(0, |a| a.n_kv_heads * a.head_dim))
+            .collect();
+        let recurrent: Vec<(usize, usize)> = layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => (
+                    d.conv_channels() * (d.conv_kernel - 1),
+                    d.n_v_heads * d.k_dim * d.v_dim,
+                ),
+                Mixer::Attention(_) => (0, 0),
+            })
+            .collect();
+        Ok(Box::new(CpuKv::new(
+            &dims, &recurrent, capacity, self.kv, self.id,
+        )))
     }
 
-    fn forward(&mut self, state: &mut dyn KvState, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<(), ExecError> {
-        let kv = state.as_any_mut().downcast_mut::<CpuKv>().ok_or(ExecError::ForeignState)?;
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let kv = state
+            .as_any_mut()
+            .downcast_mut::<CpuKv>()
+            .ok_or(ExecError::ForeignState)?;
         if kv.owner != self.id {
             return Err(ExecError::ForeignState);
         }
@@ -241,7 +379,10 @@ impl Executor for CpuExecutor {
             return Err(ExecError::TokenOutOfRange { id, vocab });
         }
         if kv.len + tokens.len() > kv.capacity {
-            return Err(ExecError::ContextFull { needed: kv.len + tokens.len(), capacity: kv.capacity });
+            return Err(ExecError::ContextFull {
+                needed: kv.len + tokens.len(),
+                capacity: kv.capacity,
+            });
         }
         let n = tokens.len();
         let want = n - logits.rows(n)..n;
@@ -252,11 +393,29 @@ impl Executor for CpuExecutor {
             self.bufs = Buffers::new(&Dims::of(&self.model), cap, self.pool.threads());
         }
         // Attention scores span the whole cache, for a group of heads.
-        let group = self.model.layers.iter().map(|l| l.attention().n_heads / l.attention().n_kv_heads).max().unwrap_or(1);
+        let group = self
+            .model
+            .layers
+            .iter()
+            .filter_map(|l| l.attention())
+            .map(|a| a.n_heads / a.n_kv_heads)
+            .max()
+            .unwrap_or(1);
+        let dn_scratch = self
+            .model
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => deltanet::scratch_len(d),
+                Mixer::Attention(_) => 0,
+            })
+            .max()
+            .unwrap_or(0);
         for p in &self.bufs.own {
             let s = &mut p.lock().unwrap_or_else(|e| e.into_inner()).scratch;
-            if s.len() < kv.capacity * group {
-                s.resize(kv.capacity * group, 0.0);
+            let need = (kv.capacity * group).max(dn_scratch);
+            if s.len() < need {
+                s.resize(need, 0.0);
             }
         }
 
@@ -266,13 +425,32 @@ impl Executor for CpuExecutor {
             // Rows of logits inside this chunk, relative to the chunk and to `out`.
             let lo = want.start.max(done);
             let hi = done + len;
-            let (rows, out_rows) = if lo < hi { (lo - done..hi - done, lo - want.start..hi - want.start) } else { (0..0, 0..0) };
-            let chunk = Chunk { tokens: &tokens[done..done + len], p0: kv.len, rows };
+            let (rows, out_rows) = if lo < hi {
+                (lo - done..hi - done, lo - want.start..hi - want.start)
+            } else {
+                (0..0, 0..0)
+            };
+            let chunk = Chunk {
+                tokens: &tokens[done..done + len],
+                p0: kv.len,
+                rows,
+            };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
-            let env = Env { m: &self.model, pool: &self.pool, isa: self.isa, exact: self.exact, packed: &self.packed };
+            let env = Env {
+                m: &self.model,
+                pool: &self.pool,
+                isa: self.isa,
+                exact: self.exact,
+                packed: &self.packed,
+            };
+            let rec = &mut kv.recurrent;
             match &mut kv.data {
-                KvData::F32(l) => run_chunk(&env, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
-                KvData::F16(l) => run_chunk(&env, &mut self.bufs, l, kv.capacity, &chunk, out_chunk),
+                KvData::F32(l) => {
+                    run_chunk(&env, &mut self.bufs, l, rec, kv.capacity, &chunk, out_chunk)
+                }
+                KvData::F16(l) => {
+                    run_chunk(&env, &mut self.bufs, l, rec, kv.capacity, &chunk, out_chunk)
+                }
             }
             kv.len += len;
             done += len;
@@ -304,8 +482,14 @@ struct Views<'a, E> {
     o: SharedSlice<'a, f32>,
     g: SharedSlice<'a, f32>,
     u: SharedSlice<'a, f32>,
+    z: SharedSlice<'a, f32>,
+    b: SharedSlice<'a, f32>,
+    a: SharedSlice<'a, f32>,
+    r: SharedSlice<'a, f32>,
     kc: SharedSlice<'a, E>,
     vc: SharedSlice<'a, E>,
+    conv: SharedSlice<'a, f32>,
+    s: SharedSlice<'a, f32>,
     out: SharedSlice<'a, f32>,
 }
 
@@ -318,7 +502,15 @@ struct Env<'a> {
     packed: &'a HashMap<usize, Packed>,
 }
 
-fn run_chunk<E: KvElem>(env: &Env<'_>, b: &mut Buffers, cache: &mut Layers<E>, capacity: usize, c: &Chunk<'_>, out: &mut [f32]) {
+fn run_chunk<E: KvElem>(
+    env: &Env<'_>,
+    b: &mut Buffers,
+    cache: &mut Layers<E>,
+    rec: &mut Recurrent,
+    capacity: usize,
+    c: &Chunk<'_>,
+    out: &mut [f32],
+) {
     let (m, isa) = (env.m, env.isa);
     let views = Views {
         q: SharedSlice::new(&mut b.q),
@@ -328,21 +520,42 @@ fn run_chunk<E: KvElem>(env: &Env<'_>, b: &mut Buffers, cache: &mut Layers<E>, c
         o: SharedSlice::new(&mut b.o),
         g: SharedSlice::new(&mut b.g),
         u: SharedSlice::new(&mut b.u),
+        z: SharedSlice::new(&mut b.z),
+        b: SharedSlice::new(&mut b.b),
+        a: SharedSlice::new(&mut b.a),
+        r: SharedSlice::new(&mut b.r),
         kc: SharedSlice::new(&mut cache.k),
         vc: SharedSlice::new(&mut cache.v),
+        conv: SharedSlice::new(&mut rec.conv),
+        s: SharedSlice::new(&mut rec.s),
         out: SharedSlice::new(out),
     };
     let own = &b.own;
     let offsets = &cache.offset;
+    let (conv_at, s_at) = (&rec.conv_offset, &rec.s_offset);
     env.pool.run(|ctx| {
         let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
-        let mut f = Forward { m, isa, exact: env.exact, packed: env.packed, ctx, v: &views, c, n: c.tokens.len(), capacity, p: &mut p };
+        let mut f = Forward {
+            m,
+            isa,
+            exact: env.exact,
+            packed: env.packed,
+            ctx,
+            v: &views,
+            c,
+            n: c.tokens.len(),
+            capacity,
+            p: &mut p,
+        };
         // SAFETY (for every step): each step writes only the shared rows or elements its thread
         // claimed, and a barrier separates it from the steps that read them.
         unsafe {
             f.embed();
             for (li, layer) in m.layers.iter().enumerate() {
-                f.attention(layer, offsets[li]);
+                match &layer.mixer {
+                    Mixer::Attention(a) => f.attention(layer, a, offsets[li]),
+                    Mixer::DeltaNet(d) => f.deltanet(layer, d, conv_at[li], s_at[li]),
+                }
                 f.ffn(layer);
             }
             f.head();
@@ -404,7 +617,14 @@ impl<E: KvElem> Forward<'_, E> {
     }
 
     /// `out = x Wᵀ + b` for this thread's prepared inputs; see [`matmul`] for `align`/`done`.
-    fn product(&mut self, w: &Weight, bias: Option<&[f32]>, out: &SharedSlice<'_, f32>, align: usize, done: impl FnMut(Range<usize>, Range<usize>)) {
+    fn product(
+        &mut self,
+        w: &Weight,
+        bias: Option<&[f32]>,
+        out: &SharedSlice<'_, f32>,
+        align: usize,
+        done: impl FnMut(Range<usize>, Range<usize>),
+    ) {
         let (n, cols) = (self.n, w.cols);
         let kernel = self.kernel(w);
         let p = &mut *self.p;
@@ -414,7 +634,19 @@ impl<E: KvElem> Forward<'_, E> {
             ActKind::Q8K => Input::Q8(&p.q8k),
         };
         let packed = self.packed.get(&(w as *const Weight as usize));
-        matmul(self.ctx, kernel, w, bias, input, n, out, &mut p.scratch, packed, align, done);
+        matmul(
+            self.ctx,
+            kernel,
+            w,
+            bias,
+            input,
+            n,
+            out,
+            &mut p.scratch,
+            packed,
+            align,
+            done,
+        );
     }
 
     fn linear(&mut self, lin: &Linear, out: &SharedSlice<'_, f32>) {
@@ -422,7 +654,7 @@ impl<E: KvElem> Forward<'_, E> {
     }
 
     /// `xn = norm(x)` for every token.
-    fn norm_into_xn(&mut self, norm: &anelm_model::plan::Norm) {
+    fn norm_into_xn(&mut self, norm: &Norm) {
         let h = self.m.config.hidden_size;
         let p = &mut *self.p;
         for t in 0..self.n {
@@ -433,23 +665,17 @@ impl<E: KvElem> Forward<'_, E> {
     }
 
     /// `x += post_norm(o)` for every token.
-    unsafe fn residual(&mut self, post: Option<&anelm_model::plan::Norm>) {
-        let h = self.m.config.hidden_size;
+    unsafe fn residual(&mut self, post: Option<&Norm>) {
+        let o = self.v.o.range(0..self.n * self.m.config.hidden_size);
+        add_residual(self.p, self.m.config.hidden_size, self.n, o, post);
+    }
+
+    /// `x += post_norm(moe_acc)` for every token.
+    fn residual_moe(&mut self, post: Option<&Norm>) {
         let p = &mut *self.p;
-        let o = self.v.o.range(0..self.n * h);
-        for t in 0..self.n {
-            let x = &mut p.x[t * h..(t + 1) * h];
-            let ot = &o[t * h..(t + 1) * h];
-            match post {
-                Some(pn) => {
-                    let tmp = &mut p.scratch[..h];
-                    tmp.copy_from_slice(ot);
-                    norm_row(pn, tmp);
-                    x.iter_mut().zip(tmp.iter()).for_each(|(x, o)| *x += o);
-                }
-                None => x.iter_mut().zip(ot).for_each(|(x, o)| *x += o),
-            }
-        }
+        let acc = std::mem::take(&mut p.moe_acc);
+        add_residual(p, self.m.config.hidden_size, self.n, &acc, post);
+        p.moe_acc = acc;
     }
 
     fn embed(&mut self) {
@@ -458,27 +684,38 @@ impl<E: KvElem> Forward<'_, E> {
         for t in 0..self.n {
             let row = &mut p.x[t * h..(t + 1) * h];
             let id = self.c.tokens[t] as usize;
-            m.embedding.dequantize_row(id, row).expect("embedding rows are whole blocks (checked at load)");
+            m.embedding
+                .dequantize_row(id, row)
+                .expect("embedding rows are whole blocks (checked at load)");
             if let Some(sc) = m.embed_scale {
                 row.iter_mut().for_each(|v| *v *= sc);
             }
             if let Some(pe) = &m.pos_embedding {
                 let pos = &mut p.scratch[..h];
-                pe.dequantize_row(self.c.p0 + t, pos).expect("position rows are whole blocks (checked at load)");
+                pe.dequantize_row(self.c.p0 + t, pos)
+                    .expect("position rows are whole blocks (checked at load)");
                 row.iter_mut().zip(pos.iter()).for_each(|(v, p)| *v += p);
             }
         }
     }
 
-    unsafe fn attention(&mut self, layer: &Layer, cache_at: usize) {
+    unsafe fn attention(&mut self, layer: &Layer, a: &Attention, cache_at: usize) {
         let (ctx, v, n, isa) = (self.ctx, self.v, self.n, self.isa);
-        let a = layer.attention();
         let h = self.m.config.hidden_size;
-        let (hd, qd, kvd) = (a.head_dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim);
+        let (hd, qd, kvd) = (
+            a.head_dim,
+            a.n_heads * a.head_dim,
+            a.n_kv_heads * a.head_dim,
+        );
         let p0 = self.c.p0;
 
         self.norm_into_xn(&layer.attn_norm);
-        self.prepare(Src::Xn, h, 0..n, &[&a.q.weight, &a.k.weight, &a.v.weight]);
+        let gate_w = a.output_gate.as_ref().map(|g| &g.weight);
+        let inputs: Vec<&Weight> = [&a.q.weight, &a.k.weight, &a.v.weight]
+            .into_iter()
+            .chain(gate_w)
+            .collect();
+        self.prepare(Src::Xn, h, 0..n, &inputs);
         // RoPE's cos and sin for each token, once per layer (layers may differ in frequencies).
         let mut angles = std::mem::take(&mut self.p.angles);
         if let Some(rope) = &a.rope {
@@ -490,7 +727,11 @@ impl<E: KvElem> Forward<'_, E> {
         }
         // The projections, each finished per block of whole heads: q and k get their norms and
         // RoPE, and k and v go into the cache.
-        let rope_heads = |buf: &SharedSlice<'_, f32>, width: usize, rows: Range<usize>, tokens: Range<usize>, norm: Option<&anelm_model::plan::Norm>| {
+        let rope_heads = |buf: &SharedSlice<'_, f32>,
+                          width: usize,
+                          rows: Range<usize>,
+                          tokens: Range<usize>,
+                          norm: Option<&anelm_model::plan::Norm>| {
             for t in tokens {
                 let heads = buf.range_mut(t * width + rows.start..t * width + rows.end);
                 if let Some(nm) = norm {
@@ -499,24 +740,38 @@ impl<E: KvElem> Forward<'_, E> {
                 if let Some(rope) = &a.rope {
                     let half = rope.dims / 2;
                     let (cos, sin) = angles[2 * half * t..2 * half * (t + 1)].split_at(half);
-                    heads.chunks_exact_mut(hd).for_each(|hh| rope_head(rope, hh, cos, sin));
+                    heads
+                        .chunks_exact_mut(hd)
+                        .for_each(|hh| rope_head(rope, hh, cos, sin));
                 }
             }
         };
-        let store = |buf: &SharedSlice<'_, f32>, cache: &SharedSlice<'_, E>, rows: Range<usize>, tokens: Range<usize>| {
+        let store = |buf: &SharedSlice<'_, f32>,
+                     cache: &SharedSlice<'_, E>,
+                     rows: Range<usize>,
+                     tokens: Range<usize>| {
             for t in tokens {
                 let at = cache_at + (p0 + t) * kvd;
                 let dst = cache.range_mut(at + rows.start..at + rows.end);
                 let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
-                dst.iter_mut().zip(src).for_each(|(d, &x)| *d = E::from_f32(x));
+                dst.iter_mut()
+                    .zip(src)
+                    .for_each(|(d, &x)| *d = E::from_f32(x));
             }
         };
-        self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| rope_heads(&v.q, qd, r, t, a.q_norm.as_ref()));
+        self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {
+            rope_heads(&v.q, qd, r, t, a.q_norm.as_ref())
+        });
         self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r, t| {
             rope_heads(&v.k, kvd, r.clone(), t.clone(), a.k_norm.as_ref());
             store(&v.k, &v.kc, r, t);
         });
-        self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r, t| store(&v.v, &v.vc, r, t));
+        self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r, t| {
+            store(&v.v, &v.vc, r, t)
+        });
+        if let Some(g) = &a.output_gate {
+            self.linear(g, &v.z);
+        }
         self.p.angles = angles;
         ctx.barrier();
 
@@ -524,13 +779,33 @@ impl<E: KvElem> Forward<'_, E> {
         // heads, which are adjacent in a row of q.
         let block = if n > 1 { ATTN_BLOCK } else { 1 };
         let gw = qd / a.n_kv_heads;
-        let cache = Cache { k: v.kc.range(cache_at..cache_at + self.capacity * kvd), v: v.vc.range(cache_at..cache_at + self.capacity * kvd), kv_dim: kvd };
+        let cache = Cache {
+            k: v.kc.range(cache_at..cache_at + self.capacity * kvd),
+            v: v.vc.range(cache_at..cache_at + self.capacity * kvd),
+            kv_dim: kvd,
+        };
         let scores = &mut self.p.scratch;
         ctx.chunks(n.div_ceil(block) * a.n_kv_heads, |item| {
             let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
             for t in blk * block..((blk + 1) * block).min(n) {
                 let at = t * qd + kvh * gw;
-                attend_group(isa, a, kvh, v.q.range(at..at + gw), p0 + t, &cache, scores, v.att.range_mut(at..at + gw));
+                let out = v.att.range_mut(at..at + gw);
+                attend_group(
+                    isa,
+                    a,
+                    kvh,
+                    v.q.range(at..at + gw),
+                    p0 + t,
+                    &cache,
+                    scores,
+                    out,
+                );
+                if a.output_gate.is_some() {
+                    // The gate rows follow the query layout: one per element of a query head.
+                    out.iter_mut()
+                        .zip(v.z.range(at..at + gw))
+                        .for_each(|(o, g)| *o /= 1.0 + (-g).exp());
+                }
             }
         });
         ctx.barrier();
@@ -541,35 +816,208 @@ impl<E: KvElem> Forward<'_, E> {
         self.residual(layer.post_attn_norm.as_ref());
     }
 
-    unsafe fn ffn(&mut self, layer: &Layer) {
+    /// A gated DeltaNet layer: the four input projections, then the conv and recurrence with
+    /// key-head groups spread over the threads, then the output projection.
+    unsafe fn deltanet(&mut self, layer: &Layer, d: &DeltaNet, conv_at: usize, s_at: usize) {
         let (ctx, v, n) = (self.ctx, self.v, self.n);
         let h = self.m.config.hidden_size;
-        let f = layer.ffn.hidden_features();
+        let (channels, vd, nv) = (d.conv_channels(), d.n_v_heads * d.v_dim, d.n_v_heads);
+        self.norm_into_xn(&layer.attn_norm);
+        self.prepare(
+            Src::Xn,
+            h,
+            0..n,
+            &[&d.qkv.weight, &d.z.weight, &d.b.weight, &d.a.weight],
+        );
+        self.linear(&d.qkv, &v.q);
+        self.linear(&d.z, &v.z);
+        self.linear(&d.b, &v.b);
+        self.linear(&d.a, &v.a);
+        ctx.barrier();
+
+        let io = deltanet::Inputs {
+            qkv: v.q.range(0..n * channels),
+            z: v.z.range(0..n * vd),
+            b: v.b.range(0..n * nv),
+            a: v.a.range(0..n * nv),
+        };
+        let conv_len = channels * (d.conv_kernel - 1);
+        let s_len = nv * d.k_dim * d.v_dim;
+        let scratch = &mut self.p.scratch;
+        ctx.chunks(d.n_k_heads, |g| {
+            // Each group writes only its own channels, heads and output columns.
+            let mut st = deltanet::GroupState {
+                conv: v.conv.range_mut(conv_at..conv_at + conv_len),
+                s: v.s.range_mut(s_at..s_at + s_len),
+                out: v.att.range_mut(0..n * vd),
+            };
+            deltanet::run_group(d, g, n, &io, &mut st, scratch);
+        });
+        ctx.barrier();
+
+        self.prepare(Src::Shared(&v.att), vd, 0..n, &[&d.out.weight]);
+        self.linear(&d.out, &v.o);
+        ctx.barrier();
+        self.residual(layer.post_attn_norm.as_ref());
+    }
+
+    /// A mixture of experts: route every token, run each chosen expert over the tokens routed
+    /// to it, sum the weighted outputs (and the gated shared expert) into `moe_acc`.
+    unsafe fn moe(&mut self, layer: &Layer, moe: &Moe) {
+        let (ctx, v, n) = (self.ctx, self.v, self.n);
+        let h = self.m.config.hidden_size;
+        let n_exp = moe.router.rows;
         self.norm_into_xn(&layer.ffn_norm);
-        let (act, down, gated) = match &layer.ffn {
-            Ffn::Gated { act, gate, up, down } => {
-                self.prepare(Src::Xn, h, 0..n, &[&gate.weight, &up.weight]);
-                self.linear(gate, &v.g);
-                self.linear(up, &v.u);
-                (*act, down, true)
+        self.prepare(Src::Xn, h, 0..n, &[&moe.router]);
+        self.product(&moe.router, None, &v.r, 1, |_, _| {});
+        ctx.barrier();
+        {
+            let p = &mut *self.p;
+            p.moe_x[..n * h].copy_from_slice(&p.xn[..n * h]);
+            p.moe_acc[..n * h].fill(0.0);
+            p.routes.iter_mut().for_each(Vec::clear);
+            for t in 0..n {
+                route(
+                    v.r.range(t * n_exp..(t + 1) * n_exp),
+                    moe.top_k,
+                    moe.norm_top_k,
+                    &mut p.probs,
+                    &mut p.picked,
+                );
+                for &(e, w) in &p.picked {
+                    p.routes[e].push((t, w));
+                }
             }
-            Ffn::Plain { act, up, down } => {
+        }
+        for (e, expert) in moe.experts.iter().enumerate() {
+            let routes = std::mem::take(&mut self.p.routes[e]);
+            if !routes.is_empty() {
+                let rows: Vec<usize> = routes.iter().map(|r| r.0).collect();
+                self.expert(moe.act, expert, &rows, |i| routes[i].1, h);
+            }
+            self.p.routes[e] = routes;
+        }
+        if let Some(shared) = &moe.shared {
+            // sigmoid(x · gate) per token, from this thread's copy of the inputs.
+            let mut scale = vec![1f32; n];
+            if let Some(gw) = &shared.gate {
+                let p = &mut *self.p;
+                let row = &mut p.scratch[..h];
+                gw.dequantize_row(0, row)
+                    .expect("gate rows are whole blocks (checked at load)");
+                for (t, sc) in scale.iter_mut().enumerate() {
+                    let dot: f32 = p.moe_x[t * h..(t + 1) * h]
+                        .iter()
+                        .zip(row.iter())
+                        .map(|(x, w)| x * w)
+                        .sum();
+                    *sc = 1.0 / (1.0 + (-dot).exp());
+                }
+            }
+            let rows: Vec<usize> = (0..n).collect();
+            self.expert(moe.act, &shared.mlp, &rows, |i| scale[i], h);
+        }
+        self.n = n;
+        self.residual_moe(layer.post_ffn_norm.as_ref());
+    }
+
+    /// Runs `mlp` over the tokens `rows` (of `moe_x`) and adds `weight(i)` times the output of
+    /// the `i`-th into `moe_acc`.
+    unsafe fn expert(
+        &mut self,
+        act: Activation,
+        mlp: &GatedMlp,
+        rows: &[usize],
+        weight: impl Fn(usize) -> f32,
+        h: usize,
+    ) {
+        let (ctx, v) = (self.ctx, self.v);
+        let count = rows.len();
+        let f = mlp.up.out_features();
+        {
+            let p = &mut *self.p;
+            for (i, &t) in rows.iter().enumerate() {
+                p.xn[i * h..(i + 1) * h].copy_from_slice(&p.moe_x[t * h..(t + 1) * h]);
+            }
+        }
+        self.n = count;
+        self.prepare(Src::Xn, h, 0..count, &[&mlp.gate.weight, &mlp.up.weight]);
+        self.linear(&mlp.gate, &v.g);
+        self.linear(&mlp.up, &v.u);
+        ctx.barrier();
+        let gate_act = gate_of(act);
+        {
+            let p = &mut *self.p;
+            for i in 0..count {
+                let gt = &mut p.xn[i * f..(i + 1) * f];
+                gt.copy_from_slice(v.g.range(i * f..(i + 1) * f));
+                gate(self.isa, gate_act, gt, Some(v.u.range(i * f..(i + 1) * f)));
+            }
+        }
+        self.prepare(Src::Xn, f, 0..count, &[&mlp.down.weight]);
+        self.linear(&mlp.down, &v.o);
+        ctx.barrier();
+        let p = &mut *self.p;
+        let o = v.o.range(0..count * h);
+        for (i, &t) in rows.iter().enumerate() {
+            let w = weight(i);
+            p.moe_acc[t * h..(t + 1) * h]
+                .iter_mut()
+                .zip(&o[i * h..(i + 1) * h])
+                .for_each(|(a, y)| *a += w * y);
+        }
+    }
+
+    unsafe fn ffn(&mut self, layer: &Layer) {
+        match &layer.ffn {
+            Ffn::Gated {
+                act,
+                gate,
+                up,
+                down,
+            } => self.dense_ffn(layer, *act, Some(gate), up, down),
+            Ffn::Plain { act, up, down } => self.dense_ffn(layer, *act, None, up, down),
+            Ffn::Moe(moe) => self.moe(layer, moe),
+        }
+    }
+
+    /// `down(act(gate(x)) * up(x))`, or `down(act(up(x)))` without a gate.
+    unsafe fn dense_ffn(
+        &mut self,
+        layer: &Layer,
+        act: Activation,
+        gate_lin: Option<&Linear>,
+        up: &Linear,
+        down: &Linear,
+    ) {
+        let (ctx, v, n) = (self.ctx, self.v, self.n);
+        let h = self.m.config.hidden_size;
+        let f = up.out_features();
+        self.norm_into_xn(&layer.ffn_norm);
+        match gate_lin {
+            Some(g) => {
+                self.prepare(Src::Xn, h, 0..n, &[&g.weight, &up.weight]);
+                self.linear(g, &v.g);
+                self.linear(up, &v.u);
+            }
+            None => {
                 self.prepare(Src::Xn, h, 0..n, &[&up.weight]);
                 self.linear(up, &v.g);
-                (*act, down, false)
             }
-        };
+        }
         ctx.barrier();
-        let act = match act {
-            Activation::Silu => Gate::Silu,
-            Activation::GeluTanh => Gate::GeluTanh,
-        };
+        let act = gate_of(act);
         // The activation, into this thread's own copy.
         let p = &mut *self.p;
         for t in 0..n {
             let gt = &mut p.xn[t * f..(t + 1) * f];
             gt.copy_from_slice(v.g.range(t * f..(t + 1) * f));
-            gate(self.isa, act, gt, if gated { Some(v.u.range(t * f..(t + 1) * f)) } else { None });
+            gate(
+                self.isa,
+                act,
+                gt,
+                gate_lin.map(|_| v.u.range(t * f..(t + 1) * f)),
+            );
         }
         self.prepare(Src::Xn, f, 0..n, &[&down.weight]);
         self.linear(down, &v.o);
@@ -594,6 +1042,30 @@ impl<E: KvElem> Forward<'_, E> {
         let w = &self.m.lm_head;
         self.prepare(Src::Xn, h, 0..rows.len(), &[w]);
         self.product(w, None, &self.v.out, 1, |_, _| {});
+    }
+}
+
+fn gate_of(act: Activation) -> Gate {
+    match act {
+        Activation::Silu => Gate::Silu,
+        Activation::GeluTanh => Gate::GeluTanh,
+    }
+}
+
+/// `x += post_norm(o)` for `n` tokens of width `h`, into `p`'s residual stream.
+fn add_residual(p: &mut Private, h: usize, n: usize, o: &[f32], post: Option<&Norm>) {
+    for t in 0..n {
+        let x = &mut p.x[t * h..(t + 1) * h];
+        let ot = &o[t * h..(t + 1) * h];
+        match post {
+            Some(pn) => {
+                let tmp = &mut p.scratch[..h];
+                tmp.copy_from_slice(ot);
+                norm_row(pn, tmp);
+                x.iter_mut().zip(tmp.iter()).for_each(|(x, o)| *x += o);
+            }
+            None => x.iter_mut().zip(ot).for_each(|(x, o)| *x += o),
+        }
     }
 }
 

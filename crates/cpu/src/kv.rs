@@ -36,9 +36,16 @@ pub(crate) struct Layers<E> {
 impl<E: KvElem> Layers<E> {
     fn new(kv_dims: &[usize], capacity: usize) -> Self {
         let zero = E::from_f32(0.0);
-        let offset: Vec<usize> = kv_dims.iter().scan(0, |at, d| Some(std::mem::replace(at, *at + d * capacity))).collect();
+        let offset: Vec<usize> = kv_dims
+            .iter()
+            .scan(0, |at, d| Some(std::mem::replace(at, *at + d * capacity)))
+            .collect();
         let total = kv_dims.iter().sum::<usize>() * capacity;
-        Layers { k: vec![zero; total], v: vec![zero; total], offset }
+        Layers {
+            k: vec![zero; total],
+            v: vec![zero; total],
+            offset,
+        }
     }
 }
 
@@ -47,8 +54,44 @@ pub(crate) enum KvData {
     F16(Layers<f16>),
 }
 
+/// The recurrent state of the linear-attention (DeltaNet) layers: per layer its conv history
+/// and its per-head matrices, f32, each layer at its offset (zero-sized for other layers).
+pub(crate) struct Recurrent {
+    pub conv: Vec<f32>,
+    pub s: Vec<f32>,
+    pub conv_offset: Vec<usize>,
+    pub s_offset: Vec<usize>,
+}
+
+impl Recurrent {
+    /// `sizes[l]` = (conv history floats, state floats) of layer `l`.
+    pub(crate) fn new(sizes: &[(usize, usize)]) -> Self {
+        let offsets = |f: fn(&(usize, usize)) -> usize| -> (Vec<usize>, usize) {
+            let mut at = 0;
+            let v = sizes
+                .iter()
+                .map(|s| {
+                    let start = at;
+                    at += f(s);
+                    start
+                })
+                .collect();
+            (v, at)
+        };
+        let (conv_offset, conv_len) = offsets(|s| s.0);
+        let (s_offset, s_len) = offsets(|s| s.1);
+        Recurrent {
+            conv: vec![0.0; conv_len],
+            s: vec![0.0; s_len],
+            conv_offset,
+            s_offset,
+        }
+    }
+}
+
 pub struct CpuKv {
     pub(crate) data: KvData,
+    pub(crate) recurrent: Recurrent,
     pub(crate) len: usize,
     pub(crate) capacity: usize,
     /// Identifies the executor (model) the state belongs to.
@@ -56,12 +99,24 @@ pub struct CpuKv {
 }
 
 impl CpuKv {
-    pub(crate) fn new(kv_dims: &[usize], capacity: usize, dtype: KvDtype, owner: usize) -> Self {
+    pub(crate) fn new(
+        kv_dims: &[usize],
+        recurrent: &[(usize, usize)],
+        capacity: usize,
+        dtype: KvDtype,
+        owner: usize,
+    ) -> Self {
         let data = match dtype {
             KvDtype::F32 => KvData::F32(Layers::new(kv_dims, capacity)),
             KvDtype::F16 => KvData::F16(Layers::new(kv_dims, capacity)),
         };
-        CpuKv { data, len: 0, capacity, owner }
+        CpuKv {
+            data,
+            recurrent: Recurrent::new(recurrent),
+            len: 0,
+            capacity,
+            owner,
+        }
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -79,10 +134,43 @@ impl KvState for CpuKv {
     fn capacity(&self) -> usize {
         self.capacity
     }
+    /// Keys and values can be forgotten from any position; a recurrent state cannot go back,
+    /// so a model with one starts over (len 0) when asked to keep fewer positions than it has.
     fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        if len >= self.len {
+            return;
+        }
+        if self.recurrent.s.is_empty() {
+            self.len = len;
+        } else {
+            self.recurrent.conv.fill(0.0);
+            self.recurrent.s.fill(0.0);
+            self.len = 0;
+        }
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recurrent_state_restarts_instead_of_going_back() {
+        let mut kv = CpuKv::new(&[4, 0], &[(0, 0), (6, 8)], 10, KvDtype::F32, 1);
+        kv.len = 5;
+        kv.recurrent.s[3] = 1.0;
+        kv.truncate(7);
+        assert_eq!(kv.len(), 5, "keeping more than held changes nothing");
+        kv.truncate(3);
+        assert_eq!(kv.len(), 0);
+        assert!(kv.recurrent.s.iter().all(|&x| x == 0.0));
+
+        let mut plain = CpuKv::new(&[4], &[(0, 0)], 10, KvDtype::F16, 1);
+        plain.len = 5;
+        plain.truncate(3);
+        assert_eq!(plain.len(), 3);
     }
 }

@@ -2,11 +2,13 @@
 //! and the forward pass over the LayerPlan.
 
 mod attention;
+mod deltanet;
 mod forward;
 pub mod kernels;
 mod kv;
 pub mod matmul;
 mod mem;
+mod moe;
 pub mod ops;
 pub mod pool;
 pub mod q8;

@@ -84,12 +84,15 @@ pub fn matmul(
                     let p = packed.expect("checked");
                     let lay = Layout::of(p.dtype).expect("packed types have a layout");
                     let group_bytes = p.blocks * lay.column();
-                    let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+                    let xs: [Q8Row<'_>; MAX_ROWS] =
+                        std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
                     let mut res4 = [[0f32; ROWS]; MAX_ROWS];
                     for g in r0 / ROWS..r1.div_ceil(ROWS) {
                         let group = &p.data[g * group_bytes..(g + 1) * group_bytes];
                         // SAFETY: weights are packed only when the CPU has AVX-512 (see `pack_for`).
-                        unsafe { crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn]) };
+                        unsafe {
+                            crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
+                        };
                         for r in g * ROWS..r1.min((g + 1) * ROWS) {
                             let res: [f32; MAX_ROWS] = std::array::from_fn(|t| res4[t][r % ROWS]);
                             emit(r, &res[..tn]);
@@ -97,7 +100,8 @@ pub fn matmul(
                     }
                 }
                 (Kernel::Q8 { f, .. }, Input::Q8(q)) => {
-                    let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+                    let xs: [Q8Row<'_>; MAX_ROWS] =
+                        std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
                     for r in r0..r1 {
                         // SAFETY: `select` returns kernels of available instruction sets only.
                         unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
@@ -116,8 +120,9 @@ pub fn matmul(
                     let xs = f32_rows(x, cols, t0, tn);
                     scratch.resize(cols, 0.0);
                     for r in r0..r1 {
-                        anelm_formats::quant::dequantize(w.dtype, row(r), scratch)
-                            .expect("weight rows are whole blocks of a known type (checked at load)");
+                        anelm_formats::quant::dequantize(w.dtype, row(r), scratch).expect(
+                            "weight rows are whole blocks of a known type (checked at load)",
+                        );
                         // SAFETY: as above; the f32 kernel reads the dequantised row's bytes.
                         unsafe { f(f32_bytes(scratch), &xs[..tn], &mut res[..tn]) };
                         emit(r, &res[..tn]);
@@ -138,7 +143,13 @@ pub fn pack_for(w: &Weight, isa: Isa, done: impl FnMut(usize)) -> Option<Packed>
     }
     let all = w.bytes();
     let rb = all.len() / w.rows;
-    crate::kernels::packed::pack(w.dtype, w.rows, w.cols / 32, |r| &all[r * rb..(r + 1) * rb], done)
+    crate::kernels::packed::pack(
+        w.dtype,
+        w.rows,
+        w.cols / 32,
+        |r| &all[r * rb..(r + 1) * rb],
+        done,
+    )
 }
 
 /// Input rows `t0..t0 + tn` of `x` (the unused slots repeat the last row and are not read).

@@ -4,7 +4,9 @@
 /// The address ranges of this process's file-backed mappings (from /proc/self/maps; empty where
 /// that file does not exist).
 pub fn file_mappings() -> Vec<(usize, usize)> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
     maps.lines()
         .filter_map(|line| {
             // "start-end perms offset dev inode path"; inode 0 means anonymous.
@@ -14,7 +16,10 @@ pub fn file_mappings() -> Vec<(usize, usize)> {
                 return None;
             }
             let (a, b) = range.split_once('-')?;
-            Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?))
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
         })
         .collect()
 }
@@ -26,7 +31,10 @@ pub fn file_mappings() -> Vec<(usize, usize)> {
 pub fn release(bytes: &[u8], maps: &[(usize, usize)]) {
     #[cfg(unix)]
     {
-        let (start, end) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+        let (start, end) = (
+            bytes.as_ptr() as usize,
+            bytes.as_ptr() as usize + bytes.len(),
+        );
         if !maps.iter().any(|&(a, b)| a <= start && end <= b) {
             return;
         }

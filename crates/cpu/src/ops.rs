@@ -71,12 +71,22 @@ mod tests {
 
     #[test]
     fn rms_and_layer_norm() {
-        let n = Norm { kind: NormKind::Rms, eps: 0.0, weight: vec![1.0, 2.0], bias: None };
+        let n = Norm {
+            kind: NormKind::Rms,
+            eps: 0.0,
+            weight: vec![1.0, 2.0],
+            bias: None,
+        };
         let mut r = [3.0, 4.0];
         norm_row(&n, &mut r);
         let rms = (12.5f32).sqrt();
         assert!((r[0] - 3.0 / rms).abs() < 1e-6 && (r[1] - 8.0 / rms).abs() < 1e-6);
-        let l = Norm { kind: NormKind::Layer, eps: 0.0, weight: vec![1.0, 1.0], bias: Some(vec![0.5, 0.5]) };
+        let l = Norm {
+            kind: NormKind::Layer,
+            eps: 0.0,
+            weight: vec![1.0, 1.0],
+            bias: Some(vec![0.5, 0.5]),
+        };
         let mut r = [1.0, 3.0];
         norm_row(&l, &mut r);
         assert_eq!(r, [-0.5, 1.5]);
@@ -84,7 +94,12 @@ mod tests {
 
     #[test]
     fn rope_pairings_rotate_the_right_pairs() {
-        let mk = |pairing| Rope { dims: 4, pairing, inv_freq: vec![1.0, 1.0], mscale: 1.0 };
+        let mk = |pairing| Rope {
+            dims: 4,
+            pairing,
+            inv_freq: vec![1.0, 1.0],
+            mscale: 1.0,
+        };
         let (c, s) = ([0.0, 0.0], [1.0, 1.0]); // 90 degrees
         let mut h = [1.0, 2.0, 3.0, 4.0];
         rope_head(&mk(RopePairing::HalfSplit), &mut h, &c, &s);

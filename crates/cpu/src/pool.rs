@@ -54,7 +54,11 @@ pub fn physical_cores() -> usize {
     let mut cores = std::collections::HashSet::new();
     for cpu in 0..logical {
         let base = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
-        let read = |f: &str| std::fs::read_to_string(format!("{base}/{f}")).ok().map(|s| s.trim().to_string());
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("{base}/{f}"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
         match (read("physical_package_id"), read("core_id")) {
             (Some(p), Some(c)) => {
                 cores.insert((p, c));
@@ -118,16 +122,27 @@ impl Pool {
     pub fn run<F: Fn(&Ctx) + Sync>(&self, f: F) {
         let s = &*self.shared;
         let start = s.next_call.load(Ordering::Relaxed) as u32;
-        let ctx = Ctx { ith: 0, n: s.n, shared: s, call: Cell::new(start) };
+        let ctx = Ctx {
+            ith: 0,
+            n: s.n,
+            shared: s,
+            call: Cell::new(start),
+        };
         if s.n == 1 {
             f(&ctx);
-            s.next_call.store(ctx.call.get() as usize, Ordering::Relaxed);
+            s.next_call
+                .store(ctx.call.get() as usize, Ordering::Relaxed);
             return;
         }
         let f_ref: &(dyn Fn(&Ctx) + Sync) = &f;
         // SAFETY: erases the lifetime; the pointer is only used until `active` drops to zero below.
-        let f_static = unsafe { std::mem::transmute::<&(dyn Fn(&Ctx) + Sync), &'static (dyn Fn(&Ctx) + Sync)>(f_ref) };
-        let job = Job { f: f_static, call: start };
+        let f_static = unsafe {
+            std::mem::transmute::<&(dyn Fn(&Ctx) + Sync), &'static (dyn Fn(&Ctx) + Sync)>(f_ref)
+        };
+        let job = Job {
+            f: f_static,
+            call: start,
+        };
         s.active.store(s.n - 1, Ordering::Relaxed);
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job);
         s.epoch.fetch_add(1, Ordering::SeqCst);
@@ -135,7 +150,8 @@ impl Pool {
         f(&ctx);
         s.wait_until(|| s.active.load(Ordering::SeqCst) == 0);
         // Every thread made the same calls.
-        s.next_call.store(ctx.call.get() as usize, Ordering::Relaxed);
+        s.next_call
+            .store(ctx.call.get() as usize, Ordering::Relaxed);
     }
 }
 
@@ -160,7 +176,12 @@ fn worker(s: &Shared, ith: usize) {
         }
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(Job { f, call }) = job {
-            let ctx = Ctx { ith, n: s.n, shared: s, call: Cell::new(call) };
+            let ctx = Ctx {
+                ith,
+                n: s.n,
+                shared: s,
+                call: Cell::new(call),
+            };
             // SAFETY: `run` keeps the closure alive until `active` reaches zero.
             unsafe { (*f)(&ctx) };
         }
@@ -279,7 +300,11 @@ mod tests {
                 let n: [usize; 3] = std::array::from_fn(|r| 10 + job % 7 + r * 30);
                 for (i, c) in counts.iter().enumerate() {
                     let want = n.iter().filter(|&&k| i < k).count();
-                    assert_eq!(c.load(Ordering::Relaxed), want, "{threads} threads, job {job}, chunk {i}");
+                    assert_eq!(
+                        c.load(Ordering::Relaxed),
+                        want,
+                        "{threads} threads, job {job}, chunk {i}"
+                    );
                 }
                 for a in &after {
                     assert_eq!(a.load(Ordering::Relaxed), n.iter().sum::<usize>());

@@ -59,8 +59,16 @@ impl Q8Buf {
             cols,
             qs: vec![0; n],
             d: vec![0.0; n / block],
-            s: if with_s { vec![0.0; n / block] } else { Vec::new() },
-            sums: if with_sums { vec![0; n / 16] } else { Vec::new() },
+            s: if with_s {
+                vec![0.0; n / block]
+            } else {
+                Vec::new()
+            },
+            sums: if with_sums {
+                vec![0; n / 16]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -75,7 +83,12 @@ impl Q8Buf {
                 sums: &self.sums[r * nb(16)..(r + 1) * nb(16)],
             }
         } else {
-            Q8Row { qs: &self.qs[r * c..(r + 1) * c], d: &self.d[r * nb(QK)..(r + 1) * nb(QK)], s: &self.s[r * nb(QK)..(r + 1) * nb(QK)], sums: &[] }
+            Q8Row {
+                qs: &self.qs[r * c..(r + 1) * c],
+                d: &self.d[r * nb(QK)..(r + 1) * nb(QK)],
+                s: &self.s[r * nb(QK)..(r + 1) * nb(QK)],
+                sums: &[],
+            }
         }
     }
 
@@ -86,11 +99,21 @@ impl Q8Buf {
         match self.kind {
             ActKind::Q8K => {
                 let (nd, ns) = (c / QK_K, c / 16);
-                quantize_k(x, qs, &mut self.d[r * nd..(r + 1) * nd], &mut self.sums[r * ns..(r + 1) * ns]);
+                quantize_k(
+                    x,
+                    qs,
+                    &mut self.d[r * nd..(r + 1) * nd],
+                    &mut self.sums[r * ns..(r + 1) * ns],
+                );
             }
             ActKind::Q8B32 => {
                 let nd = c / QK;
-                quantize_b32(x, qs, &mut self.d[r * nd..(r + 1) * nd], &mut self.s[r * nd..(r + 1) * nd]);
+                quantize_b32(
+                    x,
+                    qs,
+                    &mut self.d[r * nd..(r + 1) * nd],
+                    &mut self.s[r * nd..(r + 1) * nd],
+                );
             }
             ActKind::F32 => {}
         }
@@ -124,7 +147,12 @@ pub fn quantize_b32(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 }
 
 pub fn quantize_b32_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    for (((x, q), d), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(s.iter_mut()) {
+    for (((x, q), d), s) in x
+        .chunks_exact(QK)
+        .zip(qs.chunks_exact_mut(QK))
+        .zip(d.iter_mut())
+        .zip(s.iter_mut())
+    {
         *d = quantize_block(x, q);
         *s = *d * q.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
     }
@@ -142,7 +170,11 @@ pub fn quantize_k(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
 }
 
 pub fn quantize_k_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
-    for ((x, q), d) in x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut()) {
+    for ((x, q), d) in x
+        .chunks_exact(QK_K)
+        .zip(qs.chunks_exact_mut(QK_K))
+        .zip(d.iter_mut())
+    {
         *d = quantize_block(x, q);
     }
     for (s, q) in sums.iter_mut().zip(qs.chunks_exact(16)) {
@@ -173,7 +205,10 @@ mod x86 {
         for c in x.chunks_exact(8) {
             vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(c.as_ptr())));
         }
-        let m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps::<1>(vmax));
+        let m = _mm_max_ps(
+            _mm256_castps256_ps128(vmax),
+            _mm256_extractf128_ps::<1>(vmax),
+        );
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
         if amax == 0.0 {
@@ -184,11 +219,19 @@ mod x86 {
         let id = _mm256_set1_ps(127.0 / amax);
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for (i, (c, o)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
-            let v: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(8 * k)), id)));
+            let v: [__m256i; 4] = std::array::from_fn(|k| {
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c.as_ptr().add(8 * k)), id))
+            });
             sums16[2 * i] = hsum_i32(_mm256_add_epi32(v[0], v[1]));
             sums16[2 * i + 1] = hsum_i32(_mm256_add_epi32(v[2], v[3]));
-            let w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-            _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, _mm256_permutevar8x32_epi32(w, order));
+            let w = _mm256_packs_epi16(
+                _mm256_packs_epi32(v[0], v[1]),
+                _mm256_packs_epi32(v[2], v[3]),
+            );
+            _mm256_storeu_si256(
+                o.as_mut_ptr() as *mut __m256i,
+                _mm256_permutevar8x32_epi32(w, order),
+            );
         }
         amax / 127.0
     }
@@ -196,7 +239,12 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn quantize_b32(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
         let mut sums = [0i32; 2];
-        for (((x, q), d), s) in x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d.iter_mut()).zip(s.iter_mut()) {
+        for (((x, q), d), s) in x
+            .chunks_exact(QK)
+            .zip(qs.chunks_exact_mut(QK))
+            .zip(d.iter_mut())
+            .zip(s.iter_mut())
+        {
             *d = block(x, q, &mut sums);
             *s = *d * (sums[0] + sums[1]) as f32;
         }
@@ -205,7 +253,12 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn quantize_k(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
         let mut s = [0i32; QK_K / 16];
-        for (((x, q), d), out) in x.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K)).zip(d.iter_mut()).zip(sums.chunks_exact_mut(QK_K / 16)) {
+        for (((x, q), d), out) in x
+            .chunks_exact(QK_K)
+            .zip(qs.chunks_exact_mut(QK_K))
+            .zip(d.iter_mut())
+            .zip(sums.chunks_exact_mut(QK_K / 16))
+        {
             *d = block(x, q, &mut s);
             for (o, v) in out.iter_mut().zip(s) {
                 *o = v as i16;
@@ -220,7 +273,9 @@ mod tests {
 
     #[test]
     fn quantised_values_are_within_half_a_step() {
-        let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let x: Vec<f32> = (0..512)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
         for kind in [ActKind::Q8B32, ActKind::Q8K] {
             let mut b = Q8Buf::new(kind, 2, 512);
             b.quantize_row(1, &x);
@@ -228,10 +283,16 @@ mod tests {
             let block = if kind == ActKind::Q8K { QK_K } else { QK };
             for (i, &v) in x.iter().enumerate() {
                 let d = r.d[i / block];
-                assert!((f32::from(r.qs[i]) * d - v).abs() <= d * 0.5 + 1e-7, "{kind:?} {i}");
+                assert!(
+                    (f32::from(r.qs[i]) * d - v).abs() <= d * 0.5 + 1e-7,
+                    "{kind:?} {i}"
+                );
             }
             if kind == ActKind::Q8K {
-                assert_eq!(r.sums[3], r.qs[48..64].iter().map(|&q| i16::from(q)).sum::<i16>());
+                assert_eq!(
+                    r.sums[3],
+                    r.qs[48..64].iter().map(|&q| i16::from(q)).sum::<i16>()
+                );
             } else {
                 let sum: i32 = r.qs[32..64].iter().map(|&q| i32::from(q)).sum();
                 assert_eq!(r.s[1], r.d[1] * sum as f32);

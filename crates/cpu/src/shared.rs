@@ -17,7 +17,11 @@ unsafe impl<T: Send> Send for SharedSlice<'_, T> {}
 
 impl<'a, T> SharedSlice<'a, T> {
     pub fn new(s: &'a mut [T]) -> Self {
-        SharedSlice { ptr: s.as_mut_ptr(), len: s.len(), _borrow: PhantomData }
+        SharedSlice {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _borrow: PhantomData,
+        }
     }
 
     pub fn len(&self) -> usize {

@@ -18,7 +18,11 @@ impl Isa {
     /// comparing kernels), never raising it above what the CPU has.
     pub fn detect() -> Isa {
         let best = Isa::available().into_iter().max().unwrap_or(Isa::Scalar);
-        match std::env::var("ANELM_ISA").ok().as_deref().and_then(Isa::parse) {
+        match std::env::var("ANELM_ISA")
+            .ok()
+            .as_deref()
+            .and_then(Isa::parse)
+        {
             Some(cap) if Isa::available().contains(&cap) => cap,
             _ => best,
         }
@@ -60,7 +64,10 @@ impl Isa {
         let mut v = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
                 v.push(Isa::Avx2);
                 if is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")

@@ -16,7 +16,16 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 /// Below this exp underflows to 0; above `MAX` it overflows.
 const MIN: f32 = -87.336_55;
 const MAX: f32 = 88.376_26;
-const TAYLOR: [f32; 8] = [1.0, 1.0, 0.5, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
+const TAYLOR: [f32; 8] = [
+    1.0,
+    1.0,
+    0.5,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+];
 
 pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
@@ -67,7 +76,10 @@ pub fn gate(isa: Isa, act: Gate, g: &mut [f32], u: Option<&[f32]>) {
     }
     let _ = isa;
     match u {
-        Some(u) => g.iter_mut().zip(u).for_each(|(g, u)| *g = activate(act, *g) * u),
+        Some(u) => g
+            .iter_mut()
+            .zip(u)
+            .for_each(|(g, u)| *g = activate(act, *g) * u),
         None => g.iter_mut().for_each(|g| *g = activate(act, *g)),
     }
 }
@@ -98,12 +110,27 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// Scores of `g` query heads (`q`: `g × hd`) against the keys at `k[j * stride..][..hd]` for
     /// `j < n`: `s[h * n + j] = scale · q_h · k_j`. Each key is read once for all the heads.
     #[allow(clippy::too_many_arguments)]
-    fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[Self], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+    fn scores(
+        isa: Isa,
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[Self],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        s: &mut [f32],
+    ) {
         let _ = isa;
         for h in 0..g {
             for j in 0..n {
                 let kj = &k[j * stride..j * stride + hd];
-                s[h * n + j] = scale * q[h * hd..(h + 1) * hd].iter().zip(kj).map(|(a, b)| a * b.to_f32()).sum::<f32>();
+                s[h * n + j] = scale
+                    * q[h * hd..(h + 1) * hd]
+                        .iter()
+                        .zip(kj)
+                        .map(|(a, b)| a * b.to_f32())
+                        .sum::<f32>();
             }
         }
     }
@@ -111,13 +138,25 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// `out_h = Σ_j p[h * n + j] · v_j` for the `g` heads (`out`: `g × hd`), `v_j` at
     /// `v[j * stride..][..hd]`.
     #[allow(clippy::too_many_arguments)]
-    fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[Self], stride: usize, n: usize, out: &mut [f32]) {
+    fn mix(
+        isa: Isa,
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[Self],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
         let _ = isa;
         out[..g * hd].fill(0.0);
         for h in 0..g {
             for j in 0..n {
                 let w = p[h * n + j];
-                out[h * hd..(h + 1) * hd].iter_mut().zip(&v[j * stride..j * stride + hd]).for_each(|(o, v)| *o += w * v.to_f32());
+                out[h * hd..(h + 1) * hd]
+                    .iter_mut()
+                    .zip(&v[j * stride..j * stride + hd])
+                    .for_each(|(o, v)| *o += w * v.to_f32());
             }
         }
     }
@@ -128,7 +167,17 @@ impl KvElem for f32 {
         v
     }
     #[cfg(target_arch = "x86_64")]
-    fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[f32], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+    fn scores(
+        isa: Isa,
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[f32],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        s: &mut [f32],
+    ) {
         if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: Avx2 or better was detected; the ranges are checked inside.
             unsafe { x86::scores_f32(q, g, hd, k, stride, n, scale, s) };
@@ -137,7 +186,16 @@ impl KvElem for f32 {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[f32], stride: usize, n: usize, out: &mut [f32]) {
+    fn mix(
+        isa: Isa,
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[f32],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
         if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: as above.
             unsafe { x86::mix_f32(p, g, hd, v, stride, n, out) };
@@ -155,7 +213,17 @@ impl KvElem for f16 {
         f16::from_f32(v)
     }
     #[cfg(target_arch = "x86_64")]
-    fn scores(isa: Isa, q: &[f32], g: usize, hd: usize, k: &[f16], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+    fn scores(
+        isa: Isa,
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[f16],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        s: &mut [f32],
+    ) {
         if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: Avx2 or better was detected; the ranges are checked inside.
             unsafe { x86::scores_f16(q, g, hd, k, stride, n, scale, s) };
@@ -164,7 +232,16 @@ impl KvElem for f16 {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    fn mix(isa: Isa, p: &[f32], g: usize, hd: usize, v: &[f16], stride: usize, n: usize, out: &mut [f32]) {
+    fn mix(
+        isa: Isa,
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
         if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
             // SAFETY: as above.
             unsafe { x86::mix_f16(p, g, hd, v, stride, n, out) };
@@ -180,11 +257,25 @@ impl KvElem for f16 {
 /// The trait's default `scores`, callable from the overriding impls.
 #[allow(clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
-fn scalar_scores<E: KvElem>(q: &[f32], g: usize, hd: usize, k: &[E], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+fn scalar_scores<E: KvElem>(
+    q: &[f32],
+    g: usize,
+    hd: usize,
+    k: &[E],
+    stride: usize,
+    n: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
     for h in 0..g {
         for j in 0..n {
             let kj = &k[j * stride..j * stride + hd];
-            s[h * n + j] = scale * q[h * hd..(h + 1) * hd].iter().zip(kj).map(|(a, b)| a * b.to_f32()).sum::<f32>();
+            s[h * n + j] = scale
+                * q[h * hd..(h + 1) * hd]
+                    .iter()
+                    .zip(kj)
+                    .map(|(a, b)| a * b.to_f32())
+                    .sum::<f32>();
         }
     }
 }
@@ -192,12 +283,23 @@ fn scalar_scores<E: KvElem>(q: &[f32], g: usize, hd: usize, k: &[E], stride: usi
 /// The trait's default `mix`.
 #[allow(clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
-fn scalar_mix<E: KvElem>(p: &[f32], g: usize, hd: usize, v: &[E], stride: usize, n: usize, out: &mut [f32]) {
+fn scalar_mix<E: KvElem>(
+    p: &[f32],
+    g: usize,
+    hd: usize,
+    v: &[E],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+) {
     out[..g * hd].fill(0.0);
     for h in 0..g {
         for j in 0..n {
             let w = p[h * n + j];
-            out[h * hd..(h + 1) * hd].iter_mut().zip(&v[j * stride..j * stride + hd]).for_each(|(o, v)| *o += w * v.to_f32());
+            out[h * hd..(h + 1) * hd]
+                .iter_mut()
+                .zip(&v[j * stride..j * stride + hd])
+                .for_each(|(o, v)| *o += w * v.to_f32());
         }
     }
 }
@@ -215,9 +317,15 @@ mod x86 {
         let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
         let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(MIN));
         let x = _mm256_min_ps(x, _mm256_set1_ps(MAX));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+        );
         let neg = _mm256_sub_ps(_mm256_setzero_ps(), n);
-        let r = _mm256_fmadd_ps(neg, _mm256_set1_ps(LN2_LO), _mm256_fmadd_ps(neg, _mm256_set1_ps(LN2_HI), x));
+        let r = _mm256_fmadd_ps(
+            neg,
+            _mm256_set1_ps(LN2_LO),
+            _mm256_fmadd_ps(neg, _mm256_set1_ps(LN2_HI), x),
+        );
         let mut p = _mm256_set1_ps(TAYLOR[7]);
         for c in TAYLOR[..7].iter().rev() {
             p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
@@ -225,7 +333,12 @@ mod x86 {
         let ni = _mm256_cvtps_epi32(n);
         // h = trunc(n / 2), as the scalar code's integer division.
         let h = _mm256_srai_epi32::<1>(_mm256_add_epi32(ni, _mm256_srli_epi32::<31>(ni)));
-        let pow = |e: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e, _mm256_set1_epi32(127))));
+        let pow = |e: __m256i| {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                e,
+                _mm256_set1_epi32(127),
+            )))
+        };
         let y = _mm256_mul_ps(_mm256_mul_ps(p, pow(h)), pow(_mm256_sub_epi32(ni, h)));
         let y = _mm256_andnot_ps(under, y);
         _mm256_blendv_ps(y, x, nan)
@@ -267,7 +380,11 @@ mod x86 {
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), vmax);
-        let max = lanes.iter().chain(&x[n8..]).copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = lanes
+            .iter()
+            .chain(&x[n8..])
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
         let vm = _mm256_set1_ps(max);
         let mut vsum = _mm256_setzero_ps();
         for i in (0..n8).step_by(8) {
@@ -302,8 +419,20 @@ mod x86 {
 
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn scores<E>(q: &[f32], g: usize, hd: usize, k: &[E], stride: usize, n: usize, scale: f32, s: &mut [f32], load: impl Fn(*const E) -> __m256) {
-        assert!(q.len() >= g * hd && s.len() >= g * n && (n == 0 || k.len() >= (n - 1) * stride + hd));
+    pub unsafe fn scores<E>(
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[E],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        s: &mut [f32],
+        load: impl Fn(*const E) -> __m256,
+    ) {
+        assert!(
+            q.len() >= g * hd && s.len() >= g * n && (n == 0 || k.len() >= (n - 1) * stride + hd)
+        );
         for j in 0..n {
             let kj = k.as_ptr().add(j * stride);
             let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
@@ -321,8 +450,19 @@ mod x86 {
 
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn mix<E>(p: &[f32], g: usize, hd: usize, v: &[E], stride: usize, n: usize, out: &mut [f32], load: impl Fn(*const E) -> __m256) {
-        assert!(p.len() >= g * n && out.len() >= g * hd && (n == 0 || v.len() >= (n - 1) * stride + hd));
+    pub unsafe fn mix<E>(
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[E],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+        load: impl Fn(*const E) -> __m256,
+    ) {
+        assert!(
+            p.len() >= g * n && out.len() >= g * hd && (n == 0 || v.len() >= (n - 1) * stride + hd)
+        );
         for i in (0..hd).step_by(8) {
             let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
             for j in 0..n {
@@ -339,25 +479,63 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn scores_f16(q: &[f32], g: usize, hd: usize, k: &[f16], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
-        scores(q, g, hd, k, stride, n, scale, s, |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)))
+    pub unsafe fn scores_f16(
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[f16],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        s: &mut [f32],
+    ) {
+        scores(q, g, hd, k, stride, n, scale, s, |p| {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        })
     }
 
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn scores_f32(q: &[f32], g: usize, hd: usize, k: &[f32], stride: usize, n: usize, scale: f32, s: &mut [f32]) {
+    pub unsafe fn scores_f32(
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[f32],
+        stride: usize,
+        n: usize,
+        scale: f32,
+        s: &mut [f32],
+    ) {
         scores(q, g, hd, k, stride, n, scale, s, |p| _mm256_loadu_ps(p))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn mix_f16(p: &[f32], g: usize, hd: usize, v: &[f16], stride: usize, n: usize, out: &mut [f32]) {
-        mix(p, g, hd, v, stride, n, out, |x| _mm256_cvtph_ps(_mm_loadu_si128(x as *const __m128i)))
+    pub unsafe fn mix_f16(
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        mix(p, g, hd, v, stride, n, out, |x| {
+            _mm256_cvtph_ps(_mm_loadu_si128(x as *const __m128i))
+        })
     }
 
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn mix_f32(p: &[f32], g: usize, hd: usize, v: &[f32], stride: usize, n: usize, out: &mut [f32]) {
+    pub unsafe fn mix_f32(
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[f32],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
         mix(p, g, hd, v, stride, n, out, |x| _mm256_loadu_ps(x))
     }
 
@@ -383,7 +561,10 @@ mod tests {
         for i in -1990..2020 {
             let x = i as f32 * 0.0437;
             let (got, want) = (exp(x), (x as f64).exp());
-            assert!(((got as f64 - want) / want).abs() < 3e-7, "exp({x}) = {got}, want {want}");
+            assert!(
+                ((got as f64 - want) / want).abs() < 3e-7,
+                "exp({x}) = {got}, want {want}"
+            );
         }
         assert_eq!(exp(-200.0), 0.0);
         assert_eq!(exp(0.0), 1.0);

@@ -1,39 +1,28 @@
 //! The CPU engine against Hugging Face transformers on the tiny random-weight fixtures
 //! (../shared/fixtures/hf-tiny): argmax at every prompt position, the last four logit rows within
-//! 1e-4, and 16 greedy tokens decoded through the KV cache — from safetensors and from GGUF.
+//! 1e-4, and 16 greedy tokens decoded through the KV cache (and the recurrent state of the
+//! DeltaNet layers) — from safetensors and from GGUF, for the dense, MoE and hybrid families.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anelm_cpu::CpuExecutor;
 use anelm_model::{Executor, Logits};
+use anelm_testkit::{
+    argmax, ids, tiny, DENSE_TINY as DENSE, MOE_HYBRID_TINY, TINY_WITH_GGUF as WITH_GGUF,
+};
 use serde_json::Value;
 
-const DENSE: [&str; 8] = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "gpt2"];
-const WITH_GGUF: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
+fn fixtures() -> std::path::PathBuf {
+    anelm_testkit::shared("fixtures/hf-tiny")
 }
 
 /// Checks one model file against the arch's reference; returns the largest logit difference.
 fn check(arch: &str, model_path: &Path) -> f32 {
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join(arch).join("reference.json")).unwrap()).unwrap();
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join(arch).join("reference.json")).unwrap(),
+    )
+    .unwrap();
     let model = Arc::new(anelm_model::load(model_path).unwrap_or_else(|e| panic!("{arch}: {e}")));
     let mut exec = CpuExecutor::new(model, 2);
     let vocab = exec.vocab_size();
@@ -42,10 +31,21 @@ fn check(arch: &str, model_path: &Path) -> f32 {
         let prompt = ids(&case["input_ids"]);
         let mut state = exec.new_state(prompt.len() + 16).unwrap();
         let mut logits = Vec::new();
-        exec.forward(state.as_mut(), &prompt, Logits::All, &mut logits).unwrap();
+        exec.forward(state.as_mut(), &prompt, Logits::All, &mut logits)
+            .unwrap();
         let got: Vec<u32> = logits.chunks_exact(vocab).map(argmax).collect();
-        assert_eq!(got, ids(&case["argmax"]), "{arch} {case_name}: argmax per position ({})", model_path.display());
-        for (row, pos) in case["last_logits"].as_array().unwrap().iter().zip(case["last_positions"].as_array().unwrap()) {
+        assert_eq!(
+            got,
+            ids(&case["argmax"]),
+            "{arch} {case_name}: argmax per position ({})",
+            model_path.display()
+        );
+        for (row, pos) in case["last_logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(case["last_positions"].as_array().unwrap())
+        {
             let pos = pos.as_u64().unwrap() as usize;
             for (i, want) in row.as_array().unwrap().iter().enumerate() {
                 let d = (logits[pos * vocab + i] - want.as_f64().unwrap() as f32).abs();
@@ -56,13 +56,23 @@ fn check(arch: &str, model_path: &Path) -> f32 {
         let mut next = *got.last().unwrap();
         let mut greedy = vec![next];
         for _ in 1..16 {
-            exec.forward(state.as_mut(), &[next], Logits::Last, &mut logits).unwrap();
+            exec.forward(state.as_mut(), &[next], Logits::Last, &mut logits)
+                .unwrap();
             next = argmax(&logits);
             greedy.push(next);
         }
-        assert_eq!(greedy, ids(&case["greedy"]["tokens"]), "{arch} {case_name}: greedy ({})", model_path.display());
+        assert_eq!(
+            greedy,
+            ids(&case["greedy"]["tokens"]),
+            "{arch} {case_name}: greedy ({})",
+            model_path.display()
+        );
     }
-    assert!(worst <= 1e-4, "{arch}: largest logit difference {worst} ({})", model_path.display());
+    assert!(
+        worst <= 1e-4,
+        "{arch}: largest logit difference {worst} ({})",
+        model_path.display()
+    );
     worst
 }
 
@@ -71,6 +81,14 @@ fn dense_safetensors_match_transformers() {
     for arch in DENSE {
         let d = check(arch, &fixtures().join(arch));
         println!("{arch:8} safetensors: max |logit diff| {d:.2e}");
+    }
+}
+
+#[test]
+fn moe_and_hybrid_safetensors_match_transformers() {
+    for arch in MOE_HYBRID_TINY {
+        let d = check(arch, &tiny(arch));
+        println!("{arch:12} safetensors: max |logit diff| {d:.2e}");
     }
 }
 

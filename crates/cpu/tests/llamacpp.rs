@@ -15,19 +15,31 @@ const MARGIN: f64 = 0.5;
 fn model_path(file: &str) -> PathBuf {
     let dir = std::env::var_os("ANELM_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/anelm/models"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/anelm/models")
+        });
     let p = dir.join(file);
-    assert!(p.exists(), "{} is missing: run `python3 scripts/fetch-models.py`", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `python3 scripts/fetch-models.py`",
+        p.display()
+    );
     p
 }
 
 fn fixture(name: &str) -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/llamacpp").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/llamacpp")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -44,7 +56,14 @@ fn argmax(row: &[f32]) -> u32 {
 fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
     let fx = fixture(fixture_name);
     let model = Arc::new(anelm_model::load(&model_path(gguf)).unwrap());
-    let mut exec = CpuExecutor::with_options(model, CpuOptions { threads: 2, exact, ..CpuOptions::default() });
+    let mut exec = CpuExecutor::with_options(
+        model,
+        CpuOptions {
+            threads: 2,
+            exact,
+            ..CpuOptions::default()
+        },
+    );
     let vocab = exec.vocab_size();
     for p in fx["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
@@ -53,7 +72,8 @@ fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
         let all: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
         let mut state = exec.new_state(all.len()).unwrap();
         let mut logits = Vec::new();
-        exec.forward(state.as_mut(), &all, Logits::All, &mut logits).unwrap();
+        exec.forward(state.as_mut(), &all, Logits::All, &mut logits)
+            .unwrap();
 
         // Teacher-forced agreement on the generated steps.
         let (mut agree, mut checked) = (0, 0);
@@ -62,7 +82,11 @@ fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
             let ours = argmax(&logits[pos * vocab..(pos + 1) * vocab]);
             if s["margin_top1_top2"].as_f64().unwrap() >= MARGIN {
                 checked += 1;
-                assert_eq!(ours, greedy[step], "{name}: step {step} (margin {})", s["margin_top1_top2"]);
+                assert_eq!(
+                    ours, greedy[step],
+                    "{name}: step {step} (margin {})",
+                    s["margin_top1_top2"]
+                );
                 agree += 1;
             }
         }
@@ -75,7 +99,10 @@ fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
             key.as_array()
                 .unwrap()
                 .iter()
-                .map(|e| (last[e["id"].as_u64().unwrap() as usize] as f64 - e["logit"].as_f64().unwrap()).abs())
+                .map(|e| {
+                    (last[e["id"].as_u64().unwrap() as usize] as f64 - e["logit"].as_f64().unwrap())
+                        .abs()
+                })
                 .fold(0f64, f64::max)
         };
         let precise = max_diff(&p["precise"]["top10_after_prompt"]);
@@ -84,26 +111,45 @@ fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
             "{gguf}{} {name:12}: {agree}/{checked} confident steps agree; top-10 max |diff| {precise:.3} vs precise, {default:.3} vs default",
             if exact { " (exact)" } else { "" }
         );
-        assert!(precise.min(default) <= 1.0, "{name}: top-10 logits differ by {precise} (precise), {default} (default)");
+        assert!(
+            precise.min(default) <= 1.0,
+            "{name}: top-10 logits differ by {precise} (precise), {default} (default)"
+        );
     }
 }
 
 #[test]
 fn smollm2_matches_llamacpp() {
-    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1.prompts.json", false);
+    check_model(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-135m-instruct-q4_1.prompts.json",
+        false,
+    );
 }
 
 #[test]
 fn gemma3_matches_llamacpp() {
-    check_model("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m.prompts.json", false);
+    check_model(
+        "gemma-3-270m-q4_k_m.gguf",
+        "gemma-3-270m-q4_k_m.prompts.json",
+        false,
+    );
 }
 
 #[test]
 fn smollm2_exact_matches_llamacpp() {
-    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1.prompts.json", true);
+    check_model(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-135m-instruct-q4_1.prompts.json",
+        true,
+    );
 }
 
 #[test]
 fn gemma3_exact_matches_llamacpp() {
-    check_model("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q4_k_m.prompts.json", true);
+    check_model(
+        "gemma-3-270m-q4_k_m.gguf",
+        "gemma-3-270m-q4_k_m.prompts.json",
+        true,
+    );
 }

@@ -26,6 +26,7 @@ pub mod prompt;
 mod rng;
 pub mod sampler;
 pub mod session;
+pub mod speculative;
 pub mod stop;
 pub mod utf8_stream;
 
@@ -36,5 +37,6 @@ pub use loaded::{LoadError, LoadedModel};
 pub use prompt::{Input, Overflow};
 pub use sampler::{argmax, logprobs, Sampler, SamplingParams, TokenLogprob};
 pub use session::{PrefillStep, Session};
+pub use speculative::{generate_greedy_speculative, Side, SpecStats};
 pub use stop::{StopScan, StopStrings};
 pub use utf8_stream::Utf8Stream;

@@ -45,10 +45,11 @@ impl Session {
         self.truncate(0);
     }
 
-    /// Keeps only the first `len` tokens.
+    /// Keeps at most the first `len` tokens (fewer when the state cannot go back that far).
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);
         self.state.truncate(self.tokens.len());
+        self.tokens.truncate(self.state.len());
     }
 
     /// Makes the session hold exactly `prompt` and writes the logits after its last token into
@@ -93,8 +94,9 @@ impl Session {
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let reused = common.min(prompt.len() - 1);
-        self.truncate(reused);
+        // A recurrent state may keep less than asked (it cannot go back): reuse what it kept.
+        self.truncate(common.min(prompt.len() - 1));
+        let reused = self.tokens.len();
         let end = (reused + PREFILL_CHUNK).min(prompt.len());
         let done = end == prompt.len();
         let want = if done { Logits::Last } else { Logits::None };

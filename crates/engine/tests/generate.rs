@@ -557,7 +557,9 @@ fn bad_requests_are_clear_errors() {
 fn a_long_prompt_prefills_chunk_by_chunk_and_can_stop_between() {
     use anelm_engine::session::PREFILL_CHUNK;
     let model = smollm2();
-    let prompt: Vec<u32> = (0..2 * PREFILL_CHUNK + 100).map(|i| 100 + (i % 50) as u32).collect();
+    let prompt: Vec<u32> = (0..2 * PREFILL_CHUNK + 100)
+        .map(|i| 100 + (i % 50) as u32)
+        .collect();
     let mut exec = Scripted::new(model.model.config.vocab_size, prompt.len(), &[500, EOS]);
     let passes = exec.passes.clone();
     let capacity = 4 * PREFILL_CHUNK;
@@ -577,8 +579,14 @@ fn a_long_prompt_prefills_chunk_by_chunk_and_can_stop_between() {
         events.push(e);
     }
     let f = finish(&events);
-    assert_eq!((f.reason, f.usage.completion_tokens), (FinishReason::Stop, 2));
-    assert_eq!((f.usage.cached_tokens, f.timings.prefilled_tokens), (0, prompt.len()));
+    assert_eq!(
+        (f.reason, f.usage.completion_tokens),
+        (FinishReason::Stop, 2)
+    );
+    assert_eq!(
+        (f.usage.cached_tokens, f.timings.prefilled_tokens),
+        (0, prompt.len())
+    );
     drop(generation);
 
     // Cancelled after one chunk: nothing more runs, and the session keeps that chunk.

@@ -116,8 +116,16 @@ pub struct Metadata {
 
 impl Metadata {
     pub fn new(path: PathBuf, entries: Vec<(String, MetaValue)>) -> Self {
-        let index = entries.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
-        Metadata { path, entries, index }
+        let index = entries
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| (k.clone(), i))
+            .collect();
+        Metadata {
+            path,
+            entries,
+            index,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -133,11 +141,18 @@ impl Metadata {
     }
 
     fn bad(&self, key: &str, msg: String) -> FormatError {
-        FormatError::BadValue { path: self.path.clone(), key: key.to_string(), msg }
+        FormatError::BadValue {
+            path: self.path.clone(),
+            key: key.to_string(),
+            msg,
+        }
     }
 
     fn missing(&self, key: &str) -> FormatError {
-        FormatError::MissingKey { path: self.path.clone(), key: key.to_string() }
+        FormatError::MissingKey {
+            path: self.path.clone(),
+            key: key.to_string(),
+        }
     }
 
     /// An optional unsigned integer that must fit `usize`.
@@ -146,7 +161,10 @@ impl Metadata {
             None => Ok(None),
             Some(v) => match v.as_i64().and_then(|i| usize::try_from(i).ok()) {
                 Some(n) => Ok(Some(n)),
-                None => Err(self.bad(key, format!("expected a non-negative integer, found {}", v.type_name()))),
+                None => Err(self.bad(
+                    key,
+                    format!("expected a non-negative integer, found {}", v.type_name()),
+                )),
             },
         }
     }
@@ -184,7 +202,10 @@ impl Metadata {
             None => Ok(None),
             Some(v) => match v.as_str() {
                 Some(s) => Ok(Some(s)),
-                None => Err(self.bad(key, format!("expected a UTF-8 string, found {}", v.type_name()))),
+                None => Err(self.bad(
+                    key,
+                    format!("expected a UTF-8 string, found {}", v.type_name()),
+                )),
             },
         }
     }
@@ -205,12 +226,18 @@ impl Metadata {
 
     /// An array of strings as raw bytes (tokenizer vocabularies).
     pub fn byte_strings_opt(&self, key: &str) -> Result<Option<Vec<&[u8]>>> {
-        let Some(arr) = self.array_opt(key)? else { return Ok(None) };
+        let Some(arr) = self.array_opt(key)? else {
+            return Ok(None);
+        };
         arr.iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_bytes()
-                    .ok_or_else(|| self.bad(key, format!("element {i} is {}, expected string", v.type_name())))
+                v.as_bytes().ok_or_else(|| {
+                    self.bad(
+                        key,
+                        format!("element {i} is {}, expected string", v.type_name()),
+                    )
+                })
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
@@ -218,13 +245,18 @@ impl Metadata {
 
     /// An array of numbers as f32 (token scores).
     pub fn f32_array_opt(&self, key: &str) -> Result<Option<Vec<f32>>> {
-        let Some(arr) = self.array_opt(key)? else { return Ok(None) };
+        let Some(arr) = self.array_opt(key)? else {
+            return Ok(None);
+        };
         arr.iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_f64()
-                    .map(|f| f as f32)
-                    .ok_or_else(|| self.bad(key, format!("element {i} is {}, expected number", v.type_name())))
+                v.as_f64().map(|f| f as f32).ok_or_else(|| {
+                    self.bad(
+                        key,
+                        format!("element {i} is {}, expected number", v.type_name()),
+                    )
+                })
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
@@ -232,12 +264,18 @@ impl Metadata {
 
     /// An array of integers as i64 (token types, layer patterns).
     pub fn i64_array_opt(&self, key: &str) -> Result<Option<Vec<i64>>> {
-        let Some(arr) = self.array_opt(key)? else { return Ok(None) };
+        let Some(arr) = self.array_opt(key)? else {
+            return Ok(None);
+        };
         arr.iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_i64()
-                    .ok_or_else(|| self.bad(key, format!("element {i} is {}, expected integer", v.type_name())))
+                v.as_i64().ok_or_else(|| {
+                    self.bad(
+                        key,
+                        format!("element {i} is {}, expected integer", v.type_name()),
+                    )
+                })
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
@@ -262,7 +300,11 @@ impl Gguf {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
         let (version, metadata, infos) = parse(path, &map)?;
         let tensors = TensorStore::from_parts(vec![(path.to_path_buf(), map)], infos);
-        Ok(Gguf { version, metadata, tensors })
+        Ok(Gguf {
+            version,
+            metadata,
+            tensors,
+        })
     }
 
     /// The `general.architecture` value.
@@ -284,9 +326,16 @@ impl<'a> Cursor<'a> {
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            self.err(format!("truncated: {what} needs {n} bytes, file is {} bytes", self.buf.len()))
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                self.err(format!(
+                    "truncated: {what} needs {n} bytes, file is {} bytes",
+                    self.buf.len()
+                ))
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -318,7 +367,9 @@ impl<'a> Cursor<'a> {
         let n = self.u64()?;
         let remaining = (self.buf.len() - self.pos) as u64;
         if n.saturating_mul(min_elem_bytes.max(1) as u64) > remaining {
-            return Err(self.err(format!("truncated or corrupt: {what} count {n} does not fit in the rest of the file")));
+            return Err(self.err(format!(
+                "truncated or corrupt: {what} count {n} does not fit in the rest of the file"
+            )));
         }
         Ok(n as usize)
     }
@@ -378,12 +429,21 @@ fn elem_min_bytes(ty: u32) -> usize {
 fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
     let mut c = Cursor { path, buf, pos: 0 };
     let magic = c.take(4, "magic").map_err(|_| {
-        FormatError::malformed(path, format!("not a GGUF file: {} bytes is too short for a header", buf.len()))
+        FormatError::malformed(
+            path,
+            format!(
+                "not a GGUF file: {} bytes is too short for a header",
+                buf.len()
+            ),
+        )
     })?;
     if magic != MAGIC {
         return Err(FormatError::malformed(
             path,
-            format!("not a GGUF file: magic is {:02x?}, expected \"GGUF\"", magic),
+            format!(
+                "not a GGUF file: magic is {:02x?}, expected \"GGUF\"",
+                magic
+            ),
         ));
     }
     let version = c.u32()?;
@@ -404,9 +464,10 @@ fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
         let key = String::from_utf8(key).map_err(|_| c.err("metadata key is not UTF-8"))?;
         let ty = c.u32()?;
         let value = c.value(ty, 0).map_err(|e| match e {
-            FormatError::Malformed { path, msg } => {
-                FormatError::Malformed { path, msg: format!("metadata key '{key}': {msg}") }
-            }
+            FormatError::Malformed { path, msg } => FormatError::Malformed {
+                path,
+                msg: format!("metadata key '{key}': {msg}"),
+            },
             e => e,
         })?;
         entries.push((key, value));
@@ -441,11 +502,19 @@ fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
         }
         let type_id = c.u32()?;
         let offset = c.u64()?;
-        raw.push(RawInfo { name, dims, type_id, offset });
+        raw.push(RawInfo {
+            name,
+            dims,
+            type_id,
+            offset,
+        });
     }
     let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
     if data_start > buf.len() as u64 && n_tensors > 0 {
-        return Err(FormatError::malformed(path, "truncated: the tensor data section is missing"));
+        return Err(FormatError::malformed(
+            path,
+            "truncated: the tensor data section is missing",
+        ));
     }
 
     let mut infos = Vec::with_capacity(raw.len());
@@ -460,7 +529,9 @@ fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| FormatError::malformed(path, format!("tensor '{}' dimensions overflow", r.name)))?;
+            .ok_or_else(|| {
+                FormatError::malformed(path, format!("tensor '{}' dimensions overflow", r.name))
+            })?;
         if r.dims[0] % dtype.block_elems() as u64 != 0 {
             return Err(FormatError::malformed(
                 path,
@@ -479,7 +550,10 @@ fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
         if r.offset % alignment != 0 {
             return Err(FormatError::malformed(
                 path,
-                format!("tensor '{}' offset {} is not aligned to {alignment}", r.name, r.offset),
+                format!(
+                    "tensor '{}' offset {} is not aligned to {alignment}",
+                    r.name, r.offset
+                ),
             ));
         }
         let start = data_start.checked_add(r.offset);

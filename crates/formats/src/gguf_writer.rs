@@ -22,7 +22,11 @@ struct PendingTensor {
 
 impl Default for GgufWriter {
     fn default() -> Self {
-        GgufWriter { alignment: 32, metadata: Vec::new(), tensors: Vec::new() }
+        GgufWriter {
+            alignment: 32,
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+        }
     }
 }
 
@@ -46,8 +50,19 @@ impl GgufWriter {
     }
 
     /// Adds a tensor with raw bytes of `dtype`; `shape` is row-major (outermost first).
-    pub fn tensor(&mut self, name: &str, dtype: GgmlType, shape: &[usize], data: Vec<u8>) -> &mut Self {
-        self.tensors.push(PendingTensor { name: name.to_string(), dtype, shape: shape.to_vec(), data });
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        dtype: GgmlType,
+        shape: &[usize],
+        data: Vec<u8>,
+    ) -> &mut Self {
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            dtype,
+            shape: shape.to_vec(),
+            data,
+        });
         self
     }
 

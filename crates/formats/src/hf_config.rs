@@ -21,12 +21,18 @@ impl HfConfig {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<HfConfig> {
-        let root: Value =
-            serde_json::from_str(text).map_err(|e| FormatError::malformed(path, format!("invalid JSON: {e}")))?;
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| FormatError::malformed(path, format!("invalid JSON: {e}")))?;
         if !root.is_object() {
-            return Err(FormatError::malformed(path, "config.json is not a JSON object"));
+            return Err(FormatError::malformed(
+                path,
+                "config.json is not a JSON object",
+            ));
         }
-        Ok(HfConfig { path: path.to_path_buf(), root })
+        Ok(HfConfig {
+            path: path.to_path_buf(),
+            root,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -36,16 +42,27 @@ impl HfConfig {
     /// The value of `key`: from `text_config` when present there, else from the top level.
     /// A JSON null counts as absent (transformers writes null for unset options).
     pub fn get(&self, key: &str) -> Option<&Value> {
-        let text = self.root.get("text_config").and_then(|t| t.get(key)).filter(|v| !v.is_null());
+        let text = self
+            .root
+            .get("text_config")
+            .and_then(|t| t.get(key))
+            .filter(|v| !v.is_null());
         text.or_else(|| self.root.get(key).filter(|v| !v.is_null()))
     }
 
     fn bad(&self, key: &str, msg: &str) -> FormatError {
-        FormatError::BadValue { path: self.path.clone(), key: key.to_string(), msg: msg.to_string() }
+        FormatError::BadValue {
+            path: self.path.clone(),
+            key: key.to_string(),
+            msg: msg.to_string(),
+        }
     }
 
     fn missing(&self, key: &str) -> FormatError {
-        FormatError::MissingKey { path: self.path.clone(), key: key.to_string() }
+        FormatError::MissingKey {
+            path: self.path.clone(),
+            key: key.to_string(),
+        }
     }
 
     pub fn model_type(&self) -> Result<&str> {
@@ -71,7 +88,10 @@ impl HfConfig {
     pub fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.bad(key, "expected a number")),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.bad(key, "expected a number")),
         }
     }
 
@@ -82,14 +102,20 @@ impl HfConfig {
     pub fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.bad(key, "expected true or false")),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.bad(key, "expected true or false")),
         }
     }
 
     pub fn str_opt(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.bad(key, "expected a string")),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.bad(key, "expected a string")),
         }
     }
 
@@ -103,7 +129,10 @@ impl HfConfig {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| v.as_str().ok_or_else(|| self.bad(key, "expected a list of strings")))
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| self.bad(key, "expected a list of strings"))
+                })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             Some(_) => Err(self.bad(key, "expected a list of strings")),
@@ -138,7 +167,9 @@ impl HfConfig {
             }
         }
         let mut rope = match self.get("rope_scaling") {
-            Some(s) if layer_type != Some("sliding_attention") => self.rope_from_object(s, "rope_scaling")?,
+            Some(s) if layer_type != Some("sliding_attention") => {
+                self.rope_from_object(s, "rope_scaling")?
+            }
             _ => RopeParams::default(),
         };
         rope.theta = theta;
@@ -149,7 +180,9 @@ impl HfConfig {
     }
 
     fn rope_from_object(&self, v: &Value, key: &str) -> Result<RopeParams> {
-        let obj = v.as_object().ok_or_else(|| self.bad(key, "expected an object"))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| self.bad(key, "expected an object"))?;
         let num = |k: &str| obj.get(k).and_then(Value::as_f64);
         let rope_type = obj
             .get("rope_type")
@@ -208,29 +241,42 @@ mod tests {
 
     #[test]
     fn reads_both_rope_layouts() {
-        let v5 = cfg(r#"{"rope_parameters": {"full_attention": {"rope_theta": 1e6, "rope_type": "linear", "factor": 8.0},
-                         "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}}"#);
+        let v5 = cfg(
+            r#"{"rope_parameters": {"full_attention": {"rope_theta": 1e6, "rope_type": "linear", "factor": 8.0},
+                         "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}}"#,
+        );
         assert_eq!(v5.rope(Some("full_attention")).unwrap().theta, 1e6);
         assert_eq!(v5.rope(Some("full_attention")).unwrap().factor, Some(8.0));
         assert_eq!(v5.rope(Some("sliding_attention")).unwrap().theta, 1e4);
-        let v4 = cfg(r#"{"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}"#);
+        let v4 = cfg(
+            r#"{"rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}"#,
+        );
         assert_eq!(v4.rope(Some("full_attention")).unwrap().theta, 1e6);
         assert_eq!(v4.rope(Some("full_attention")).unwrap().factor, Some(8.0));
         let local = v4.rope(Some("sliding_attention")).unwrap();
         assert_eq!((local.theta, local.factor), (1e4, None));
-        let flat = cfg(r#"{"rope_parameters": {"rope_theta": 500.0, "partial_rotary_factor": 0.25}}"#);
+        let flat =
+            cfg(r#"{"rope_parameters": {"rope_theta": 500.0, "partial_rotary_factor": 0.25}}"#);
         assert_eq!(flat.rope(None).unwrap().partial_rotary_factor, 0.25);
     }
 
     #[test]
     fn text_config_and_nulls() {
-        let c = cfg(r#"{"model_type": "x", "hidden_size": 8, "text_config": {"model_type": "y", "hidden_size": 16, "sliding_window": null}, "sliding_window": 4}"#);
+        let c = cfg(
+            r#"{"model_type": "x", "hidden_size": 8, "text_config": {"model_type": "y", "hidden_size": 16, "sliding_window": null}, "sliding_window": 4}"#,
+        );
         assert_eq!(c.model_type().unwrap(), "y");
         assert_eq!(c.usize("hidden_size").unwrap(), 16);
         assert_eq!(c.usize_opt("sliding_window").unwrap(), Some(4));
         let e = c.usize("num_hidden_layers").unwrap_err().to_string();
-        assert!(e.contains("/m/config.json") && e.contains("num_hidden_layers"), "{e}");
-        let e = cfg(r#"{"hidden_size": "big"}"#).usize("hidden_size").unwrap_err().to_string();
+        assert!(
+            e.contains("/m/config.json") && e.contains("num_hidden_layers"),
+            "{e}"
+        );
+        let e = cfg(r#"{"hidden_size": "big"}"#)
+            .usize("hidden_size")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("non-negative integer"), "{e}");
         assert!(HfConfig::parse(Path::new("c.json"), "{oops").is_err());
     }

@@ -18,7 +18,10 @@ pub fn open_dir(dir: &Path) -> Result<TensorStore> {
     let index = dir.join("model.safetensors.index.json");
     let single = dir.join("model.safetensors");
     let files: Vec<PathBuf> = if index.exists() {
-        shard_files(&index)?.into_iter().map(|f| dir.join(f)).collect()
+        shard_files(&index)?
+            .into_iter()
+            .map(|f| dir.join(f))
+            .collect()
     } else if single.exists() {
         vec![single]
     } else {
@@ -33,19 +36,22 @@ pub fn open_dir(dir: &Path) -> Result<TensorStore> {
 /// The distinct shard file names of an index, in sorted order.
 fn shard_files(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index).map_err(|e| FormatError::io(index, e))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| FormatError::malformed(index, format!("invalid JSON: {e}")))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| FormatError::malformed(index, format!("invalid JSON: {e}")))?;
     let map = json
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| FormatError::malformed(index, "no \"weight_map\" object"))?;
     let mut files = BTreeSet::new();
     for (tensor, file) in map {
-        let f = file
-            .as_str()
-            .ok_or_else(|| FormatError::malformed(index, format!("weight_map[\"{tensor}\"] is not a string")))?;
+        let f = file.as_str().ok_or_else(|| {
+            FormatError::malformed(index, format!("weight_map[\"{tensor}\"] is not a string"))
+        })?;
         if f.contains("..") || Path::new(f).is_absolute() {
-            return Err(FormatError::malformed(index, format!("shard path '{f}' leaves the model directory")));
+            return Err(FormatError::malformed(
+                index,
+                format!("shard path '{f}' leaves the model directory"),
+            ));
         }
         files.insert(f.to_string());
     }
@@ -61,23 +67,40 @@ pub fn open_files(files: &[PathBuf]) -> Result<TensorStore> {
         let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
         // SAFETY: read-only map; the file must not be truncated while the store lives.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
-        let (header_len, meta) = SafeTensors::read_metadata(&map)
-            .map_err(|e| FormatError::malformed(path, format!("not a valid safetensors file: {e}")))?;
+        let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
+            FormatError::malformed(path, format!("not a valid safetensors file: {e}"))
+        })?;
         let data_start = 8 + header_len;
         for (name, info) in meta.tensors() {
             let dtype = map_dtype(info.dtype).ok_or_else(|| {
-                FormatError::malformed(path, format!("tensor '{name}' has unsupported dtype {:?}", info.dtype))
+                FormatError::malformed(
+                    path,
+                    format!("tensor '{name}' has unsupported dtype {:?}", info.dtype),
+                )
             })?;
             let (start, end) = info.data_offsets;
             let len = end - start;
             let n: usize = info.shape.iter().product();
             if dtype.bytes_for(n) != Some(len) || data_start + end > map.len() {
-                return Err(FormatError::malformed(path, format!("tensor '{name}' has inconsistent size")));
+                return Err(FormatError::malformed(
+                    path,
+                    format!("tensor '{name}' has inconsistent size"),
+                ));
             }
             if !seen.insert(name.clone()) {
-                return Err(FormatError::malformed(path, format!("tensor '{name}' appears in two shards")));
+                return Err(FormatError::malformed(
+                    path,
+                    format!("tensor '{name}' appears in two shards"),
+                ));
             }
-            infos.push(TensorInfo::new(name, dtype, info.shape.clone(), source, data_start + start, len));
+            infos.push(TensorInfo::new(
+                name,
+                dtype,
+                info.shape.clone(),
+                source,
+                data_start + start,
+                len,
+            ));
         }
         maps.push((path.clone(), map));
     }
@@ -106,11 +129,22 @@ mod tests {
     fn write_st(path: &Path, tensors: &[(&str, &[usize], &[f32])]) {
         let data: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
             .iter()
-            .map(|(n, s, v)| (n.to_string(), v.iter().flat_map(|x| x.to_le_bytes()).collect(), s.to_vec()))
+            .map(|(n, s, v)| {
+                (
+                    n.to_string(),
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    s.to_vec(),
+                )
+            })
             .collect();
         let views: Vec<(String, safetensors::tensor::TensorView)> = data
             .iter()
-            .map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+            .map(|(n, b, s)| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
             .collect();
         safetensors::serialize_to_file(views, None, path).unwrap();
     }
@@ -118,9 +152,15 @@ mod tests {
     #[test]
     fn single_and_sharded_dirs_load() {
         let d = tempfile::tempdir().unwrap();
-        write_st(&d.path().join("model.safetensors"), &[("a", &[2, 2], &[1., 2., 3., 4.])]);
+        write_st(
+            &d.path().join("model.safetensors"),
+            &[("a", &[2, 2], &[1., 2., 3., 4.])],
+        );
         let s = open_dir(d.path()).unwrap();
-        assert_eq!(s.require("a").unwrap().to_f32().unwrap(), vec![1., 2., 3., 4.]);
+        assert_eq!(
+            s.require("a").unwrap().to_f32().unwrap(),
+            vec![1., 2., 3., 4.]
+        );
 
         let d = tempfile::tempdir().unwrap();
         write_st(&d.path().join("m-1.safetensors"), &[("a", &[2], &[1., 2.])]);
@@ -133,7 +173,11 @@ mod tests {
         let s = open_dir(d.path()).unwrap();
         assert_eq!(s.require("b").unwrap().to_f32().unwrap(), vec![5.]);
         assert_eq!(s.require("a").unwrap().shape, &[2]);
-        assert!(s.require("c").unwrap_err().to_string().contains("missing tensor 'c'"));
+        assert!(s
+            .require("c")
+            .unwrap_err()
+            .to_string()
+            .contains("missing tensor 'c'"));
     }
 
     #[test]
@@ -148,6 +192,10 @@ mod tests {
         std::fs::write(&p, b"garbage").unwrap();
         assert!(open_dir(d.path()).is_err());
         let empty = tempfile::tempdir().unwrap();
-        assert!(open_dir(empty.path()).err().unwrap().to_string().contains("no model.safetensors"));
+        assert!(open_dir(empty.path())
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("no model.safetensors"));
     }
 }

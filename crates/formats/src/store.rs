@@ -22,8 +22,22 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    pub(crate) fn new(name: String, dtype: GgmlType, shape: Vec<usize>, source: usize, offset: usize, len: usize) -> Self {
-        TensorInfo { name, dtype, shape, source, offset, len }
+    pub(crate) fn new(
+        name: String,
+        dtype: GgmlType,
+        shape: Vec<usize>,
+        source: usize,
+        offset: usize,
+        len: usize,
+    ) -> Self {
+        TensorInfo {
+            name,
+            dtype,
+            shape,
+            source,
+            offset,
+            len,
+        }
     }
 
     pub fn n_elems(&self) -> usize {
@@ -71,7 +85,10 @@ impl Tensor<'_> {
         } else {
             Err(FormatError::malformed(
                 self.file,
-                format!("tensor '{}' has shape {:?}, expected {:?}", self.name, self.shape, shape),
+                format!(
+                    "tensor '{}' has shape {:?}, expected {:?}",
+                    self.name, self.shape, shape
+                ),
             ))
         }
     }
@@ -86,8 +103,16 @@ pub struct TensorStore {
 
 impl TensorStore {
     pub(crate) fn from_parts(files: Vec<(PathBuf, Mmap)>, tensors: Vec<TensorInfo>) -> Self {
-        let index = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        TensorStore { files, tensors, index }
+        let index = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        TensorStore {
+            files,
+            tensors,
+            index,
+        }
     }
 
     /// Tensor infos in file order.
@@ -109,7 +134,10 @@ impl TensorStore {
 
     /// The first file of the store (the GGUF file or the first shard), for error messages.
     pub fn primary_path(&self) -> &Path {
-        self.files.first().map(|(p, _)| p.as_path()).unwrap_or(Path::new("<empty>"))
+        self.files
+            .first()
+            .map(|(p, _)| p.as_path())
+            .unwrap_or(Path::new("<empty>"))
     }
 
     fn view<'a>(&'a self, info: &'a TensorInfo) -> Tensor<'a> {

@@ -5,6 +5,7 @@ use anelm_formats::RopeParams;
 
 use crate::error::{ModelError, Result};
 use crate::hparams::Hparams;
+use crate::hybrid::{self, DeltaNetSpec, MoeSpec};
 use crate::loader::TensorLoader;
 use crate::model::{Family, Model, ModelConfig, ModelSource};
 use crate::plan::{Activation, Attention, Ffn, Layer, Mixer, Norm, NormKind, Rope, RopePairing};
@@ -125,10 +126,20 @@ pub(crate) struct Recipe {
     /// Per-layer RoPE frequency divisors (llama.cpp's `rope_freqs.weight`, Llama 3).
     pub freq_factors: Option<Vec<f32>>,
     pub layers: Vec<AttnKind>,
+    /// Mixture-of-experts FFNs on the layers it marks.
+    pub moe: Option<MoeSpec>,
+    /// Gated DeltaNet mixers on the layers it marks.
+    pub deltanet: Option<DeltaNetSpec>,
+    /// `q_proj` carries a per-head output gate (Qwen3-Next, Qwen3.5).
+    pub gated_attention: bool,
 }
 
 /// Inverse RoPE frequencies for `dims` rotated dimensions under `p`'s scaling.
-pub(crate) fn rope_inv_freq(p: &RopeParams, dims: usize, freq_factors: Option<&[f32]>) -> std::result::Result<Vec<f32>, String> {
+pub(crate) fn rope_inv_freq(
+    p: &RopeParams,
+    dims: usize,
+    freq_factors: Option<&[f32]>,
+) -> std::result::Result<Vec<f32>, String> {
     let mut f = Rope::plain_inv_freq(p.theta, dims);
     match p.rope_type.as_str() {
         "default" | "none" => {}
@@ -159,21 +170,39 @@ pub(crate) fn rope_inv_freq(p: &RopeParams, dims: usize, freq_factors: Option<&[
     }
     if let Some(ff) = freq_factors {
         if ff.len() != f.len() {
-            return Err(format!("rope_freqs has {} values, expected {}", ff.len(), f.len()));
+            return Err(format!(
+                "rope_freqs has {} values, expected {}",
+                ff.len(),
+                f.len()
+            ));
         }
         f.iter_mut().zip(ff).for_each(|(x, d)| *x /= d);
     }
     Ok(f)
 }
 
-pub(crate) fn build(loader: &TensorLoader, r: Recipe, source: ModelSource, name: String) -> Result<Model> {
+pub(crate) fn build(
+    loader: &TensorLoader,
+    r: Recipe,
+    source: ModelSource,
+    name: String,
+) -> Result<Model> {
     let hp = &r.hp;
     let path = loader.path().to_path_buf();
     if hp.n_heads == 0 || hp.n_kv_heads == 0 || !hp.n_heads.is_multiple_of(hp.n_kv_heads) {
-        return Err(ModelError::invalid(&path, format!("{} heads cannot share {} KV heads", hp.n_heads, hp.n_kv_heads)));
+        return Err(ModelError::invalid(
+            &path,
+            format!(
+                "{} heads cannot share {} KV heads",
+                hp.n_heads, hp.n_kv_heads
+            ),
+        ));
     }
     if !hp.rope_dims.is_multiple_of(2) || hp.rope_dims > hp.head_dim {
-        return Err(ModelError::invalid(&path, format!("RoPE over {} of {} head dims", hp.rope_dims, hp.head_dim)));
+        return Err(ModelError::invalid(
+            &path,
+            format!("RoPE over {} of {} head dims", hp.rope_dims, hp.head_dim),
+        ));
     }
     let n = r.naming;
     let embed_t = loader.require(n.embedding())?;
@@ -184,14 +213,28 @@ pub(crate) fn build(loader: &TensorLoader, r: Recipe, source: ModelSource, name:
     } else {
         loader.matrix(n.embedding(), vocab, hp.hidden)?
     };
-    let rms = |name: &str, width: usize| loader.norm(&format!("{name}.weight"), width, NormKind::Rms, hp.eps, r.norm_plus_one, None);
+    let rms = |name: &str, width: usize| {
+        loader.norm(
+            &format!("{name}.weight"),
+            width,
+            NormKind::Rms,
+            hp.eps,
+            r.norm_plus_one,
+            None,
+        )
+    };
 
     let (q_out, kv_out) = (hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim);
     let mut layers = Vec::with_capacity(hp.n_layers);
     for (i, kind) in r.layers.iter().enumerate() {
         let lin = |role: Role, out: usize, inp: usize| {
             let base = n.layer(i, role);
-            loader.linear(&format!("{base}.weight"), out, inp, Some(&format!("{base}.bias")))
+            loader.linear(
+                &format!("{base}.weight"),
+                out,
+                inp,
+                Some(&format!("{base}.bias")),
+            )
         };
         let head_norm = |role: Role| -> Result<Option<Norm>> {
             let name = n.layer(i, role);
@@ -201,22 +244,43 @@ pub(crate) fn build(loader: &TensorLoader, r: Recipe, source: ModelSource, name:
                 Ok(None)
             }
         };
-        let inv_freq = rope_inv_freq(&kind.rope, hp.rope_dims, r.freq_factors.as_deref())
-            .map_err(|m| ModelError::invalid(&path, m))?;
-        let attention = Attention {
-            n_heads: hp.n_heads,
-            n_kv_heads: hp.n_kv_heads,
-            head_dim: hp.head_dim,
-            scale: kind.scale,
-            window: kind.window,
-            softcap: kind.softcap,
-            rope: Some(Rope { dims: hp.rope_dims, pairing: r.pairing, inv_freq, mscale: 1.0 }),
-            q: lin(Role::Q, q_out, hp.hidden)?,
-            k: lin(Role::K, kv_out, hp.hidden)?,
-            v: lin(Role::V, kv_out, hp.hidden)?,
-            o: lin(Role::O, hp.hidden, q_out)?,
-            q_norm: head_norm(Role::QNorm)?,
-            k_norm: head_norm(Role::KNorm)?,
+        let mixer = match &r.deltanet {
+            Some(d) if d.layers[i] => {
+                Mixer::DeltaNet(hybrid::deltanet(loader, i, d, hp.hidden, hp.eps)?)
+            }
+            _ => {
+                let inv_freq = rope_inv_freq(&kind.rope, hp.rope_dims, r.freq_factors.as_deref())
+                    .map_err(|m| ModelError::invalid(&path, m))?;
+                let (q, output_gate) = if r.gated_attention {
+                    let name = format!("{}.weight", n.layer(i, Role::Q));
+                    let (q, g) =
+                        hybrid::gated_query(loader, &name, hp.n_heads, hp.head_dim, hp.hidden)?;
+                    (q, Some(g))
+                } else {
+                    (lin(Role::Q, q_out, hp.hidden)?, None)
+                };
+                Mixer::Attention(Attention {
+                    n_heads: hp.n_heads,
+                    n_kv_heads: hp.n_kv_heads,
+                    head_dim: hp.head_dim,
+                    scale: kind.scale,
+                    window: kind.window,
+                    softcap: kind.softcap,
+                    rope: Some(Rope {
+                        dims: hp.rope_dims,
+                        pairing: r.pairing,
+                        inv_freq,
+                        mscale: 1.0,
+                    }),
+                    q,
+                    k: lin(Role::K, kv_out, hp.hidden)?,
+                    v: lin(Role::V, kv_out, hp.hidden)?,
+                    o: lin(Role::O, hp.hidden, q_out)?,
+                    q_norm: head_norm(Role::QNorm)?,
+                    k_norm: head_norm(Role::KNorm)?,
+                    output_gate,
+                })
+            }
         };
         let post = |role: Role| -> Result<Option<Norm>> {
             if r.sandwich {
@@ -225,21 +289,32 @@ pub(crate) fn build(loader: &TensorLoader, r: Recipe, source: ModelSource, name:
                 Ok(None)
             }
         };
-        layers.push(Layer {
-            attn_norm: rms(&n.layer(i, Role::AttnNorm), hp.hidden)?,
-            mixer: Mixer::Attention(attention),
-            post_attn_norm: post(Role::PostAttnNorm)?,
-            ffn_norm: rms(&n.layer(i, Role::FfnNorm), hp.hidden)?,
-            ffn: Ffn::Gated {
+        let ffn = match &r.moe {
+            Some(m) if m.layers[i] => Ffn::Moe(hybrid::moe(loader, i, m, r.act, hp.hidden)?),
+            _ => Ffn::Gated {
                 act: r.act,
                 gate: lin(Role::Gate, hp.ffn, hp.hidden)?,
                 up: lin(Role::Up, hp.ffn, hp.hidden)?,
                 down: lin(Role::Down, hp.hidden, hp.ffn)?,
             },
+        };
+        layers.push(Layer {
+            attn_norm: rms(&n.layer(i, Role::AttnNorm), hp.hidden)?,
+            mixer,
+            post_attn_norm: post(Role::PostAttnNorm)?,
+            ffn_norm: rms(&n.layer(i, Role::FfnNorm), hp.hidden)?,
+            ffn,
             post_ffn_norm: post(Role::PostFfnNorm)?,
         });
     }
-    let final_norm = loader.norm(n.final_norm(), hp.hidden, NormKind::Rms, hp.eps, r.norm_plus_one, None)?;
+    let final_norm = loader.norm(
+        n.final_norm(),
+        hp.hidden,
+        NormKind::Rms,
+        hp.eps,
+        r.norm_plus_one,
+        None,
+    )?;
     Ok(Model {
         config: ModelConfig {
             family: r.family,

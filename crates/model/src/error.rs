@@ -7,9 +7,17 @@ pub enum ModelError {
     #[error(transparent)]
     Format(#[from] anelm_formats::FormatError),
     #[error("{path}: unsupported architecture '{arch}' (supported: {supported})")]
-    UnsupportedArch { path: PathBuf, arch: String, supported: String },
+    UnsupportedArch {
+        path: PathBuf,
+        arch: String,
+        supported: String,
+    },
     #[error("{path}: tensor '{tensor}': {msg}")]
-    Shape { path: PathBuf, tensor: String, msg: String },
+    Shape {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
     #[error("{path}: {msg}")]
     Invalid { path: PathBuf, msg: String },
 }
@@ -18,9 +26,16 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 impl ModelError {
     pub fn shape(path: &Path, tensor: &str, msg: impl Into<String>) -> Self {
-        ModelError::Shape { path: path.to_path_buf(), tensor: tensor.to_string(), msg: msg.into() }
+        ModelError::Shape {
+            path: path.to_path_buf(),
+            tensor: tensor.to_string(),
+            msg: msg.into(),
+        }
     }
     pub fn invalid(path: &Path, msg: impl Into<String>) -> Self {
-        ModelError::Invalid { path: path.to_path_buf(), msg: msg.into() }
+        ModelError::Invalid {
+            path: path.to_path_buf(),
+            msg: msg.into(),
+        }
     }
 }

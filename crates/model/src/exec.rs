@@ -12,7 +12,9 @@ pub trait KvState: Any + Send {
     }
     /// Positions the state can hold.
     fn capacity(&self) -> usize;
-    /// Forgets every position from `len` on (prefix reuse, speculative rollback).
+    /// Forgets every position from `len` on (prefix reuse, speculative rollback). A state that
+    /// cannot go back (a recurrent one) may keep fewer positions, down to none: callers read
+    /// [`KvState::len`] afterwards.
     fn truncate(&mut self, len: usize);
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
@@ -61,7 +63,13 @@ pub trait Executor: Send {
 
     /// Processes `tokens` at positions `state.len()..`, extends the state, and writes the
     /// requested logits (`vocab` floats per row) into `out`, replacing its contents.
-    fn forward(&mut self, state: &mut dyn KvState, tokens: &[u32], logits: Logits, out: &mut Vec<f32>) -> Result<(), ExecError>;
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError>;
 
     /// Vocabulary size (length of one logits row).
     fn vocab_size(&self) -> usize;

@@ -29,25 +29,39 @@ impl Hparams {
         let k = |s: &str| format!("{arch}.{s}");
         let n_heads = meta.usize(&k("attention.head_count"))?;
         let hidden = meta.usize(&k("embedding_length"))?;
-        let head_dim = meta.usize_opt(&k("attention.key_length"))?.unwrap_or(hidden / n_heads.max(1));
+        let head_dim = meta
+            .usize_opt(&k("attention.key_length"))?
+            .unwrap_or(hidden / n_heads.max(1));
         let eps = match meta.f32_opt(&k("attention.layer_norm_rms_epsilon"))? {
             Some(e) => e,
-            None => meta.f32_opt(&k("attention.layer_norm_epsilon"))?.unwrap_or(1e-5),
+            None => meta
+                .f32_opt(&k("attention.layer_norm_epsilon"))?
+                .unwrap_or(1e-5),
         };
-        let mut rope = RopeParams { theta: meta.f32_opt(&k("rope.freq_base"))?.unwrap_or(10_000.0) as f64, ..Default::default() };
+        let mut rope = RopeParams {
+            theta: meta.f32_opt(&k("rope.freq_base"))?.unwrap_or(10_000.0) as f64,
+            ..Default::default()
+        };
         if let Some(t) = meta.str_opt(&k("rope.scaling.type"))? {
             rope.rope_type = t.to_string();
             rope.factor = meta.f32_opt(&k("rope.scaling.factor"))?.map(f64::from);
-            rope.original_max_position_embeddings =
-                meta.usize_opt(&k("rope.scaling.original_context_length"))?.map(|v| v as f64);
+            rope.original_max_position_embeddings = meta
+                .usize_opt(&k("rope.scaling.original_context_length"))?
+                .map(|v| v as f64);
         }
-        let rope_dims = meta.usize_opt(&k("rope.dimension_count"))?.unwrap_or(head_dim);
+        let rope_dims = meta
+            .usize_opt(&k("rope.dimension_count"))?
+            .unwrap_or(head_dim);
         Ok(Hparams {
             n_layers: meta.usize(&k("block_count"))?,
             hidden,
-            ffn: meta.usize_opt(&k("feed_forward_length"))?.unwrap_or(4 * hidden),
+            ffn: meta
+                .usize_opt(&k("feed_forward_length"))?
+                .unwrap_or(4 * hidden),
             n_heads,
-            n_kv_heads: meta.usize_opt(&k("attention.head_count_kv"))?.unwrap_or(n_heads),
+            n_kv_heads: meta
+                .usize_opt(&k("attention.head_count_kv"))?
+                .unwrap_or(n_heads),
             head_dim,
             eps,
             context: meta.usize_opt(&k("context_length"))?.unwrap_or(2048),
@@ -62,12 +76,17 @@ impl Hparams {
     pub fn from_hf(cfg: &HfConfig) -> Result<Hparams> {
         let hidden = cfg.usize_any(&["hidden_size", "n_embd"])?;
         let n_heads = cfg.usize_any(&["num_attention_heads", "n_head"])?;
-        let head_dim = cfg.usize_opt("head_dim")?.unwrap_or(hidden / n_heads.max(1));
+        let head_dim = cfg
+            .usize_opt("head_dim")?
+            .unwrap_or(hidden / n_heads.max(1));
         let rope = cfg.rope(Some("full_attention"))?;
         let rope_dims = (head_dim as f64 * rope.partial_rotary_factor) as usize;
         let eps = match cfg.f64_opt("rms_norm_eps")? {
             Some(e) => e,
-            None => cfg.f64_opt("layer_norm_epsilon")?.or(cfg.f64_opt("layer_norm_eps")?).unwrap_or(1e-5),
+            None => cfg
+                .f64_opt("layer_norm_epsilon")?
+                .or(cfg.f64_opt("layer_norm_eps")?)
+                .unwrap_or(1e-5),
         } as f32;
         Ok(Hparams {
             n_layers: cfg.usize_any(&["num_hidden_layers", "n_layer"])?,
@@ -80,7 +99,9 @@ impl Hparams {
             n_kv_heads: cfg.usize_opt("num_key_value_heads")?.unwrap_or(n_heads),
             head_dim,
             eps,
-            context: cfg.usize_any(&["max_position_embeddings", "n_positions"]).unwrap_or(2048),
+            context: cfg
+                .usize_any(&["max_position_embeddings", "n_positions"])
+                .unwrap_or(2048),
             rope,
             rope_dims,
             sliding_window: cfg.usize_opt("sliding_window")?,

@@ -7,6 +7,7 @@ pub mod error;
 pub mod exec;
 mod families;
 mod hparams;
+mod hybrid;
 mod loader;
 pub mod model;
 pub mod plan;

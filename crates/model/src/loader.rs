@@ -22,7 +22,10 @@ const LM_PREFIX: &str = "model.language_model.";
 impl TensorLoader {
     pub fn new(store: TensorStore) -> Self {
         let language_model_prefix = store.infos().iter().any(|t| t.name.starts_with(LM_PREFIX));
-        TensorLoader { store: Arc::new(store), language_model_prefix }
+        TensorLoader {
+            store: Arc::new(store),
+            language_model_prefix,
+        }
     }
 
     /// The stored name of tensor `name` (given in the text-only convention).
@@ -51,7 +54,11 @@ impl TensorLoader {
         let t = self.require(name)?;
         let w = Weight::mapped(&self.store, &t)?;
         if (w.rows, w.cols) != (rows, cols) || t.shape.len() != 2 {
-            return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected [{rows}, {cols}]", t.shape)));
+            return Err(ModelError::shape(
+                t.file,
+                name,
+                format!("shape {:?}, expected [{rows}, {cols}]", t.shape),
+            ));
         }
         Ok(w)
     }
@@ -60,7 +67,11 @@ impl TensorLoader {
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.require(name)?;
         if t.n_elems() != n {
-            return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected {n} values", t.shape)));
+            return Err(ModelError::shape(
+                t.file,
+                name,
+                format!("shape {:?}, expected {n} values", t.shape),
+            ));
         }
         Ok(t.to_f32()?)
     }
@@ -74,7 +85,13 @@ impl TensorLoader {
     }
 
     /// A linear layer `[out, in]` with an optional bias `bias_name`.
-    pub fn linear(&self, name: &str, out: usize, inp: usize, bias_name: Option<&str>) -> Result<Linear> {
+    pub fn linear(
+        &self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        bias_name: Option<&str>,
+    ) -> Result<Linear> {
         let weight = self.matrix(name, out, inp)?;
         let bias = match bias_name {
             Some(b) => self.vector_opt(b, out)?,
@@ -84,7 +101,15 @@ impl TensorLoader {
     }
 
     /// A norm of width `n`; `plus_one` adds 1 to the stored weight (HF Gemma's `(1 + w)`).
-    pub fn norm(&self, name: &str, n: usize, kind: NormKind, eps: f32, plus_one: bool, bias: Option<&str>) -> Result<Norm> {
+    pub fn norm(
+        &self,
+        name: &str,
+        n: usize,
+        kind: NormKind,
+        eps: f32,
+        plus_one: bool,
+        bias: Option<&str>,
+    ) -> Result<Norm> {
         let mut weight = self.vector(name, n)?;
         if plus_one {
             weight.iter_mut().for_each(|w| *w += 1.0);
@@ -93,6 +118,11 @@ impl TensorLoader {
             Some(b) => Some(self.vector(b, n)?),
             None => None,
         };
-        Ok(Norm { kind, eps, weight, bias })
+        Ok(Norm {
+            kind,
+            eps,
+            weight,
+            bias,
+        })
     }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anelm_formats::Metadata;
 
-use crate::plan::{Layer, Norm};
+use crate::plan::{Ffn, GatedMlp, Layer, Norm};
 use crate::weight::Weight;
 
 /// The model families anelm runs.
@@ -18,6 +18,11 @@ pub enum Family {
     Gemma2,
     Gemma3,
     Gpt2,
+    Qwen2Moe,
+    Qwen3Moe,
+    Qwen3Next,
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Family {
@@ -31,6 +36,11 @@ impl Family {
             Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3",
             Family::Gpt2 => "gpt2",
+            Family::Qwen2Moe => "qwen2_moe",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Qwen3Next => "qwen3_next",
+            Family::Qwen35 => "qwen3_5",
+            Family::Qwen35Moe => "qwen3_5_moe",
         }
     }
 }
@@ -39,7 +49,10 @@ impl Family {
 #[derive(Debug)]
 pub enum ModelSource {
     /// A GGUF file; its metadata is kept for the tokenizer and chat template.
-    Gguf { path: PathBuf, metadata: Box<Metadata> },
+    Gguf {
+        path: PathBuf,
+        metadata: Box<Metadata>,
+    },
     /// A Hugging Face directory (config.json, *.safetensors, tokenizer.json).
     HfDir { dir: PathBuf },
 }
@@ -99,13 +112,29 @@ impl Model {
     pub fn bytes_per_token(&self) -> usize {
         let mut n = self.lm_head.n_bytes() + self.embedding.row_bytes();
         for l in &self.layers {
-            let a = l.attention();
-            n += a.q.weight.n_bytes() + a.k.weight.n_bytes() + a.v.weight.n_bytes() + a.o.weight.n_bytes();
+            n += l
+                .mixer
+                .linears()
+                .iter()
+                .map(|w| w.weight.n_bytes())
+                .sum::<usize>();
             n += match &l.ffn {
-                crate::plan::Ffn::Gated { gate, up, down, .. } => {
+                Ffn::Gated { gate, up, down, .. } => {
                     gate.weight.n_bytes() + up.weight.n_bytes() + down.weight.n_bytes()
                 }
-                crate::plan::Ffn::Plain { up, down, .. } => up.weight.n_bytes() + down.weight.n_bytes(),
+                Ffn::Plain { up, down, .. } => up.weight.n_bytes() + down.weight.n_bytes(),
+                // A token reads the router, its top-k experts (the largest, as a bound) and the
+                // shared expert.
+                Ffn::Moe(m) => {
+                    let mlp = |e: &GatedMlp| {
+                        e.gate.weight.n_bytes() + e.up.weight.n_bytes() + e.down.weight.n_bytes()
+                    };
+                    let largest = m.experts.iter().map(mlp).max().unwrap_or(0);
+                    let shared = m.shared.as_ref().map_or(0, |s| {
+                        mlp(&s.mlp) + s.gate.as_ref().map_or(0, |g| g.n_bytes())
+                    });
+                    m.router.n_bytes() + m.top_k * largest + shared
+                }
             };
         }
         n

@@ -9,7 +9,12 @@ use crate::error::{ModelError, Result};
 
 enum Bytes {
     /// A byte range of one tensor in a mapped store.
-    Mapped { store: Arc<TensorStore>, index: usize, start: usize, len: usize },
+    Mapped {
+        store: Arc<TensorStore>,
+        index: usize,
+        start: usize,
+        len: usize,
+    },
     Owned(Vec<u8>),
 }
 
@@ -25,7 +30,11 @@ pub struct Weight {
 
 impl std::fmt::Debug for Weight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Weight({} {} [{}, {}])", self.name, self.dtype, self.rows, self.cols)
+        write!(
+            f,
+            "Weight({} {} [{}, {}])",
+            self.name, self.dtype, self.rows, self.cols
+        )
     }
 }
 
@@ -37,14 +46,23 @@ impl Weight {
             .ok_or_else(|| ModelError::shape(t.file, t.name, "tensor is not in the given store"))?;
         let (rows, cols) = t.rows_cols();
         if t.shape.len() > 2 || cols % t.dtype.block_elems() != 0 {
-            return Err(ModelError::shape(t.file, t.name, format!("{:?} is not a matrix of whole {} blocks", t.shape, t.dtype)));
+            return Err(ModelError::shape(
+                t.file,
+                t.name,
+                format!("{:?} is not a matrix of whole {} blocks", t.shape, t.dtype),
+            ));
         }
         Ok(Weight {
             name: t.name.to_string(),
             dtype: t.dtype,
             rows,
             cols,
-            bytes: Bytes::Mapped { store: store.clone(), index, start: 0, len: t.data.len() },
+            bytes: Bytes::Mapped {
+                store: store.clone(),
+                index,
+                start: 0,
+                len: t.data.len(),
+            },
         })
     }
 
@@ -52,18 +70,41 @@ impl Weight {
     pub fn from_f32(name: &str, rows: usize, cols: usize, values: &[f32]) -> Weight {
         assert_eq!(values.len(), rows * cols, "Weight::from_f32 size");
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Weight { name: name.to_string(), dtype: GgmlType::F32, rows, cols, bytes: Bytes::Owned(bytes) }
+        Weight {
+            name: name.to_string(),
+            dtype: GgmlType::F32,
+            rows,
+            cols,
+            bytes: Bytes::Owned(bytes),
+        }
     }
 
     /// An owned matrix from raw bytes of `dtype`.
-    pub fn from_bytes(name: &str, dtype: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Weight {
+    pub fn from_bytes(
+        name: &str,
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Weight {
         debug_assert_eq!(dtype.bytes_for(rows * cols), Some(bytes.len()));
-        Weight { name: name.to_string(), dtype, rows, cols, bytes: Bytes::Owned(bytes) }
+        Weight {
+            name: name.to_string(),
+            dtype,
+            rows,
+            cols,
+            bytes: Bytes::Owned(bytes),
+        }
     }
 
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
-            Bytes::Mapped { store, index, start, len } => &store.at(*index).data[*start..*start + *len],
+            Bytes::Mapped {
+                store,
+                index,
+                start,
+                len,
+            } => &store.at(*index).data[*start..*start + *len],
             Bytes::Owned(v) => v,
         }
     }
@@ -83,12 +124,26 @@ impl Weight {
         assert!(start + n <= self.rows, "slice_rows out of range");
         let rb = self.row_bytes();
         let bytes = match &self.bytes {
-            Bytes::Mapped { store, index, start: s, .. } => {
-                Bytes::Mapped { store: store.clone(), index: *index, start: s + start * rb, len: n * rb }
-            }
+            Bytes::Mapped {
+                store,
+                index,
+                start: s,
+                ..
+            } => Bytes::Mapped {
+                store: store.clone(),
+                index: *index,
+                start: s + start * rb,
+                len: n * rb,
+            },
             Bytes::Owned(v) => Bytes::Owned(v[start * rb..(start + n) * rb].to_vec()),
         };
-        Weight { name: name.to_string(), dtype: self.dtype, rows: n, cols: self.cols, bytes }
+        Weight {
+            name: name.to_string(),
+            dtype: self.dtype,
+            rows: n,
+            cols: self.cols,
+            bytes,
+        }
     }
 
     /// A copy with rows reordered: row `i` of the result is row `order[i]` of `self`.

@@ -9,19 +9,24 @@ use serde_json::{json, Value};
 /// A copy of the fixture directory with `config.json` replaced.
 fn with_config(arch: &str, cfg: &Value) -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture(arch).join("model.safetensors"), d.path().join("model.safetensors")).unwrap();
+    std::fs::copy(
+        fixture(arch).join("model.safetensors"),
+        d.path().join("model.safetensors"),
+    )
+    .unwrap();
     std::fs::write(d.path().join("config.json"), cfg.to_string()).unwrap();
     d
 }
 
 fn config(arch: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("config.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("config.json")).unwrap())
+        .unwrap()
 }
 
 fn assert_same_plan(a: &Model, b: &Model) {
     assert_eq!(a.layers.len(), b.layers.len());
     for (i, (x, y)) in a.layers.iter().zip(&b.layers).enumerate() {
-        let (p, q) = (x.attention(), y.attention());
+        let (p, q) = (x.attention().unwrap(), y.attention().unwrap());
         assert_eq!(p.window, q.window, "layer {i} window");
         assert_eq!(p.scale, q.scale, "layer {i} scale");
         assert_eq!(p.softcap, q.softcap, "layer {i} softcap");
@@ -51,9 +56,24 @@ fn gemma3_4x_config_gives_the_5x_plan() {
     let b = anelm_model::load(d.path()).unwrap();
     assert_same_plan(&a, &b);
     // The pattern matters: layer 5 is global, with the global RoPE base.
-    assert_eq!(b.layers[5].attention().window, None);
-    assert_eq!(b.layers[4].attention().window, Some(32));
-    assert_ne!(b.layers[5].attention().rope.as_ref().unwrap().inv_freq, b.layers[4].attention().rope.as_ref().unwrap().inv_freq);
+    assert_eq!(b.layers[5].attention().unwrap().window, None);
+    assert_eq!(b.layers[4].attention().unwrap().window, Some(32));
+    assert_ne!(
+        b.layers[5]
+            .attention()
+            .unwrap()
+            .rope
+            .as_ref()
+            .unwrap()
+            .inv_freq,
+        b.layers[4]
+            .attention()
+            .unwrap()
+            .rope
+            .as_ref()
+            .unwrap()
+            .inv_freq
+    );
 }
 
 #[test]

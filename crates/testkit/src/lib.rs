@@ -10,7 +10,17 @@ pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The dense tiny HF fixtures (../shared/fixtures/hf-tiny).
-pub const DENSE_TINY: [&str; 8] = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "gpt2"];
+pub const DENSE_TINY: [&str; 8] = [
+    "llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "gpt2",
+];
+/// The tiny mixture-of-experts and hybrid (gated DeltaNet) fixtures.
+pub const MOE_HYBRID_TINY: [&str; 5] = [
+    "qwen2_moe",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+];
 /// The tiny fixtures that also ship a model.gguf.
 pub const TINY_WITH_GGUF: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
 
@@ -21,7 +31,11 @@ pub fn workspace_root() -> PathBuf {
 /// The read-only shared material, present at `../shared` beside the repository (in CI too).
 pub fn shared_dir() -> PathBuf {
     let d = workspace_root().join("../shared");
-    assert!(d.is_dir(), "{} is missing: the shared fixtures must sit beside the repository", d.display());
+    assert!(
+        d.is_dir(),
+        "{} is missing: the shared fixtures must sit beside the repository",
+        d.display()
+    );
     d
 }
 
@@ -46,14 +60,19 @@ pub fn shared_json(rel: &str) -> Value {
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("ANELM_MODELS") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/anelm/models"),
+        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
+            .join(".cache/anelm/models"),
     }
 }
 
 /// A cached model file; fails when it is missing.
 pub fn model(file: &str) -> PathBuf {
     let p = models_dir().join(file);
-    assert!(p.exists(), "model {} is missing: run scripts/fetch-models.py", p.display());
+    assert!(
+        p.exists(),
+        "model {} is missing: run scripts/fetch-models.py",
+        p.display()
+    );
     p
 }
 
@@ -76,7 +95,11 @@ pub fn python() -> PathBuf {
 
 /// A JSON array of integers as token ids.
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("an id list").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+    v.as_array()
+        .expect("an id list")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
 }
 
 /// Index of the largest value (lowest index on ties).
@@ -102,7 +125,12 @@ pub fn validate_mlpackage(pkg: &Path) -> (i32, Value) {
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", python().display()));
     let code = out.status.code().unwrap_or(-1);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(code != 2, "validator setup problem: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("validator output is not JSON ({e}): {stdout}"));
+    assert!(
+        code != 2,
+        "validator setup problem: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("validator output is not JSON ({e}): {stdout}"));
     (code, report)
 }

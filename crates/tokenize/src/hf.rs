@@ -259,8 +259,7 @@ impl HfTokenizer {
                         return vec![v];
                     }
                 }
-                text.replace(SPACE_MARK_STR, " ")
-                    .into_bytes()
+                text.replace(SPACE_MARK_STR, " ").into_bytes()
             }
         }
     }

@@ -46,7 +46,7 @@ impl<D: Device> DeviceProjections<D> {
         mut on_kernel: impl FnMut(&KernelSpec),
     ) -> Result<Self> {
         let mut kernels: BTreeMap<Projection, Vec<Bound<D>>> = BTreeMap::new();
-        for spec in projection_kernels(model, opts) {
+        for spec in projection_kernels(model, opts)? {
             on_kernel(&spec);
             let lowered = build_unit(model, &spec, opts)?;
             let kernel =

@@ -20,6 +20,7 @@ use crate::lower::fused::{
 };
 use crate::lower::LoweringOptions;
 use crate::planar::{gather, scatter};
+use crate::support::attention;
 
 static NEXT_STATE: AtomicUsize = AtomicUsize::new(1);
 static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(1);
@@ -71,6 +72,8 @@ pub struct FusedExecutor<D: Device> {
     device: D,
     plan: FusedPlan,
     chunks: Vec<Chunk<D>>,
+    /// Channels of each layer's K (and V) cache.
+    kv_dims: Vec<usize>,
     id: usize,
     /// The sequence whose cache the bound buffers hold.
     resident: Option<usize>,
@@ -91,6 +94,9 @@ impl<D: Device> FusedExecutor<D> {
         mut on_chunk: impl FnMut(&ChunkSpec),
     ) -> Result<Self> {
         let plan = fused_plan(&model, opts)?;
+        let kv_dims = (model.layers.iter().enumerate())
+            .map(|(i, l)| attention(l, i).map(|a| a.n_kv_heads * a.head_dim))
+            .collect::<Result<Vec<usize>>>()?;
         let mut chunks = Vec::new();
         for (i, spec) in plan.chunks.iter().enumerate() {
             on_chunk(spec);
@@ -121,6 +127,7 @@ impl<D: Device> FusedExecutor<D> {
             device,
             plan,
             chunks,
+            kv_dims,
             id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
             resident: None,
             dispatches: 0,
@@ -134,11 +141,6 @@ impl<D: Device> FusedExecutor<D> {
     /// Device evaluations so far.
     pub fn dispatches(&self) -> u64 {
         self.dispatches
-    }
-
-    fn kv_dim(&self, l: usize) -> usize {
-        let a = self.model.layers[l].attention();
-        a.n_kv_heads * a.head_dim
     }
 
     /// Writes columns `cols` of the cache input `name` of every bound function that has it:
@@ -302,8 +304,7 @@ impl<D: Device> FusedExecutor<D> {
             };
             let mut new_kv = Vec::new();
             for li in chunk.spec.layers.clone() {
-                let a = m.layers[li].attention();
-                let kvd = a.n_kv_heads * a.head_dim;
+                let kvd = self.kv_dims[li];
                 for kind in ["k", "v"] {
                     let mut vals = vec![0f32; n * kvd];
                     read(
@@ -378,13 +379,8 @@ impl<D: Device> Executor for FusedExecutor<D> {
             });
         }
         let context = self.plan.context;
-        let cache = (0..self.model.n_layers())
-            .map(|l| {
-                [
-                    vec![f16::ZERO; self.kv_dim(l) * context],
-                    vec![f16::ZERO; self.kv_dim(l) * context],
-                ]
-            })
+        let cache = (self.kv_dims.iter())
+            .map(|d| [vec![f16::ZERO; d * context], vec![f16::ZERO; d * context]])
             .collect();
         Ok(Box::new(FusedKv {
             owner: self.id,

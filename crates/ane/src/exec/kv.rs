@@ -126,6 +126,7 @@ mod tests {
             o: lin(),
             q_norm: None,
             k_norm: None,
+            output_gate: None,
         }
     }
 

@@ -22,6 +22,7 @@ use anelm_model::{ExecError, Executor, KvState, Logits, Model};
 use crate::device::Device;
 use crate::error::Result;
 use crate::lower::{LoweringOptions, Projection};
+use crate::support::attention;
 
 /// Runs the linear layers of a model.
 pub trait Projections: Send {
@@ -189,7 +190,7 @@ impl<P: Projections> ProjectionExecutor<P> {
         let mut xn = vec![0f32; n * h];
         let mut y = vec![0f32; n * h];
         for (li, layer) in m.layers.iter().enumerate() {
-            let a = layer.attention();
+            let a = attention(layer, li)?;
             let (hd, qd, kvd) = (
                 a.head_dim,
                 a.n_heads * a.head_dim,
@@ -268,12 +269,9 @@ impl<P: Projections> Executor for ProjectionExecutor<P> {
                 capacity: max,
             });
         }
-        let dims: Vec<usize> = self
-            .model
-            .layers
-            .iter()
-            .map(|l| l.attention().n_kv_heads * l.attention().head_dim)
-            .collect();
+        let dims = (self.model.layers.iter().enumerate())
+            .map(|(i, l)| attention(l, i).map(|a| a.n_kv_heads * a.head_dim))
+            .collect::<Result<Vec<usize>>>()?;
         Ok(Box::new(ProjectionKv::new(self.id, &dims, capacity)))
     }
 

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use super::Projections;
 use crate::error::{AneError, Result};
 use crate::lower::Projection;
+use crate::support::{attention, unsupported};
 
 pub struct ReferenceProjections {
     model: Arc<Model>,
@@ -88,14 +89,14 @@ impl Projections for ReferenceProjections {
         };
         match p {
             Projection::Qkv(i) => {
-                let a = layer(i)?.attention();
+                let a = attention(layer(i)?, i)?;
                 let ld = a.q.out_features() + a.k.out_features() + a.v.out_features();
                 linear(&a.q, x, n, out, ld, 0)?;
                 linear(&a.k, x, n, out, ld, a.q.out_features())?;
                 linear(&a.v, x, n, out, ld, a.q.out_features() + a.k.out_features())
             }
             Projection::O(i) => {
-                let o = &layer(i)?.attention().o;
+                let o = &attention(layer(i)?, i)?.o;
                 linear(o, x, n, out, o.out_features(), 0)
             }
             Projection::Ffn(i) => {
@@ -122,6 +123,7 @@ impl Projections for ReferenceProjections {
                         u.iter_mut().for_each(|v| *v = activation(*act, *v));
                         (down, u)
                     }
+                    Ffn::Moe(_) => return Err(unsupported(i, "a mixture-of-experts FFN")),
                 };
                 linear(down, &h, n, out, down.out_features(), 0)
             }

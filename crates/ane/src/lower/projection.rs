@@ -10,6 +10,7 @@ use super::graph::{activate, linear, max_row_l1, normalize};
 use super::weights::{bias_data, linear_biases, row_range, stacked};
 use super::{KernelSpec, LoweringOptions, Port, Projection, DESCALE};
 use crate::error::{AneError, Result};
+use crate::support::{attention, ensure_lowerable, unsupported};
 use crate::unit::CompileUnit;
 
 fn port(name: &str, channels: usize) -> Port {
@@ -21,11 +22,12 @@ fn port(name: &str, channels: usize) -> Port {
 }
 
 /// Every kernel of the projection strategy for `model`, in execution order.
-pub fn projection_kernels(model: &Model, opts: &LoweringOptions) -> Vec<KernelSpec> {
+pub fn projection_kernels(model: &Model, opts: &LoweringOptions) -> Result<Vec<KernelSpec>> {
+    ensure_lowerable(model)?;
     let h = model.config.hidden_size;
     let mut out = Vec::new();
     for (i, l) in model.layers.iter().enumerate() {
-        let a = l.attention();
+        let a = attention(l, i)?;
         let (q, kv) = (a.q.out_features(), a.k.out_features() + a.v.out_features());
         let spec = |suffix: &str, projection, input: Port, output: Port| KernelSpec {
             name: format!("layer{i:02}_{suffix}"),
@@ -79,7 +81,7 @@ pub fn projection_kernels(model: &Model, opts: &LoweringOptions) -> Vec<KernelSp
             total_rows: vocab,
         });
     }
-    out
+    Ok(out)
 }
 
 /// A kernel's program and the bound its input scaling needs.
@@ -177,7 +179,7 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
     let mut outputs = Vec::new();
     match spec.projection {
         Projection::Qkv(i) => {
-            let a = layer(i)?.attention();
+            let a = attention(layer(i)?, i)?;
             let ls = [&a.q, &a.k, &a.v];
             let ws = stacked(&ls.map(|l| &l.weight))?;
             let rows = ls.iter().map(|l| l.out_features()).sum();
@@ -190,9 +192,11 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
                 bias_data(linear_biases(&ls)),
             )?);
         }
-        Projection::O(i) => {
-            outputs.push(b.input_linear_of(&spec.outputs[0].name, x, &layer(i)?.attention().o)?)
-        }
+        Projection::O(i) => outputs.push(b.input_linear_of(
+            &spec.outputs[0].name,
+            x,
+            &attention(layer(i)?, i)?.o,
+        )?),
         Projection::Ffn(i) => {
             let hidden = match &layer(i)?.ffn {
                 Ffn::Gated { act, gate, up, .. } => {
@@ -205,9 +209,11 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
                     let u = b.input_linear_of("up", x, up)?;
                     activate(&mut b.f, *act, u, "hidden")?
                 }
+                Ffn::Moe(_) => return Err(unsupported(i, "a mixture-of-experts FFN")),
             };
             let down = match &layer(i)?.ffn {
                 Ffn::Gated { down, .. } | Ffn::Plain { down, .. } => down,
+                Ffn::Moe(_) => return Err(unsupported(i, "a mixture-of-experts FFN")),
             };
             outputs.push(b.normalized_linear(&spec.outputs[0].name, hidden, down)?);
         }

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
 use anelm_engine::LoadedModel;
 use anelm_model::{Executor, Logits};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use super::common::ModelArgs;
@@ -59,7 +59,12 @@ fn gen_run(exec: &mut dyn Executor, ids: &[u32], logits: &mut Vec<f32>) -> Resul
     let mut state = exec.new_state(ids.len())?;
     let start = Instant::now();
     for id in ids {
-        exec.forward(state.as_mut(), std::slice::from_ref(id), Logits::Last, logits)?;
+        exec.forward(
+            state.as_mut(),
+            std::slice::from_ref(id),
+            Logits::Last,
+            logits,
+        )?;
     }
     Ok(start.elapsed().as_secs_f64())
 }
@@ -87,7 +92,11 @@ fn stats(v: &[f64]) -> Option<Stats> {
         _ if n % 2 == 1 => s[n / 2],
         _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
     };
-    Some(Stats { median, min: s[0], max: s[n - 1] })
+    Some(Stats {
+        median,
+        min: s[0],
+        max: s[n - 1],
+    })
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -99,11 +108,20 @@ pub fn run(a: Args) -> Result<()> {
     }
     // The weights only: the benchmark feeds token ids, so the tokenizer would only add memory.
     let path = models::resolve(a.model.model.as_deref())?;
-    let model = Arc::new(anelm_model::load(&path).with_context(|| format!("loading {}", path.display()))?);
-    let loaded = LoadedModel { model: model.clone(), tokenizer: None };
+    let model =
+        Arc::new(anelm_model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let loaded = LoadedModel {
+        model: model.clone(),
+        tokenizer: None,
+    };
     let max = model.max_positions();
     if a.prompt.max(a.gen) > max {
-        bail!("{}: the model holds {max} positions; -p {} / -n {} do not fit", model.source.path().display(), a.prompt, a.gen);
+        bail!(
+            "{}: the model holds {max} positions; -p {} / -n {} do not fit",
+            model.source.path().display(),
+            a.prompt,
+            a.gen
+        );
     }
     let mut exec = a.model.executor(&loaded)?;
     let vocab = exec.vocab_size();
@@ -111,23 +129,35 @@ pub fn run(a: Args) -> Result<()> {
 
     // Warm-up, as llama-bench does: page in the weights, size the buffers.
     if a.prompt > 0 {
-        prompt_run(exec.as_mut(), &tokens(a.prompt, vocab, 1), &mut logits).context("warm-up prompt run")?;
+        prompt_run(exec.as_mut(), &tokens(a.prompt, vocab, 1), &mut logits)
+            .context("warm-up prompt run")?;
     }
     if a.gen > 0 {
-        gen_run(exec.as_mut(), &tokens(1, vocab, 2), &mut logits).context("warm-up generation run")?;
+        gen_run(exec.as_mut(), &tokens(1, vocab, 2), &mut logits)
+            .context("warm-up generation run")?;
     }
 
     let (mut pp, mut tg, mut runs) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..a.repetitions {
         if a.prompt > 0 {
-            let s = prompt_run(exec.as_mut(), &tokens(a.prompt, vocab, 10 + r as u64), &mut logits)?;
+            let s = prompt_run(
+                exec.as_mut(),
+                &tokens(a.prompt, vocab, 10 + r as u64),
+                &mut logits,
+            )?;
             pp.push(a.prompt as f64 / s);
             runs.push(json!({"test": format!("pp{}", a.prompt), "seconds": s, "tok_s": a.prompt as f64 / s}));
         }
         if a.gen > 0 {
-            let s = gen_run(exec.as_mut(), &tokens(a.gen, vocab, 100 + r as u64), &mut logits)?;
+            let s = gen_run(
+                exec.as_mut(),
+                &tokens(a.gen, vocab, 100 + r as u64),
+                &mut logits,
+            )?;
             tg.push(a.gen as f64 / s);
-            runs.push(json!({"test": format!("tg{}", a.gen), "seconds": s, "tok_s": a.gen as f64 / s}));
+            runs.push(
+                json!({"test": format!("tg{}", a.gen), "seconds": s, "tok_s": a.gen as f64 / s}),
+            );
         }
     }
     let bytes = model.bytes_per_token() as f64;
@@ -145,20 +175,45 @@ pub fn run(a: Args) -> Result<()> {
         println!("{out}");
         return Ok(());
     }
-    let name = model.source.path().file_name().map_or_else(|| model.config.name.clone(), |f| f.to_string_lossy().into_owned());
-    let threads = if a.model.threads == 0 { "auto".to_string() } else { a.model.threads.to_string() };
-    println!("| {:<40} | {:>9} | {:>7} | {:>6} | {:>9} | {:>9} | {:>9} | {:>6} |", "model", "weights", "threads", "test", "t/s", "min", "max", "GB/s");
-    println!("| {:-<40} | {:->9} | {:->7} | {:->6} | {:->9} | {:->9} | {:->9} | {:->6} |", "", "", "", "", "", "", "", "");
+    let name = model.source.path().file_name().map_or_else(
+        || model.config.name.clone(),
+        |f| f.to_string_lossy().into_owned(),
+    );
+    let threads = if a.model.threads == 0 {
+        "auto".to_string()
+    } else {
+        a.model.threads.to_string()
+    };
+    println!(
+        "| {:<40} | {:>9} | {:>7} | {:>6} | {:>9} | {:>9} | {:>9} | {:>6} |",
+        "model", "weights", "threads", "test", "t/s", "min", "max", "GB/s"
+    );
+    println!(
+        "| {:-<40} | {:->9} | {:->7} | {:->6} | {:->9} | {:->9} | {:->9} | {:->6} |",
+        "", "", "", "", "", "", "", ""
+    );
     let size = format!("{:.1} MiB", bytes / (1u64 << 20) as f64);
-    for (test, s, gbs) in [(format!("pp{}", a.prompt), pp_s, false), (format!("tg{}", a.gen), tg_s, true)] {
+    for (test, s, gbs) in [
+        (format!("pp{}", a.prompt), pp_s, false),
+        (format!("tg{}", a.gen), tg_s, true),
+    ] {
         if let Some(s) = s {
-            let bw = if gbs { format!("{:.1}", s.median * bytes / 1e9) } else { String::new() };
+            let bw = if gbs {
+                format!("{:.1}", s.median * bytes / 1e9)
+            } else {
+                String::new()
+            };
             println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>6} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
         }
     }
     match rss {
-        Some(b) => println!("\npeak RSS {:.1} MiB; weights read per generated token {size}", b as f64 / (1u64 << 20) as f64),
-        None => println!("\npeak RSS unknown (no /proc/self/status); weights read per generated token {size}"),
+        Some(b) => println!(
+            "\npeak RSS {:.1} MiB; weights read per generated token {size}",
+            b as f64 / (1u64 << 20) as f64
+        ),
+        None => println!(
+            "\npeak RSS unknown (no /proc/self/status); weights read per generated token {size}"
+        ),
     }
     Ok(())
 }

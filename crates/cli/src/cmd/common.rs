@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
 use anelm_cpu::CpuExecutor;
 use anelm_engine::LoadedModel;
 use anelm_model::Executor;
 use anelm_tokenize::Tokenizer;
+use anyhow::{bail, Result};
 
 use crate::models;
 
@@ -54,19 +54,28 @@ impl ModelArgs {
     /// The executor for `--device`.
     pub fn executor(&self, loaded: &LoadedModel) -> Result<Box<dyn Executor>> {
         match self.device {
-            Device::Cpu => Ok(Box::new(CpuExecutor::new(loaded.model.clone(), self.threads))),
+            Device::Cpu => Ok(Box::new(CpuExecutor::new(
+                loaded.model.clone(),
+                self.threads,
+            ))),
             Device::Sim => super::compile::sim_executor(loaded.model.clone(), self.strategy),
             Device::Ane => {
                 let (model, opts) = (loaded.model.clone(), anelm_ane::LoweringOptions::default());
                 let on = |what| format!("compiling for the ANE ({what})");
                 Ok(match self.driver {
                     Driver::Private => {
-                        let device = anelm_ane::device::PrivateAneDevice::open(anelm_macos::LoadOptions::default())?;
-                        Box::new(models::with_spinner(&on("private driver"), || anelm_ane::ProjectionExecutor::on_device(model, device, &opts))?)
+                        let device = anelm_ane::device::PrivateAneDevice::open(
+                            anelm_macos::LoadOptions::default(),
+                        )?;
+                        Box::new(models::with_spinner(&on("private driver"), || {
+                            anelm_ane::ProjectionExecutor::on_device(model, device, &opts)
+                        })?)
                     }
                     Driver::Coreml => {
                         let device = anelm_ane::device::CoreMlDevice::open()?;
-                        Box::new(models::with_spinner(&on("Core ML"), || anelm_ane::ProjectionExecutor::on_device(model, device, &opts))?)
+                        Box::new(models::with_spinner(&on("Core ML"), || {
+                            anelm_ane::ProjectionExecutor::on_device(model, device, &opts)
+                        })?)
                     }
                 })
             }
@@ -75,7 +84,9 @@ impl ModelArgs {
 
     pub fn load(&self) -> Result<LoadedModel> {
         let path = models::resolve(self.model.as_deref())?;
-        let loaded = models::with_spinner(&format!("loading {}", path.display()), || LoadedModel::load(&path))?;
+        let loaded = models::with_spinner(&format!("loading {}", path.display()), || {
+            LoadedModel::load(&path)
+        })?;
         tracing::info!(
             family = loaded.model.config.family.name(),
             layers = loaded.model.n_layers(),
@@ -130,6 +141,9 @@ fn prompt_ids(loaded: &LoadedModel, prompt: Option<&str>, ids: Option<&str>) -> 
 pub fn tokenizer(loaded: &LoadedModel) -> Result<&Arc<Tokenizer>> {
     match &loaded.tokenizer {
         Some(t) => Ok(t),
-        None => bail!("{} has no tokenizer (no tokenizer.json); pass token ids with --ids", loaded.model.source.path().display()),
+        None => bail!(
+            "{} has no tokenizer (no tokenizer.json); pass token ids with --ids",
+            loaded.model.source.path().display()
+        ),
     }
 }

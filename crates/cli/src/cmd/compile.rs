@@ -141,7 +141,7 @@ pub fn run(a: Args) -> Result<()> {
     match a.model.strategy {
         Strategy::Projection => {
             let mut package = Program::new(Dialect::a());
-            let specs = projection_kernels(m, &opts);
+            let specs = projection_kernels(m, &opts)?;
             let n = specs.len();
             for spec in specs {
                 let unit = build_unit(m, &spec, &opts)?.unit;

@@ -1,9 +1,9 @@
 //! `anelm eval`: a measuring tool. One forward pass over the prompt gives the argmax at every
 //! position and the last logits; `--greedy N` then decodes exactly N tokens (no EOS stop).
 
-use anyhow::Result;
 use anelm_engine::{argmax, Session};
 use anelm_model::Logits;
+use anyhow::Result;
 use serde::Serialize;
 
 use super::common::{ModelArgs, PromptArgs};
@@ -36,7 +36,12 @@ pub fn run(a: Args) -> Result<()> {
     let vocab = exec.vocab_size();
     let capacity = prompt.len() + a.greedy;
     if capacity > loaded.model.max_positions() {
-        anyhow::bail!("prompt ({}) + greedy ({}) tokens exceed the context ({})", prompt.len(), a.greedy, loaded.model.max_positions());
+        anyhow::bail!(
+            "prompt ({}) + greedy ({}) tokens exceed the context ({})",
+            prompt.len(),
+            a.greedy,
+            loaded.model.max_positions()
+        );
     }
     let mut session = Session::new(exec.as_ref(), capacity)?;
     let mut logits = Vec::new();
@@ -52,7 +57,12 @@ pub fn run(a: Args) -> Result<()> {
             next = argmax(&logits);
         }
     }
-    let out = EvalJson { prompt_ids: prompt, argmax: per_position, last_logits, greedy };
+    let out = EvalJson {
+        prompt_ids: prompt,
+        argmax: per_position,
+        last_logits,
+        greedy,
+    };
     if a.json {
         println!("{}", serde_json::to_string(&out)?);
     } else {
@@ -61,7 +71,10 @@ pub fn run(a: Args) -> Result<()> {
         println!("prompt ids: {:?}", out.prompt_ids);
         println!("argmax per position: {:?}", out.argmax);
         for (id, l) in top.iter().take(10) {
-            let piece = loaded.tokenizer.as_ref().map(|t| String::from_utf8_lossy(&t.token_to_piece(*id as u32)).into_owned());
+            let piece = loaded
+                .tokenizer
+                .as_ref()
+                .map(|t| String::from_utf8_lossy(&t.token_to_piece(*id as u32)).into_owned());
             println!("  {id:>7} {l:>10.4} {:?}", piece.unwrap_or_default());
         }
         if !out.greedy.is_empty() {

@@ -21,18 +21,24 @@ pub enum MilCommand {
 
 pub fn run(a: Args) -> Result<()> {
     let (MilCommand::Print { file } | MilCommand::Check { file }) = &a.command;
-    let src = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let src =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     match a.command {
         MilCommand::Print { .. } => {
             let text = anelm_mil::print_text(&src).with_context(|| file.display().to_string())?;
             print!("{text}");
         }
         MilCommand::Check { .. } => {
-            let findings = anelm_mil::check_text(&src).with_context(|| file.display().to_string())?;
+            let findings =
+                anelm_mil::check_text(&src).with_context(|| file.display().to_string())?;
             for f in &findings {
                 println!("{f}");
             }
-            println!("{}: parses; {} lint finding(s)", file.display(), findings.len());
+            println!(
+                "{}: parses; {} lint finding(s)",
+                file.display(),
+                findings.len()
+            );
         }
     }
     Ok(())

@@ -4,8 +4,8 @@
 //! cleared per chunk, and the second half of each chunk scored: logits at positions
 //! ctx/2 .. ctx-2 predicting the next token.
 
-use anyhow::{bail, Context, Result};
 use anelm_model::Logits;
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::common::{tokenizer, ModelArgs};
@@ -39,19 +39,29 @@ fn nll(logits: &[f32], target: u32) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
     if a.ctx < 4 {
         bail!("--ctx must be at least 4");
     }
     let loaded = a.model.load()?;
     let tok = tokenizer(&loaded)?;
     if a.ctx > loaded.model.max_positions() {
-        bail!("--ctx {} exceeds the model's context ({})", a.ctx, loaded.model.max_positions());
+        bail!(
+            "--ctx {} exceeds the model's context ({})",
+            a.ctx,
+            loaded.model.max_positions()
+        );
     }
     let tokens = tok.encode(&text, true, false)?;
     let n_chunks = tokens.len() / a.ctx;
     if n_chunks == 0 {
-        bail!("{}: {} tokens is less than one chunk of {}", a.file.display(), tokens.len(), a.ctx);
+        bail!(
+            "{}: {} tokens is less than one chunk of {}",
+            a.file.display(),
+            tokens.len(),
+            a.ctx
+        );
     }
     let mut exec = a.model.executor(&loaded)?;
     let vocab = exec.vocab_size();
@@ -61,10 +71,17 @@ pub fn run(a: Args) -> Result<()> {
     for c in 0..n_chunks {
         let mut chunk = tokens[c * a.ctx..(c + 1) * a.ctx].to_vec();
         if tok.add_bos() {
-            chunk[0] = tok.bos().context("the model adds BOS but has no BOS token")?;
+            chunk[0] = tok
+                .bos()
+                .context("the model adds BOS but has no BOS token")?;
         }
         let mut state = exec.new_state(a.ctx)?;
-        exec.forward(state.as_mut(), &chunk, Logits::Tail(a.ctx - first), &mut logits)?;
+        exec.forward(
+            state.as_mut(),
+            &chunk,
+            Logits::Tail(a.ctx - first),
+            &mut logits,
+        )?;
         for pos in first..a.ctx - 1 {
             let row = &logits[(pos - first) * vocab..(pos - first + 1) * vocab];
             sum += nll(row, chunk[pos + 1]);
@@ -76,10 +93,20 @@ pub fn run(a: Args) -> Result<()> {
     }
     let ppl = (sum / n_scored as f64).exp();
     if a.json {
-        println!("{}", serde_json::to_string(&PerplexityJson { ppl, n_scored, n_chunks })?);
+        println!(
+            "{}",
+            serde_json::to_string(&PerplexityJson {
+                ppl,
+                n_scored,
+                n_chunks
+            })?
+        );
     } else {
         eprintln!();
-        println!("perplexity {ppl:.4} over {n_scored} scored tokens in {n_chunks} chunks of {}", a.ctx);
+        println!(
+            "perplexity {ppl:.4} over {n_scored} scored tokens in {n_chunks} chunks of {}",
+            a.ctx
+        );
     }
     Ok(())
 }

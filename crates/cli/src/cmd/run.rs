@@ -4,7 +4,11 @@
 use std::io::Write;
 
 use anelm_engine::prompt::chat_ids;
-use anelm_engine::{Event, GenerateParams, Input, Message, SamplingParams, Session, TokenLogprob};
+use anelm_engine::{
+    generate_greedy_speculative, Event, GenerateParams, Input, LoadedModel, Message,
+    SamplingParams, Session, Side, TokenLogprob, Utf8Stream,
+};
+use anelm_model::Executor;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
@@ -102,6 +106,13 @@ pub struct Args {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Speculative decoding with this draft model (same vocabulary; greedy only): the output is
+    /// exactly the target's greedy output.
+    #[arg(long, value_name = "MODEL")]
+    pub draft: Option<std::path::PathBuf>,
+    /// Tokens the draft proposes per round.
+    #[arg(long, default_value_t = 4)]
+    pub draft_k: usize,
 }
 
 #[derive(Serialize)]
@@ -133,7 +144,11 @@ struct LogprobJson {
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let prompt = if a.chat {
-        let text = a.prompt.prompt.as_deref().context("--chat needs a --prompt")?;
+        let text = a
+            .prompt
+            .prompt
+            .as_deref()
+            .context("--chat needs a --prompt")?;
         if a.prompt.ids.is_some() {
             bail!("--chat takes --prompt, not --ids");
         }
@@ -144,6 +159,9 @@ pub fn run(a: Args) -> Result<()> {
     let mut exec = a.model.executor(&loaded)?;
     let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
     let mut session = Session::new(exec.as_ref(), capacity)?;
+    if let Some(draft) = &a.draft {
+        return run_speculative(&a, draft, &loaded, exec.as_mut(), &mut session, prompt);
+    }
     let params = GenerateParams {
         sampling: a.sampling.params(0.0),
         max_tokens: a.max_tokens,
@@ -208,6 +226,99 @@ pub fn run(a: Args) -> Result<()> {
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else if stream_text {
         writeln!(stdout)?;
+    } else {
+        let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+        writeln!(stdout, "{}", list.join(","))?;
+    }
+    Ok(())
+}
+
+/// `run --draft`: greedy speculative decoding; prints what the plain run prints.
+fn run_speculative(
+    a: &Args,
+    draft_path: &std::path::Path,
+    loaded: &LoadedModel,
+    exec: &mut dyn Executor,
+    session: &mut Session,
+    prompt: Vec<u32>,
+) -> Result<()> {
+    if a.sampling.temp.is_some_and(|t| t != 0.0) || !a.stop.is_empty() || a.logprobs.is_some() {
+        bail!("--draft decodes greedily: it takes no --temp, --stop or --logprobs");
+    }
+    let draft_args = ModelArgs {
+        model: Some(draft_path.to_path_buf()),
+        ..a.model.clone()
+    };
+    let draft = draft_args.load()?;
+    let mut draft_exec = draft_args.executor(&draft)?;
+    let mut draft_session = Session::new(
+        draft_exec.as_ref(),
+        session.capacity().min(draft.model.max_positions()),
+    )?;
+    let max_new = session
+        .capacity()
+        .saturating_sub(prompt.len())
+        .min(a.max_tokens);
+    let stop = loaded.stop_ids();
+    let tokenizer = loaded.tokenizer.clone();
+    let stream_text = !a.json && tokenizer.is_some();
+    let mut utf8 = Utf8Stream::new();
+    let mut stdout = std::io::stdout().lock();
+    let started = std::time::Instant::now();
+    let (ids, stats) = generate_greedy_speculative(
+        &mut Side { exec, session },
+        &mut Side {
+            exec: draft_exec.as_mut(),
+            session: &mut draft_session,
+        },
+        &prompt,
+        max_new,
+        a.draft_k,
+        &stop,
+        |id| {
+            if let (true, Some(t)) = (stream_text && !stop.contains(&id), &tokenizer) {
+                let _ = stdout.write_all(utf8.push(&t.token_to_piece(id)).as_bytes());
+                let _ = stdout.flush();
+            }
+        },
+    )?;
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(
+        drafted = stats.drafted,
+        accepted = stats.accepted,
+        target_passes = stats.target_passes,
+        "acceptance {:.0} %, {:.1} tok/s",
+        100.0 * stats.acceptance(),
+        ids.len() as f64 / seconds
+    );
+    let stopped = ids.last().is_some_and(|id| stop.contains(id));
+    if a.json {
+        let text_ids = if stopped {
+            &ids[..ids.len() - 1]
+        } else {
+            &ids[..]
+        };
+        let text = tokenizer
+            .as_ref()
+            .map(|t| t.decode_lossy(text_ids))
+            .unwrap_or_default();
+        let n_prompt = prompt.len();
+        let out = RunJson {
+            prompt_ids: prompt,
+            text,
+            finish_reason: if stopped { "stop" } else { "length" },
+            seed: 0,
+            usage: UsageJson {
+                prompt_tokens: n_prompt,
+                completion_tokens: ids.len(),
+                decode_tokens_per_second: ids.len() as f64 / seconds,
+            },
+            ids,
+            logprobs: None,
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
+    } else if stream_text {
+        writeln!(stdout, "{}", utf8.finish())?;
     } else {
         let list: Vec<String> = ids.iter().map(u32::to_string).collect();
         writeln!(stdout, "{}", list.join(","))?;

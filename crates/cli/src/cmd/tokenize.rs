@@ -30,7 +30,10 @@ pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let tok = tokenizer(&loaded)?;
     let ids = tok.encode(&a.text, a.add_special, a.special)?;
-    let pieces: Vec<String> = ids.iter().map(|&id| String::from_utf8_lossy(&tok.token_to_piece(id)).into_owned()).collect();
+    let pieces: Vec<String> = ids
+        .iter()
+        .map(|&id| String::from_utf8_lossy(&tok.token_to_piece(id)).into_owned())
+        .collect();
     if a.json {
         println!("{}", serde_json::to_string(&TokenizeJson { ids, pieces })?);
     } else {

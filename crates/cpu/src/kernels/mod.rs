@@ -37,7 +37,10 @@ pub type F32Kernel = unsafe fn(row: &[u8], xs: &[&[f32]], out: &mut [f32]);
 /// How rows of one weight type are multiplied.
 #[derive(Clone, Copy)]
 pub enum Kernel {
-    Q8 { act: ActKind, f: Q8Kernel },
+    Q8 {
+        act: ActKind,
+        f: Q8Kernel,
+    },
     F32(F32Kernel),
     /// No direct kernel: rows are dequantised to f32 and go through the F32 kernel.
     Dequant(F32Kernel),
@@ -84,14 +87,38 @@ pub fn select(dtype: GgmlType, isa: Isa) -> Kernel {
         }
     };
     match dtype {
-        Q4_0 => Kernel::Q8 { act: b32, f: pick!(q4_0) },
-        Q4_1 => Kernel::Q8 { act: b32, f: pick!(q4_1) },
-        Q5_0 => Kernel::Q8 { act: b32, f: pick!(q5_0) },
-        Q5_1 => Kernel::Q8 { act: b32, f: pick!(q5_1) },
-        Q8_0 => Kernel::Q8 { act: b32, f: pick!(q8_0) },
-        Q4K => Kernel::Q8 { act: k, f: pick!(q4_k) },
-        Q5K => Kernel::Q8 { act: k, f: pick!(q5_k) },
-        Q6K => Kernel::Q8 { act: k, f: pick!(q6_k) },
+        Q4_0 => Kernel::Q8 {
+            act: b32,
+            f: pick!(q4_0),
+        },
+        Q4_1 => Kernel::Q8 {
+            act: b32,
+            f: pick!(q4_1),
+        },
+        Q5_0 => Kernel::Q8 {
+            act: b32,
+            f: pick!(q5_0),
+        },
+        Q5_1 => Kernel::Q8 {
+            act: b32,
+            f: pick!(q5_1),
+        },
+        Q8_0 => Kernel::Q8 {
+            act: b32,
+            f: pick!(q8_0),
+        },
+        Q4K => Kernel::Q8 {
+            act: k,
+            f: pick!(q4_k),
+        },
+        Q5K => Kernel::Q8 {
+            act: k,
+            f: pick!(q5_k),
+        },
+        Q6K => Kernel::Q8 {
+            act: k,
+            f: pick!(q6_k),
+        },
         F32 => Kernel::F32(f32_kernel(scalar::f32, "f32")),
         F16 => Kernel::F32(f32_kernel(scalar::f16, "f16")),
         BF16 => Kernel::F32(f32_kernel(scalar::bf16, "bf16")),

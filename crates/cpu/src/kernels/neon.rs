@@ -112,7 +112,12 @@ pub fn q8_0(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
 pub use super::scalar::{q4_k, q5_k, q6_k};
 
 /// f32 dot products over chunks of four lanes, the weights widened by `widen` (W bytes each).
-fn float<const W: usize>(row: &[u8], xs: &[&[f32]], out: &mut [f32], widen: impl Fn([u8; W]) -> f32) {
+fn float<const W: usize>(
+    row: &[u8],
+    xs: &[&[f32]],
+    out: &mut [f32],
+    widen: impl Fn([u8; W]) -> f32,
+) {
     let n = row.len() / W;
     let mut acc = [0f32; MAX_ROWS];
     let mut buf = [0f32; 64];
@@ -128,7 +133,11 @@ fn float<const W: usize>(row: &[u8], xs: &[&[f32]], out: &mut [f32], widen: impl
                 let mut v = vdupq_n_f32(0.0);
                 let l4 = len / 4 * 4;
                 for i in (0..l4).step_by(4) {
-                    v = vfmaq_f32(v, vld1q_f32(buf.as_ptr().add(i)), vld1q_f32(x.as_ptr().add(i)));
+                    v = vfmaq_f32(
+                        v,
+                        vld1q_f32(buf.as_ptr().add(i)),
+                        vld1q_f32(x.as_ptr().add(i)),
+                    );
                 }
                 *a += vaddvq_f32(v) + (l4..len).map(|i| buf[i] * x[i]).sum::<f32>();
             }
@@ -145,7 +154,9 @@ pub fn f16(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
     float(row, xs, out, |b| half::f16::from_le_bytes(b).to_f32());
 }
 pub fn bf16(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
-    float(row, xs, out, |b| f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16));
+    float(row, xs, out, |b| {
+        f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16)
+    });
 }
 
 /// The f32-activation kernel for `name`.

@@ -41,7 +41,15 @@ pub struct Layout {
 
 impl Layout {
     pub fn of(t: GgmlType) -> Option<Layout> {
-        let l = |has_m, offset, five, eight, block| Some(Layout { has_m, offset, five, eight, block });
+        let l = |has_m, offset, five, eight, block| {
+            Some(Layout {
+                has_m,
+                offset,
+                five,
+                eight,
+                block,
+            })
+        };
         match t {
             GgmlType::Q4_0 => l(false, -8.0, false, false, bytes::Q4_0),
             GgmlType::Q4_1 => l(true, 0.0, false, false, bytes::Q4_1),
@@ -76,7 +84,13 @@ impl Layout {
 
 /// Repacks `rows` rows of `blocks` blocks of type `t` (`row(r)` gives the file bytes of row `r`);
 /// `done(r)` is told every so often that rows `..r` are no longer needed.
-pub fn pack<'a>(t: GgmlType, rows: usize, blocks: usize, row: impl Fn(usize) -> &'a [u8], mut done: impl FnMut(usize)) -> Option<Packed> {
+pub fn pack<'a>(
+    t: GgmlType,
+    rows: usize,
+    blocks: usize,
+    row: impl Fn(usize) -> &'a [u8],
+    mut done: impl FnMut(usize),
+) -> Option<Packed> {
     let lay = Layout::of(t)?;
     let groups = rows.div_ceil(ROWS);
     let mut data = vec![0u8; groups * blocks * lay.column()];
@@ -90,10 +104,19 @@ pub fn pack<'a>(t: GgmlType, rows: usize, blocks: usize, row: impl Fn(usize) -> 
             if lay.has_m {
                 col[lay.m_at() + 2 * lane..][..2].copy_from_slice(&blk[2..4]);
             }
-            let qs_src = if lay.five { lay.block - 16 } else { lay.block - if lay.eight { 32 } else { 16 } };
+            let qs_src = if lay.five {
+                lay.block - 16
+            } else {
+                lay.block - if lay.eight { 32 } else { 16 }
+            };
             if lay.five {
                 let qh_at = if lay.has_m { 4 } else { 2 };
-                let qh = u32::from_le_bytes([blk[qh_at], blk[qh_at + 1], blk[qh_at + 2], blk[qh_at + 3]]);
+                let qh = u32::from_le_bytes([
+                    blk[qh_at],
+                    blk[qh_at + 1],
+                    blk[qh_at + 2],
+                    blk[qh_at + 3],
+                ]);
                 for (half, bits) in [qh & 0xffff, qh >> 16].into_iter().enumerate() {
                     let at = lay.masks_at() + 8 * half;
                     let mut mask = u64::from_le_bytes(col[at..at + 8].try_into().expect("8 bytes"));
@@ -114,5 +137,10 @@ pub fn pack<'a>(t: GgmlType, rows: usize, blocks: usize, row: impl Fn(usize) -> 
             done(r + 1);
         }
     }
-    Some(Packed { dtype: t, rows, blocks, data })
+    Some(Packed {
+        dtype: t,
+        rows,
+        blocks,
+        data,
+    })
 }

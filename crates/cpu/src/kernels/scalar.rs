@@ -21,12 +21,16 @@ fn isum(w: impl Iterator<Item = i32>, x: &[i8]) -> i32 {
 
 /// The 32 unsigned 4-bit values of a legacy block's 16 nibble bytes: low nibbles first.
 fn nibbles(qs: &[u8]) -> impl Iterator<Item = i32> + '_ {
-    qs.iter().map(|&q| i32::from(q & 0xf)).chain(qs.iter().map(|&q| i32::from(q >> 4)))
+    qs.iter()
+        .map(|&q| i32::from(q & 0xf))
+        .chain(qs.iter().map(|&q| i32::from(q >> 4)))
 }
 
 /// The 32 unsigned 5-bit values of a Q5 block: nibbles plus bit `i` of `qh` as bit 4 of value `i`.
 fn five_bits(qs: &[u8], qh: u32) -> impl Iterator<Item = i32> + '_ {
-    nibbles(qs).enumerate().map(move |(i, v)| v | ((((qh >> i) & 1) as i32) << 4))
+    nibbles(qs)
+        .enumerate()
+        .map(move |(i, v)| v | ((((qh >> i) & 1) as i32) << 4))
 }
 
 fn qh_at(b: &[u8], at: usize) -> u32 {
@@ -34,7 +38,12 @@ fn qh_at(b: &[u8], at: usize) -> u32 {
 }
 
 /// Dot product of a row of 32-value blocks: `block(b) = (d, m, Σ w_q x_q)`.
-fn legacy(row: &[u8], block_bytes: usize, x: &Q8Row<'_>, block: impl Fn(&[u8], &[i8]) -> (f32, f32, i32)) -> f32 {
+fn legacy(
+    row: &[u8],
+    block_bytes: usize,
+    x: &Q8Row<'_>,
+    block: impl Fn(&[u8], &[i8]) -> (f32, f32, i32),
+) -> f32 {
     let mut acc = 0f32;
     for (i, b) in row.chunks_exact(block_bytes).enumerate() {
         let (d, m, s) = block(b, &x.qs[i * QK..(i + 1) * QK]);
@@ -53,7 +62,11 @@ pub fn q4_0(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
 }
 
 pub fn q4_1(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
-    each_row(xs, out, |x| legacy(row, bytes::Q4_1, x, |b, q| (f16_at(b, 0), f16_at(b, 2), isum(nibbles(&b[4..20]), q))));
+    each_row(xs, out, |x| {
+        legacy(row, bytes::Q4_1, x, |b, q| {
+            (f16_at(b, 0), f16_at(b, 2), isum(nibbles(&b[4..20]), q))
+        })
+    });
 }
 
 pub fn q5_0(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
@@ -67,18 +80,35 @@ pub fn q5_0(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
 
 pub fn q5_1(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
     each_row(xs, out, |x| {
-        legacy(row, bytes::Q5_1, x, |b, q| (f16_at(b, 0), f16_at(b, 2), isum(five_bits(&b[8..24], qh_at(b, 4)), q)))
+        legacy(row, bytes::Q5_1, x, |b, q| {
+            (
+                f16_at(b, 0),
+                f16_at(b, 2),
+                isum(five_bits(&b[8..24], qh_at(b, 4)), q),
+            )
+        })
     });
 }
 
 pub fn q8_0(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
     each_row(xs, out, |x| {
-        legacy(row, bytes::Q8_0, x, |b, q| (f16_at(b, 0), 0.0, isum(b[2..34].iter().map(|&v| i32::from(v as i8)), q)))
+        legacy(row, bytes::Q8_0, x, |b, q| {
+            (
+                f16_at(b, 0),
+                0.0,
+                isum(b[2..34].iter().map(|&v| i32::from(v as i8)), q),
+            )
+        })
     });
 }
 
 /// Q4_K and Q5_K: `quant(sb, j, l)` is value `l` of sub-block `j` of super-block bytes `sb`.
-fn k4(row: &[u8], block_bytes: usize, x: &Q8Row<'_>, quant: impl Fn(&[u8], usize, usize) -> i32) -> f32 {
+fn k4(
+    row: &[u8],
+    block_bytes: usize,
+    x: &Q8Row<'_>,
+    quant: impl Fn(&[u8], usize, usize) -> i32,
+) -> f32 {
     let mut acc = 0f32;
     for (i, sb) in row.chunks_exact(block_bytes).enumerate() {
         let (d, dmin) = (f16_at(sb, 0), f16_at(sb, 2));
@@ -86,9 +116,12 @@ fn k4(row: &[u8], block_bytes: usize, x: &Q8Row<'_>, quant: impl Fn(&[u8], usize
         let qs = &x.qs[i * QK_K..(i + 1) * QK_K];
         let (mut scaled, mut mins) = (0i32, 0i32);
         for j in 0..8 {
-            let s: i32 = (0..32).map(|l| quant(sb, j, l) * i32::from(qs[32 * j + l])).sum();
+            let s: i32 = (0..32)
+                .map(|l| quant(sb, j, l) * i32::from(qs[32 * j + l]))
+                .sum();
             scaled += i32::from(sc[j]) * s;
-            mins += i32::from(mn[j]) * (i32::from(x.sums[16 * i + 2 * j]) + i32::from(x.sums[16 * i + 2 * j + 1]));
+            mins += i32::from(mn[j])
+                * (i32::from(x.sums[16 * i + 2 * j]) + i32::from(x.sums[16 * i + 2 * j + 1]));
         }
         acc += (d * x.d[i]) * scaled as f32 - (dmin * x.d[i]) * mins as f32;
     }
@@ -96,7 +129,11 @@ fn k4(row: &[u8], block_bytes: usize, x: &Q8Row<'_>, quant: impl Fn(&[u8], usize
 }
 
 pub fn q4_k(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
-    each_row(xs, out, |x| k4(row, bytes::Q4_K, x, |sb, j, l| i32::from((sb[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf)));
+    each_row(xs, out, |x| {
+        k4(row, bytes::Q4_K, x, |sb, j, l| {
+            i32::from((sb[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf)
+        })
+    });
 }
 
 pub fn q5_k(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
@@ -120,7 +157,9 @@ pub fn q6_k(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
                 let (half, plane, first) = (g / 8, (g % 8) / 2, 16 * (g % 2));
                 let s: i32 = (0..16)
                     .map(|l| {
-                        let lo = (sb[64 * half + 32 * (plane % 2) + first + l] >> (4 * (plane / 2))) & 0xf;
+                        let lo = (sb[64 * half + 32 * (plane % 2) + first + l]
+                            >> (4 * (plane / 2)))
+                            & 0xf;
                         let hi = (sb[128 + 32 * half + first + l] >> (2 * plane)) & 3;
                         (i32::from(lo | (hi << 4)) - 32) * i32::from(qs[16 * g + l])
                     })
@@ -152,7 +191,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Widens a row of `W`-byte values into `buf` and dots it with every input row.
-fn float_rows<const W: usize>(row: &[u8], xs: &[&[f32]], out: &mut [f32], widen: impl Fn([u8; W]) -> f32) {
+fn float_rows<const W: usize>(
+    row: &[u8],
+    xs: &[&[f32]],
+    out: &mut [f32],
+    widen: impl Fn([u8; W]) -> f32,
+) {
     let n = row.len() / W;
     let mut acc = [0f32; super::MAX_ROWS];
     // Chunks of 64 values keep the widened copy on the stack.
@@ -179,5 +223,7 @@ pub fn f16(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
 }
 
 pub fn bf16(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
-    float_rows(row, xs, out, |b| f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16));
+    float_rows(row, xs, out, |b| {
+        f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16)
+    });
 }

@@ -13,8 +13,16 @@ use proptest::prelude::*;
 use super::*;
 use crate::q8::{ActKind, Q8Buf};
 
-const QUANT: [GgmlType; 8] =
-    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
+const QUANT: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
 const FLOAT: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 /// xorshift64*: deterministic test data from a proptest seed.
@@ -48,13 +56,18 @@ fn weight_row(t: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let bytes = t.bytes_for(n).expect("whole blocks");
     match t {
         GgmlType::F32 => (0..n).flat_map(|_| rng.unit().to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(rng.unit()).to_le_bytes()).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(rng.unit()).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| f16::from_f32(rng.unit()).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| half::bf16::from_f32(rng.unit()).to_le_bytes())
+            .collect(),
         _ => {
             let mut row: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
             for block in row.chunks_exact_mut(t.block_bytes()) {
                 for &at in scale_fields(t) {
-                    block[at..at + 2].copy_from_slice(&f16::from_f32(rng.unit() * 0.1).to_le_bytes());
+                    block[at..at + 2]
+                        .copy_from_slice(&f16::from_f32(rng.unit() * 0.1).to_le_bytes());
                 }
             }
             row
@@ -64,11 +77,15 @@ fn weight_row(t: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
 
 /// Activations with a few outliers, as real hidden states have.
 fn activations(n: usize, rng: &mut Rng) -> Vec<f32> {
-    (0..n).map(|i| rng.unit() * if i % 97 == 5 { 40.0 } else { 2.0 }).collect()
+    (0..n)
+        .map(|i| rng.unit() * if i % 97 == 5 { 40.0 } else { 2.0 })
+        .collect()
 }
 
 fn run_q8(k: Kernel, row: &[u8], q: &Q8Buf, t: usize) -> Vec<f32> {
-    let Kernel::Q8 { f, .. } = k else { panic!("not an 8-bit kernel") };
+    let Kernel::Q8 { f, .. } = k else {
+        panic!("not an 8-bit kernel")
+    };
     let xs: Vec<_> = (0..t).map(|i| q.row(i)).collect();
     let mut out = vec![0f32; t];
     // SAFETY: the kernels come from `select` with an available instruction set.
@@ -77,7 +94,9 @@ fn run_q8(k: Kernel, row: &[u8], q: &Q8Buf, t: usize) -> Vec<f32> {
 }
 
 fn run_f32(k: Kernel, row: &[u8], x: &[Vec<f32>]) -> Vec<f32> {
-    let Kernel::F32(f) = k else { panic!("not an f32 kernel") };
+    let Kernel::F32(f) = k else {
+        panic!("not an f32 kernel")
+    };
     let xs: Vec<&[f32]> = x.iter().map(|v| &v[..]).collect();
     let mut out = vec![0f32; x.len()];
     // SAFETY: as above.
@@ -142,11 +161,22 @@ proptest! {
 
 #[test]
 fn every_other_type_falls_back_to_dequantising() {
-    for ty in [GgmlType::Q2K, GgmlType::Q3K, GgmlType::IQ4NL, GgmlType::IQ2XXS] {
-        assert!(matches!(select(ty, Isa::detect()), Kernel::Dequant(_)), "{ty}");
+    for ty in [
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ2XXS,
+    ] {
+        assert!(
+            matches!(select(ty, Isa::detect()), Kernel::Dequant(_)),
+            "{ty}"
+        );
     }
     for ty in QUANT {
-        assert!(matches!(select(ty, Isa::detect()), Kernel::Q8 { .. }), "{ty}");
+        assert!(
+            matches!(select(ty, Isa::detect()), Kernel::Q8 { .. }),
+            "{ty}"
+        );
     }
 }
 

@@ -33,7 +33,10 @@ impl Ops for Avx2 {
     #[inline(always)]
     unsafe fn dot(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
         // u ≤ 255 and |x| ≤ 127 keep each i16 pair sum below 2^15 for every type here.
-        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)))
+        _mm256_add_epi32(
+            acc,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)),
+        )
     }
     #[inline(always)]
     unsafe fn dot_scaled(acc: __m256i, u: __m256i, x: __m256i, sc: __m256i) -> __m256i {
@@ -44,7 +47,12 @@ impl Ops for Avx2 {
         // Byte i takes byte i/8 of `bits`, keeps bit i%8, and compares it with that bit.
         let spread = _mm256_shuffle_epi8(
             _mm256_set1_epi32(bits as i32),
-            _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+            _mm256_setr_epi64x(
+                0,
+                0x0101_0101_0101_0101,
+                0x0202_0202_0202_0202,
+                0x0303_0303_0303_0303,
+            ),
         );
         let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
@@ -134,7 +142,11 @@ impl Legacy for Q5_0 {
     unsafe fn unpack<O: Ops>(b: *const u8) -> (__m256i, f32, f32) {
         let d = f16_at(b);
         let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
-        (_mm256_or_si256(nibbles(b.add(6)), O::bits_to_bytes(qh, 0x10)), d, -16.0 * d)
+        (
+            _mm256_or_si256(nibbles(b.add(6)), O::bits_to_bytes(qh, 0x10)),
+            d,
+            -16.0 * d,
+        )
     }
 }
 
@@ -144,7 +156,11 @@ impl Legacy for Q5_1 {
     #[inline(always)]
     unsafe fn unpack<O: Ops>(b: *const u8) -> (__m256i, f32, f32) {
         let qh = std::ptr::read_unaligned(b.add(4) as *const u32);
-        (_mm256_or_si256(nibbles(b.add(8)), O::bits_to_bytes(qh, 0x10)), f16_at(b), f16_at(b.add(2)))
+        (
+            _mm256_or_si256(nibbles(b.add(8)), O::bits_to_bytes(qh, 0x10)),
+            f16_at(b),
+            f16_at(b.add(2)),
+        )
     }
 }
 
@@ -160,7 +176,12 @@ impl Legacy for Q8_0 {
 #[inline(always)]
 unsafe fn legacy<B: Legacy, O: Ops, const T: usize>(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
     let nb = row.len() / B::BYTES;
-    debug_assert!(xs.len() == T && xs.iter().all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb));
+    debug_assert!(
+        xs.len() == T
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
+    );
     let p = row.as_ptr();
     let xq: [*const u8; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const u8);
     let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
@@ -177,7 +198,11 @@ unsafe fn legacy<B: Legacy, O: Ops, const T: usize>(row: &[u8], xs: &[Q8Row<'_>]
                 x = _mm256_sign_epi8(x, u);
             }
             let s = O::dot(_mm256_setzero_si256(), au, x);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * *xd[t].add(b)), acc[t]);
+            acc[t] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(s),
+                _mm256_set1_ps(d * *xd[t].add(b)),
+                acc[t],
+            );
             if !B::SIGNED {
                 off[t] += m * *xs_[t].add(b);
             }
@@ -192,17 +217,29 @@ unsafe fn legacy<B: Legacy, O: Ops, const T: usize>(row: &[u8], xs: &[Q8Row<'_>]
 #[inline(always)]
 unsafe fn fifth_bit(qh: __m256i, j: usize) -> __m256i {
     let bit = _mm256_set1_epi8(1 << j);
-    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(0x10))
+    _mm256_and_si256(
+        _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+        _mm256_set1_epi8(0x10),
+    )
 }
 
 /// Q4_K (`FIVE = false`) and Q5_K: per super-block, eight 32-weight sub-blocks with 6-bit scales
 /// and mins; the scaled integer sums and the mins times the activation sums stay in integers.
 #[inline(always)]
-unsafe fn k4<O: Ops, const FIVE: bool, const T: usize>(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
+unsafe fn k4<O: Ops, const FIVE: bool, const T: usize>(
+    row: &[u8],
+    xs: &[Q8Row<'_>],
+    out: &mut [f32],
+) {
     let bb = if FIVE { bytes::Q5_K } else { bytes::Q4_K };
     let qs_at = if FIVE { 48 } else { 16 };
     let nsb = row.len() / bb;
-    debug_assert!(xs.len() == T && xs.iter().all(|x| x.qs.len() == nsb * QK_K && x.d.len() == nsb && x.sums.len() == nsb * 16));
+    debug_assert!(
+        xs.len() == T
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == nsb * QK_K && x.d.len() == nsb && x.sums.len() == nsb * 16)
+    );
     let xq: [*const u8; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const u8);
     let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
     let xsum: [*const i16; T] = std::array::from_fn(|t| xs[t].sums.as_ptr());
@@ -215,7 +252,11 @@ unsafe fn k4<O: Ops, const FIVE: bool, const T: usize>(row: &[u8], xs: &[Q8Row<'
         // Each min serves the two 16-value activation sums of its sub-block.
         let mins2: [u8; 16] = std::array::from_fn(|g| mn[g / 2]);
         let mins16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(mins2.as_ptr() as *const __m128i));
-        let qh = if FIVE { load(sp.add(16)) } else { _mm256_setzero_si256() };
+        let qh = if FIVE {
+            load(sp.add(16))
+        } else {
+            _mm256_setzero_si256()
+        };
         let mut isc = [_mm256_setzero_si256(); T];
         for k in 0..4 {
             let q = load(sp.add(qs_at + 32 * k));
@@ -225,7 +266,10 @@ unsafe fn k4<O: Ops, const FIVE: bool, const T: usize>(row: &[u8], xs: &[Q8Row<'
                 lo = _mm256_or_si256(lo, fifth_bit(qh, 2 * k));
                 hi = _mm256_or_si256(hi, fifth_bit(qh, 2 * k + 1));
             }
-            let (s_lo, s_hi) = (_mm256_set1_epi16(i16::from(sc[2 * k])), _mm256_set1_epi16(i16::from(sc[2 * k + 1])));
+            let (s_lo, s_hi) = (
+                _mm256_set1_epi16(i16::from(sc[2 * k])),
+                _mm256_set1_epi16(i16::from(sc[2 * k + 1])),
+            );
             for t in 0..T {
                 let x = xq[t].add(i * QK_K + 64 * k);
                 isc[t] = O::dot_scaled(isc[t], lo, load(x), s_lo);
@@ -250,7 +294,12 @@ unsafe fn k4<O: Ops, const FIVE: bool, const T: usize>(row: &[u8], xs: &[Q8Row<'
 #[inline(always)]
 unsafe fn q6k<O: Ops, const T: usize>(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]) {
     let nsb = row.len() / bytes::Q6_K;
-    debug_assert!(xs.len() == T && xs.iter().all(|x| x.qs.len() == nsb * QK_K && x.d.len() == nsb && x.sums.len() == nsb * 16));
+    debug_assert!(
+        xs.len() == T
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == nsb * QK_K && x.d.len() == nsb && x.sums.len() == nsb * 16)
+    );
     let xq: [*const u8; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const u8);
     let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
     let xsum: [*const i16; T] = std::array::from_fn(|t| xs[t].sums.as_ptr());
@@ -264,12 +313,22 @@ unsafe fn q6k<O: Ops, const T: usize>(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f
         for c in 0..8 {
             let (half, plane) = (c / 4, c % 4);
             let ql = load(sp.add(64 * half + 32 * (plane % 2)));
-            let lo = if plane < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
+            let lo = if plane < 2 {
+                ql
+            } else {
+                _mm256_srli_epi16::<4>(ql)
+            };
             let lo = _mm256_and_si256(lo, _mm256_set1_epi8(0xf));
             let qh = load(sp.add(128 + 32 * half));
-            let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * plane as i32)), _mm256_set1_epi8(3));
+            let hi = _mm256_and_si256(
+                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * plane as i32)),
+                _mm256_set1_epi8(3),
+            );
             let u = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi));
-            let scv = _mm256_set_m128i(_mm_set1_epi16(i16::from(*scales.add(2 * c + 1))), _mm_set1_epi16(i16::from(*scales.add(2 * c))));
+            let scv = _mm256_set_m128i(
+                _mm_set1_epi16(i16::from(*scales.add(2 * c + 1))),
+                _mm_set1_epi16(i16::from(*scales.add(2 * c))),
+            );
             for t in 0..T {
                 isc[t] = O::dot_scaled(isc[t], u, load(xq[t].add(i * QK_K + 32 * c)), scv);
             }
@@ -278,7 +337,11 @@ unsafe fn q6k<O: Ops, const T: usize>(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f
             let sums = _mm256_loadu_si256(xsum[t].add(16 * i) as *const __m256i);
             let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, sums));
             let tot = _mm256_sub_epi32(isc[t], offset);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(d * *xd[t].add(i)), acc[t]);
+            acc[t] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(tot),
+                _mm256_set1_ps(d * *xd[t].add(i)),
+                acc[t],
+            );
         }
     }
     for t in 0..T {
@@ -323,7 +386,9 @@ impl Widen for Bf16 {
     const W: usize = 2;
     #[inline(always)]
     unsafe fn load8(p: *const u8) -> __m256 {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128(p as *const __m128i),
+        )))
     }
     fn one(b: &[u8]) -> f32 {
         f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
@@ -431,7 +496,11 @@ macro_rules! isa_module {
 }
 
 isa_module!(avx2, Avx2, "avx2,fma,f16c");
-isa_module!(avx512, Avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+isa_module!(
+    avx512,
+    Avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+);
 
 /// The f32-activation kernel for `name` ("f32", "f16" or "bf16"); AVX2 serves both levels.
 pub fn f32_kernel(name: &str) -> super::F32Kernel {
@@ -453,7 +522,13 @@ unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T
 ) {
     let col = lay.column();
     let nb = group.len() / col;
-    debug_assert!(xs.len() == T && out.len() == T && xs.iter().all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb));
+    debug_assert!(
+        xs.len() == T
+            && out.len() == T
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
+    );
     let xq: [*const u8; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const u8);
     let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
     let xsum: [*const f32; T] = std::array::from_fn(|t| xs[t].s.as_ptr());
@@ -466,10 +541,17 @@ unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T
     for b in 0..nb {
         let p = g.add(b * col);
         let d4 = _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i));
-        let m4 = if HAS_M { _mm_cvtph_ps(_mm_loadl_epi64(p.add(m_at) as *const __m128i)) } else { _mm_mul_ps(d4, _mm_set1_ps(lay.offset)) };
+        let m4 = if HAS_M {
+            _mm_cvtph_ps(_mm_loadl_epi64(p.add(m_at) as *const __m128i))
+        } else {
+            _mm_mul_ps(d4, _mm_set1_ps(lay.offset))
+        };
         let d16 = _mm512_permutexvar_ps(lane_of_row, _mm512_castps128_ps512(d4));
         let (lo, hi) = if EIGHT {
-            (_mm512_loadu_si512(p.add(q_at) as *const _), _mm512_loadu_si512(p.add(q_at + 64) as *const _))
+            (
+                _mm512_loadu_si512(p.add(q_at) as *const _),
+                _mm512_loadu_si512(p.add(q_at + 64) as *const _),
+            )
         } else {
             let q = _mm512_loadu_si512(p.add(q_at) as *const _);
             let mut lo = _mm512_and_si512(q, nib);
@@ -486,15 +568,26 @@ unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T
             let x = xq[t].add(b * 32);
             let xl = _mm512_broadcast_i32x4(_mm_loadu_si128(x as *const __m128i));
             let xh = _mm512_broadcast_i32x4(_mm_loadu_si128(x.add(16) as *const __m128i));
-            let s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d16, _mm512_set1_ps(*xd[t].add(b))), acc[t]);
+            let s =
+                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+            acc[t] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(s),
+                _mm512_mul_ps(d16, _mm512_set1_ps(*xd[t].add(b))),
+                acc[t],
+            );
             accm[t] = _mm_fmadd_ps(m4, _mm_set1_ps(*xsum[t].add(b)), accm[t]);
         }
     }
     for t in 0..T {
         let a = acc[t];
-        let h01 = _mm_hadd_ps(_mm512_extractf32x4_ps::<0>(a), _mm512_extractf32x4_ps::<1>(a));
-        let h23 = _mm_hadd_ps(_mm512_extractf32x4_ps::<2>(a), _mm512_extractf32x4_ps::<3>(a));
+        let h01 = _mm_hadd_ps(
+            _mm512_extractf32x4_ps::<0>(a),
+            _mm512_extractf32x4_ps::<1>(a),
+        );
+        let h23 = _mm_hadd_ps(
+            _mm512_extractf32x4_ps::<2>(a),
+            _mm512_extractf32x4_ps::<3>(a),
+        );
         let r = _mm_add_ps(_mm_hadd_ps(h01, h23), accm[t]);
         _mm_storeu_ps(out[t].as_mut_ptr(), r);
     }
@@ -505,7 +598,12 @@ unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T
 /// # Safety
 /// The CPU must have the `avx512` module's features; `xs.len() == out.len()` in `1..=4`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn packed_dot(group: &[u8], lay: super::packed::Layout, xs: &[Q8Row<'_>], out: &mut [[f32; 4]]) {
+pub unsafe fn packed_dot(
+    group: &[u8],
+    lay: super::packed::Layout,
+    xs: &[Q8Row<'_>],
+    out: &mut [[f32; 4]],
+) {
     macro_rules! by_rows {
         ($m:literal, $f:literal, $e:literal) => {
             match xs.len() {

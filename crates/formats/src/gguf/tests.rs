@@ -29,7 +29,13 @@ fn sample() -> GgufWriter {
                 MetaValue::Array(vec![MetaValue::I32(3)]),
             ]),
         )
-        .meta("x.strs", MetaValue::Array(vec![MetaValue::Str(b"a".to_vec()), MetaValue::Str(vec![0xff, 0xfe])]))
+        .meta(
+            "x.strs",
+            MetaValue::Array(vec![
+                MetaValue::Str(b"a".to_vec()),
+                MetaValue::Str(vec![0xff, 0xfe]),
+            ]),
+        )
         .tensor_f32("a", &[2, 3], &[1., 2., 3., 4., 5., 6.])
         .tensor_f32("b", &[5], &[7., 8., 9., 10., 11.]);
     w
@@ -53,7 +59,10 @@ fn round_trips_every_value_type_and_tensor() {
     assert_eq!(m.f32("x.f64").unwrap(), 0.25);
     assert_eq!(m.bool_opt("x.bool").unwrap(), Some(true));
     let nested = m.array_opt("x.nested").unwrap().unwrap();
-    assert_eq!(nested[0], MetaValue::Array(vec![MetaValue::I32(1), MetaValue::I32(2)]));
+    assert_eq!(
+        nested[0],
+        MetaValue::Array(vec![MetaValue::I32(1), MetaValue::I32(2)])
+    );
     let strs = m.byte_strings_opt("x.strs").unwrap().unwrap();
     assert_eq!(strs, vec![&b"a"[..], &[0xff, 0xfe][..]]);
 
@@ -62,7 +71,10 @@ fn round_trips_every_value_type_and_tensor() {
     assert_eq!(a.to_f32().unwrap(), vec![1., 2., 3., 4., 5., 6.]);
     let b = g.tensors.require("b").unwrap();
     assert_eq!(b.to_f32().unwrap(), vec![7., 8., 9., 10., 11.]);
-    assert_eq!(b.data.as_ptr() as usize % 32, (g.tensors.get("a").unwrap().data.as_ptr() as usize) % 32);
+    assert_eq!(
+        b.data.as_ptr() as usize % 32,
+        (g.tensors.get("a").unwrap().data.as_ptr() as usize) % 32
+    );
 }
 
 #[test]
@@ -80,7 +92,10 @@ fn open_err(bytes: &[u8]) -> String {
         Ok(_) => panic!("expected an error"),
         Err(e) => e.to_string(),
     };
-    assert!(msg.contains(&f.path().display().to_string()), "error does not name the file: {msg}");
+    assert!(
+        msg.contains(&f.path().display().to_string()),
+        "error does not name the file: {msg}"
+    );
     msg
 }
 
@@ -110,7 +125,10 @@ fn unknown_tensor_type_is_named() {
     let type_at = name_pos + 1 + 4 + 8; // name, n_dims u32, one dim u64
     b[type_at..type_at + 4].copy_from_slice(&77u32.to_le_bytes());
     let msg = open_err(&b);
-    assert!(msg.contains("unknown ggml type id 77") && msg.contains("'t'"), "{msg}");
+    assert!(
+        msg.contains("unknown ggml type id 77") && msg.contains("'t'"),
+        "{msg}"
+    );
 }
 
 #[test]

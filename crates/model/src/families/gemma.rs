@@ -23,13 +23,20 @@ fn recipe(family: Family, hp: Hparams, naming: Naming, layers: Vec<AttnKind>) ->
         pairing: RopePairing::HalfSplit,
         freq_factors: None,
         layers,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     }
 }
 
 /// llama.cpp's attention scale for Gemma GGUF files, which store none: `1/sqrt(key_length)`, but
 /// `1/sqrt(hidden/heads)` for the 27B models (46 layers in Gemma 2, 62 in Gemma 3).
 fn gguf_scale(hp: &Hparams, big_model_layers: usize) -> f32 {
-    let d = if hp.n_layers == big_model_layers { hp.hidden / hp.n_heads } else { hp.head_dim };
+    let d = if hp.n_layers == big_model_layers {
+        hp.hidden / hp.n_heads
+    } else {
+        hp.head_dim
+    };
     (d as f32).powf(-0.5)
 }
 
@@ -37,7 +44,15 @@ pub(crate) fn gguf(meta: &Metadata, arch: &str, family: Family, hp: Hparams) -> 
     let layers = match family {
         Family::Gemma => {
             let scale = (hp.head_dim as f32).powf(-0.5);
-            vec![AttnKind { window: None, rope: hp.rope.clone(), scale, softcap: None }; hp.n_layers]
+            vec![
+                AttnKind {
+                    window: None,
+                    rope: hp.rope.clone(),
+                    scale,
+                    softcap: None
+                };
+                hp.n_layers
+            ]
         }
         Family::Gemma2 => {
             let scale = gguf_scale(&hp, 46);
@@ -54,7 +69,9 @@ pub(crate) fn gguf(meta: &Metadata, arch: &str, family: Family, hp: Hparams) -> 
             let scale = gguf_scale(&hp, 62);
             let sliding = gguf_sliding_layers(meta, arch, hp.n_layers)?;
             let local = RopeParams {
-                theta: meta.f32_opt(&format!("{arch}.rope.freq_base_swa"))?.unwrap_or(10_000.0) as f64,
+                theta: meta
+                    .f32_opt(&format!("{arch}.rope.freq_base_swa"))?
+                    .unwrap_or(10_000.0) as f64,
                 ..Default::default()
             };
             sliding
@@ -77,29 +94,46 @@ fn gguf_sliding_layers(meta: &Metadata, arch: &str, n_layers: usize) -> Result<V
     let key = format!("{arch}.attention.sliding_window_pattern");
     let period = match meta.get(&key) {
         Some(v) if v.as_array().is_some() => {
-            let bools: Option<Vec<bool>> = v.as_array().unwrap_or_default().iter().map(|b| b.as_bool()).collect();
+            let bools: Option<Vec<bool>> = v
+                .as_array()
+                .unwrap_or_default()
+                .iter()
+                .map(|b| b.as_bool())
+                .collect();
             return match bools {
                 Some(b) if b.len() == n_layers => Ok(b),
-                _ => Err(ModelError::invalid(meta.path(), format!("{key} must hold {n_layers} bools"))),
+                _ => Err(ModelError::invalid(
+                    meta.path(),
+                    format!("{key} must hold {n_layers} bools"),
+                )),
             };
         }
         Some(_) => meta.usize(&key)?,
         None => 6,
     };
-    Ok((0..n_layers).map(|i| period == 0 || i % period < period - 1).collect())
+    Ok((0..n_layers)
+        .map(|i| period == 0 || i % period < period - 1)
+        .collect())
 }
 
 pub(crate) fn hf(cfg: &HfConfig, family: Family, hp: Hparams) -> Result<Recipe> {
     let scale = match family {
         Family::Gemma => (hp.head_dim as f32).powf(-0.5),
-        _ => (cfg.f64_opt("query_pre_attn_scalar")?.unwrap_or(hp.head_dim as f64) as f32).powf(-0.5),
+        _ => (cfg
+            .f64_opt("query_pre_attn_scalar")?
+            .unwrap_or(hp.head_dim as f64) as f32)
+            .powf(-0.5),
     };
     let types: Vec<String> = match cfg.strings_opt("layer_types")? {
         Some(t) if t.len() == hp.n_layers => t.into_iter().map(String::from).collect(),
         Some(t) => {
             return Err(ModelError::invalid(
                 cfg.path(),
-                format!("layer_types has {} entries for {} layers", t.len(), hp.n_layers),
+                format!(
+                    "layer_types has {} entries for {} layers",
+                    t.len(),
+                    hp.n_layers
+                ),
             ))
         }
         None => {
@@ -109,7 +143,14 @@ pub(crate) fn hf(cfg: &HfConfig, family: Family, hp: Hparams) -> Result<Recipe> 
                 _ => cfg.usize_opt("sliding_window_pattern")?.unwrap_or(6),
             };
             (0..hp.n_layers)
-                .map(|i| if period > 0 && (i + 1) % period != 0 { "sliding_attention" } else { "full_attention" }.to_string())
+                .map(|i| {
+                    if period > 0 && (i + 1) % period != 0 {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                    .to_string()
+                })
                 .collect()
         }
     };
@@ -121,9 +162,20 @@ pub(crate) fn hf(cfg: &HfConfig, family: Family, hp: Hparams) -> Result<Recipe> 
                 window: if sliding { hp.sliding_window } else { None },
                 rope: cfg.rope(Some(t))?,
                 scale,
-                softcap: if family == Family::Gemma2 { hp.attn_softcap } else { None },
+                softcap: if family == Family::Gemma2 {
+                    hp.attn_softcap
+                } else {
+                    None
+                },
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(recipe(family, hp, Naming::Hf { sandwich: family != Family::Gemma }, layers))
+    Ok(recipe(
+        family,
+        hp,
+        Naming::Hf {
+            sandwich: family != Family::Gemma,
+        },
+        layers,
+    ))
 }

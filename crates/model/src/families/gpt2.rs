@@ -39,7 +39,11 @@ impl Names {
 fn conv1d(l: &TensorLoader, name: &str, inp: usize, out: usize) -> Result<Weight> {
     let t = l.require(name)?;
     if t.shape != [inp, out] {
-        return Err(ModelError::shape(t.file, name, format!("shape {:?}, expected [{inp}, {out}]", t.shape)));
+        return Err(ModelError::shape(
+            t.file,
+            name,
+            format!("shape {:?}, expected [{inp}, {out}]", t.shape),
+        ));
     }
     let v = t.to_f32()?;
     let mut tr = vec![0f32; v.len()];
@@ -51,24 +55,46 @@ fn conv1d(l: &TensorLoader, name: &str, inp: usize, out: usize) -> Result<Weight
     Ok(Weight::from_f32(name, out, inp, &tr))
 }
 
-pub(crate) fn load(l: &TensorLoader, hp: Hparams, hf: Option<&HfConfig>, source: ModelSource, name: String) -> Result<Model> {
+pub(crate) fn load(
+    l: &TensorLoader,
+    hp: Hparams,
+    hf: Option<&HfConfig>,
+    source: ModelSource,
+    name: String,
+) -> Result<Model> {
     let names = Names {
         gguf: hf.is_none(),
-        prefix: if l.has("transformer.wte.weight") { "transformer.".into() } else { String::new() },
+        prefix: if l.has("transformer.wte.weight") {
+            "transformer.".into()
+        } else {
+            String::new()
+        },
     };
     let h = hp.hidden;
     let (nh, hd) = (hp.n_heads, hp.head_dim);
     if nh * hd != h {
-        return Err(ModelError::invalid(l.path(), format!("{nh} heads of {hd} do not make hidden size {h}")));
+        return Err(ModelError::invalid(
+            l.path(),
+            format!("{nh} heads of {hd} do not make hidden size {h}"),
+        ));
     }
     let ln = |w: &str| {
         let (wn, bn) = (format!("{w}.weight"), format!("{w}.bias"));
         let bias = l.vector(&bn, h)?;
-        Ok::<Norm, ModelError>(Norm { kind: NormKind::Layer, eps: hp.eps, weight: l.vector(&wn, h)?, bias: Some(bias) })
+        Ok::<Norm, ModelError>(Norm {
+            kind: NormKind::Layer,
+            eps: hp.eps,
+            weight: l.vector(&wn, h)?,
+            bias: Some(bias),
+        })
     };
     // A linear layer: HF transposes a Conv1D, GGUF maps the matrix.
     let lin = |g: &str, hfn: &str, inp: usize, out: usize| -> Result<Linear> {
-        let weight = if names.gguf { l.matrix(&format!("{g}.weight"), out, inp)? } else { conv1d(l, &format!("{hfn}.weight"), inp, out)? };
+        let weight = if names.gguf {
+            l.matrix(&format!("{g}.weight"), out, inp)?
+        } else {
+            conv1d(l, &format!("{hfn}.weight"), inp, out)?
+        };
         let bias = Some(l.vector(&format!("{}.bias", if names.gguf { g } else { hfn }), out)?);
         Ok(Linear { weight, bias })
     };
@@ -79,16 +105,31 @@ pub(crate) fn load(l: &TensorLoader, hp: Hparams, hf: Option<&HfConfig>, source:
     let wpe = names.global("position_embd.weight", "wpe.weight");
     let n_pos = l.require(&wpe)?.rows_cols().0;
     let pos_embedding = l.matrix(&wpe, n_pos, h)?;
-    let out_name = if names.gguf { "output.weight".to_string() } else { "lm_head.weight".to_string() };
-    let lm_head = if l.has(&out_name) { l.matrix(&out_name, vocab, h)? } else { l.matrix(&wte, vocab, h)? };
+    let out_name = if names.gguf {
+        "output.weight".to_string()
+    } else {
+        "lm_head.weight".to_string()
+    };
+    let lm_head = if l.has(&out_name) {
+        l.matrix(&out_name, vocab, h)?
+    } else {
+        l.matrix(&wte, vocab, h)?
+    };
 
     let mut layers = Vec::with_capacity(hp.n_layers);
     for i in 0..hp.n_layers {
         let at = |g: &str, hfn: &str| names.layer(i, g, hfn);
-        let qkv = lin(&at("attn_qkv", "attn.c_attn"), &at("attn_qkv", "attn.c_attn"), h, 3 * h)?;
+        let qkv = lin(
+            &at("attn_qkv", "attn.c_attn"),
+            &at("attn_qkv", "attn.c_attn"),
+            h,
+            3 * h,
+        )?;
         let bias = qkv.bias.as_deref().unwrap_or_default();
         let part = |j: usize, what: &str| Linear {
-            weight: qkv.weight.slice_rows(&format!("{}.{what}", qkv.weight.name), j * h, h),
+            weight: qkv
+                .weight
+                .slice_rows(&format!("{}.{what}", qkv.weight.name), j * h, h),
             bias: Some(bias[j * h..(j + 1) * h].to_vec()),
         };
         let attention = Attention {
@@ -102,9 +143,15 @@ pub(crate) fn load(l: &TensorLoader, hp: Hparams, hf: Option<&HfConfig>, source:
             q: part(0, "q"),
             k: part(1, "k"),
             v: part(2, "v"),
-            o: lin(&at("attn_output", "attn.c_proj"), &at("attn_output", "attn.c_proj"), h, h)?,
+            o: lin(
+                &at("attn_output", "attn.c_proj"),
+                &at("attn_output", "attn.c_proj"),
+                h,
+                h,
+            )?,
             q_norm: None,
             k_norm: None,
+            output_gate: None,
         };
         layers.push(Layer {
             attn_norm: ln(&at("attn_norm", "ln_1"))?,
@@ -113,14 +160,30 @@ pub(crate) fn load(l: &TensorLoader, hp: Hparams, hf: Option<&HfConfig>, source:
             ffn_norm: ln(&at("ffn_norm", "ln_2"))?,
             ffn: Ffn::Plain {
                 act: Activation::GeluTanh,
-                up: lin(&at("ffn_up", "mlp.c_fc"), &at("ffn_up", "mlp.c_fc"), h, hp.ffn)?,
-                down: lin(&at("ffn_down", "mlp.c_proj"), &at("ffn_down", "mlp.c_proj"), hp.ffn, h)?,
+                up: lin(
+                    &at("ffn_up", "mlp.c_fc"),
+                    &at("ffn_up", "mlp.c_fc"),
+                    h,
+                    hp.ffn,
+                )?,
+                down: lin(
+                    &at("ffn_down", "mlp.c_proj"),
+                    &at("ffn_down", "mlp.c_proj"),
+                    hp.ffn,
+                    h,
+                )?,
             },
             post_ffn_norm: None,
         });
     }
     Ok(Model {
-        config: ModelConfig { family: Family::Gpt2, name, vocab_size: vocab, hidden_size: h, context_length: hp.context.min(n_pos) },
+        config: ModelConfig {
+            family: Family::Gpt2,
+            name,
+            vocab_size: vocab,
+            hidden_size: h,
+            context_length: hp.context.min(n_pos),
+        },
         source,
         embedding,
         embed_scale: None,

@@ -12,13 +12,20 @@ use crate::model::Family;
 use crate::plan::{Activation, RopePairing};
 
 fn uniform_layers(hp: &Hparams, rope: RopeParams, window: Option<usize>) -> Vec<AttnKind> {
-    let kind = AttnKind { window, rope, scale: (hp.head_dim as f32).powf(-0.5), softcap: None };
+    let kind = AttnKind {
+        window,
+        rope,
+        scale: (hp.head_dim as f32).powf(-0.5),
+        softcap: None,
+    };
     vec![kind; hp.n_layers]
 }
 
 pub(crate) fn gguf(ctx: &Ctx, hp: Hparams) -> Result<Recipe> {
     // Llama 3 files store the scaled frequencies as divisors in `rope_freqs.weight`.
-    let freq_factors = ctx.loader.vector_opt("rope_freqs.weight", hp.rope_dims / 2)?;
+    let freq_factors = ctx
+        .loader
+        .vector_opt("rope_freqs.weight", hp.rope_dims / 2)?;
     let mut rope = hp.rope.clone();
     if freq_factors.is_some() {
         rope.rope_type = "default".into();
@@ -34,11 +41,18 @@ pub(crate) fn gguf(ctx: &Ctx, hp: Hparams) -> Result<Recipe> {
         embed_scale: None,
         pairing: RopePairing::Adjacent,
         freq_factors,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     })
 }
 
 pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> {
-    let window = if family == Family::Mistral { cfg.usize_opt("sliding_window")? } else { None };
+    let window = if family == Family::Mistral {
+        cfg.usize_opt("sliding_window")?
+    } else {
+        None
+    };
     Ok(Recipe {
         family,
         layers: uniform_layers(&hp, hp.rope.clone(), window),
@@ -50,5 +64,8 @@ pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> 
         embed_scale: None,
         pairing: RopePairing::HalfSplit,
         freq_factors: None,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     })
 }

@@ -5,6 +5,7 @@ mod gemma;
 mod gpt2;
 mod llama;
 mod qwen;
+mod qwen_moe;
 
 use std::path::Path;
 
@@ -22,13 +23,21 @@ pub(crate) struct Ctx {
 }
 
 const GGUF_ARCHS: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, gpt2";
-const HF_TYPES: &str = "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2";
+const HF_TYPES: &str =
+    "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text";
 
 pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
-    let Gguf { metadata, tensors, .. } = Gguf::open(path)?;
+    let Gguf {
+        metadata, tensors, ..
+    } = Gguf::open(path)?;
     let arch = metadata.str("general.architecture")?.to_string();
-    let name = metadata.str_opt("general.name")?.map(String::from).unwrap_or_else(|| file_stem(path));
-    let ctx = Ctx { loader: TensorLoader::new(tensors) };
+    let name = metadata
+        .str_opt("general.name")?
+        .map(String::from)
+        .unwrap_or_else(|| file_stem(path));
+    let ctx = Ctx {
+        loader: TensorLoader::new(tensors),
+    };
     let hp = Hparams::from_gguf(&metadata, &arch)?;
     let recipe = match arch.as_str() {
         "llama" => llama::gguf(&ctx, hp)?,
@@ -38,12 +47,18 @@ pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
         "gemma2" => gemma::gguf(&metadata, &arch, Family::Gemma2, hp)?,
         "gemma3" => gemma::gguf(&metadata, &arch, Family::Gemma3, hp)?,
         "gpt2" => {
-            let source = ModelSource::Gguf { path: path.to_path_buf(), metadata: Box::new(metadata) };
+            let source = ModelSource::Gguf {
+                path: path.to_path_buf(),
+                metadata: Box::new(metadata),
+            };
             return gpt2::load(&ctx.loader, hp, None, source, name);
         }
         other => return Err(unsupported(path, other, GGUF_ARCHS)),
     };
-    let source = ModelSource::Gguf { path: path.to_path_buf(), metadata: Box::new(metadata) };
+    let source = ModelSource::Gguf {
+        path: path.to_path_buf(),
+        metadata: Box::new(metadata),
+    };
     decoder::build(&ctx.loader, recipe, source, name)
 }
 
@@ -59,25 +74,44 @@ pub(crate) fn load_hf(dir: &Path) -> Result<Model> {
         "gemma2" => Family::Gemma2,
         "gemma3_text" => Family::Gemma3,
         "gpt2" => Family::Gpt2,
+        "qwen2_moe" => Family::Qwen2Moe,
+        "qwen3_moe" => Family::Qwen3Moe,
+        "qwen3_next" => Family::Qwen3Next,
+        "qwen3_5_text" => Family::Qwen35,
+        "qwen3_5_moe_text" => Family::Qwen35Moe,
         other => return Err(unsupported(cfg.path(), other, HF_TYPES)),
     };
     let hp = Hparams::from_hf(&cfg)?;
     let loader = TensorLoader::new(anelm_formats::safetensors::open_dir(dir)?);
     let name = file_stem(dir);
-    let source = ModelSource::HfDir { dir: dir.to_path_buf() };
+    let source = ModelSource::HfDir {
+        dir: dir.to_path_buf(),
+    };
     let recipe = match family {
         Family::Llama | Family::Mistral => llama::hf(&cfg, hp, family)?,
         Family::Qwen2 | Family::Qwen3 => qwen::hf(&cfg, hp, family)?,
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => gemma::hf(&cfg, family, hp)?,
         Family::Gpt2 => return gpt2::load(&loader, hp, Some(&cfg), source, name),
+        Family::Qwen2Moe
+        | Family::Qwen3Moe
+        | Family::Qwen3Next
+        | Family::Qwen35
+        | Family::Qwen35Moe => qwen_moe::hf(&cfg, hp, family)?,
     };
     decoder::build(&loader, recipe, source, name)
 }
 
 fn unsupported(path: &Path, arch: &str, supported: &str) -> ModelError {
-    ModelError::UnsupportedArch { path: path.to_path_buf(), arch: arch.to_string(), supported: supported.to_string() }
+    ModelError::UnsupportedArch {
+        path: path.to_path_buf(),
+        arch: arch.to_string(),
+        supported: supported.to_string(),
+    }
 }
 
 fn file_stem(path: &Path) -> String {
-    path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string()
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model")
+        .to_string()
 }

@@ -13,7 +13,12 @@ fn recipe(family: Family, hp: Hparams, naming: Naming, windows: Vec<Option<usize
     let scale = (hp.head_dim as f32).powf(-0.5);
     let layers = windows
         .into_iter()
-        .map(|window| AttnKind { window, rope: hp.rope.clone(), scale, softcap: None })
+        .map(|window| AttnKind {
+            window,
+            rope: hp.rope.clone(),
+            scale,
+            softcap: None,
+        })
         .collect();
     Recipe {
         family,
@@ -26,6 +31,9 @@ fn recipe(family: Family, hp: Hparams, naming: Naming, windows: Vec<Option<usize
         pairing: RopePairing::HalfSplit,
         freq_factors: None,
         layers,
+        moe: None,
+        deltanet: None,
+        gated_attention: false,
     }
 }
 
@@ -37,12 +45,27 @@ pub(crate) fn gguf(family: Family, hp: Hparams) -> Recipe {
 pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> {
     // Sliding windows apply only when enabled, and then per `layer_types` (transformers 5) or
     // from layer `max_window_layers` on (4.x).
-    let window = if cfg.bool_opt("use_sliding_window")?.unwrap_or(false) { cfg.usize_opt("sliding_window")? } else { None };
+    let window = if cfg.bool_opt("use_sliding_window")?.unwrap_or(false) {
+        cfg.usize_opt("sliding_window")?
+    } else {
+        None
+    };
     let windows = match cfg.strings_opt("layer_types")? {
-        Some(types) => types.iter().map(|t| if *t == "sliding_attention" { window } else { None }).collect(),
+        Some(types) => types
+            .iter()
+            .map(|t| {
+                if *t == "sliding_attention" {
+                    window
+                } else {
+                    None
+                }
+            })
+            .collect(),
         None => {
             let from = cfg.usize_opt("max_window_layers")?.unwrap_or(0);
-            (0..hp.n_layers).map(|i| if i >= from { window } else { None }).collect()
+            (0..hp.n_layers)
+                .map(|i| if i >= from { window } else { None })
+                .collect()
         }
     };
     Ok(recipe(family, hp, Naming::Hf { sandwich: false }, windows))

@@ -11,6 +11,7 @@ use anelm_model::Weight;
 use super::super::graph::max_row_l1;
 use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
 use crate::error::Result;
+use crate::support::{attention, unsupported};
 
 /// A norm's weight (and bias) as constants of `shape`, times `scale`.
 pub(super) struct NormConst {
@@ -114,8 +115,8 @@ pub(super) fn half_split_order(heads: usize, head_dim: usize, dims: usize) -> Ve
 }
 
 impl LayerConsts {
-    pub(super) fn new(l: &Layer, shift: f32) -> Result<LayerConsts> {
-        let a = l.attention();
+    pub(super) fn new(l: &Layer, index: usize, shift: f32) -> Result<LayerConsts> {
+        let a = attention(l, index)?;
         // Adjacent pairs become half-split pairs by permuting Q/K rows (and their biases and
         // QK-norm weights); the attention scores are unchanged.
         let orders = match &a.rope {
@@ -162,6 +163,7 @@ impl LayerConsts {
                 false,
                 down,
             ),
+            Ffn::Moe(_) => return Err(unsupported(index, "a mixture-of-experts FFN")),
         };
         // Layer outputs join the residual stream scaled by 2^-shift: through the sandwich norm
         // when there is one, else through the projection.

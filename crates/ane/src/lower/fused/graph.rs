@@ -4,13 +4,14 @@
 use std::sync::Arc;
 
 use anelm_mil::{DType, FunctionBuilder, TensorType, ValueId, WeightData};
-use anelm_model::plan::{Attention, Ffn, NormKind};
+use anelm_model::plan::{Attention, NormKind};
 use anelm_model::Model;
 
 use super::super::graph::{activate, linear, normalize};
 use super::consts::{LayerConsts, LinearConst, NormConst};
 use super::{FusedPlan, KvForm};
 use crate::error::{AneError, Result};
+use crate::support::{attention, ffn_activation};
 
 /// Builds one function of a chunk.
 pub(super) struct ChunkGraph<'a> {
@@ -241,7 +242,7 @@ impl ChunkGraph<'_> {
 
     pub(super) fn attention(&mut self, li: usize, x: ValueId, c: &LayerConsts) -> Result<ValueId> {
         let m = self.model;
-        let a = m.layers[li].attention();
+        let a = attention(&m.layers[li], li)?;
         let (h, w) = (m.config.hidden_size, self.w);
         let (nh, nkv, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
         let (qd, kvd, g) = (nh * hd, nkv * hd, nh / nkv);
@@ -367,9 +368,7 @@ impl ChunkGraph<'_> {
 
     pub(super) fn ffn(&mut self, li: usize, x: ValueId, c: &LayerConsts) -> Result<ValueId> {
         let h = self.model.config.hidden_size;
-        let act = match &self.model.layers[li].ffn {
-            Ffn::Gated { act, .. } | Ffn::Plain { act, .. } => *act,
-        };
+        let act = ffn_activation(&self.model.layers[li], li)?;
         let p = format!("l{li}");
         let xn = self.norm(
             &format!("{p}_ffn_norm"),

@@ -33,6 +33,7 @@ use super::graph::{linear, normalize};
 use super::weights::row_range;
 use super::LoweringOptions;
 use crate::error::{AneError, Result};
+use crate::support::{attention, ensure_lowerable, unsupported};
 use crate::unit::CompileUnit;
 use consts::{LayerConsts, LinearConst, NormConst};
 use graph::ChunkGraph;
@@ -95,22 +96,26 @@ fn linear_bytes(l: &Linear) -> u64 {
     (l.out_features() * l.in_features() * 2) as u64
 }
 
-fn layer_bytes(l: &Layer) -> u64 {
-    let a = l.attention();
+fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
+    let a = attention(l, index)?;
     let ffn = match &l.ffn {
         Ffn::Gated { gate, up, down, .. } => {
             linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
         }
         Ffn::Plain { up, down, .. } => linear_bytes(up) + linear_bytes(down),
+        Ffn::Moe(_) => return Err(unsupported(index, "a mixture-of-experts FFN")),
     };
-    linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o) + ffn
+    Ok(linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o) + ffn)
 }
 
 /// Segments `model` into chunks under both ceilings (layers and weight bytes per program),
 /// balanced in layers; the head joins the last chunk if it fits, else gets its own.
 pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
+    ensure_lowerable(model)?;
     let n = model.n_layers();
-    let bytes: Vec<u64> = model.layers.iter().map(layer_bytes).collect();
+    let bytes = (model.layers.iter().enumerate())
+        .map(|(i, l)| layer_bytes(l, i))
+        .collect::<Result<Vec<u64>>>()?;
     if let Some((i, b)) = bytes
         .iter()
         .enumerate()
@@ -159,8 +164,8 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
     let mut ropes: Vec<Rope> = Vec::new();
     let mut windows: Vec<Option<usize>> = Vec::new();
     let (mut layer_rope, mut layer_window) = (Vec::new(), Vec::new());
-    for l in &model.layers {
-        let a = l.attention();
+    for (i, l) in model.layers.iter().enumerate() {
+        let a = attention(l, i)?;
         layer_rope.push(a.rope.as_ref().map(|r| {
             match ropes
                 .iter()
@@ -239,7 +244,7 @@ fn build_function(
         )?;
     }
     for (li, _) in &consts.layers {
-        let a = model.layers[*li].attention();
+        let a = attention(&model.layers[*li], *li)?;
         let kvd = a.n_kv_heads * a.head_dim;
         for kind in ["k", "v"] {
             match form {
@@ -309,7 +314,7 @@ pub fn build_chunk(
     let layers = spec
         .layers
         .clone()
-        .map(|i| Ok((i, LayerConsts::new(&model.layers[i], shift)?)))
+        .map(|i| Ok((i, LayerConsts::new(&model.layers[i], i, shift)?)))
         .collect::<Result<_>>()?;
     let head = if spec.head {
         let cols = model.lm_head.cols;
