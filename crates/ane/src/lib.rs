@@ -21,5 +21,5 @@ pub use device::{Device, DeviceError, SimDevice};
 pub use error::{AneError, Result};
 pub use exec::{DeviceProjections, ProjectionExecutor, Projections, ReferenceProjections};
 pub use lower::{LoweringOptions, Projection};
-pub use strategy::{AneExecutor, Strategy};
+pub use strategy::{AneExecutor, DevicePath, Strategy};
 pub use unit::CompileUnit;

@@ -48,41 +48,52 @@ impl<D: Device> AneExecutor<D> {
         })
     }
 
-    pub fn strategy(&self) -> Strategy {
+    fn inner(&mut self) -> &mut dyn Executor {
+        match self {
+            AneExecutor::Projection(e) => e,
+            AneExecutor::Fused(e) => e,
+        }
+    }
+}
+
+/// A model compiled for a device, as the CLI and the engine see it: an executor that also tells
+/// how it runs on the device.
+pub trait DevicePath: Executor {
+    fn strategy(&self) -> Strategy;
+    /// Device evaluations one decoded token costs.
+    fn dispatches_per_token(&self) -> usize;
+    /// Device evaluations so far.
+    fn dispatches(&self) -> u64;
+    /// Programs compiled.
+    fn programs(&self) -> usize;
+}
+
+impl<D: Device> DevicePath for AneExecutor<D> {
+    fn strategy(&self) -> Strategy {
         match self {
             AneExecutor::Projection(_) => Strategy::Projection,
             AneExecutor::Fused(_) => Strategy::Fused,
         }
     }
 
-    /// Device evaluations one decoded token costs.
-    pub fn dispatches_per_token(&self) -> usize {
+    fn dispatches_per_token(&self) -> usize {
         match self {
             AneExecutor::Projection(e) => e.projections().n_kernels(),
             AneExecutor::Fused(e) => e.plan().dispatches_per_token(),
         }
     }
 
-    /// Device evaluations so far.
-    pub fn dispatches(&self) -> u64 {
+    fn dispatches(&self) -> u64 {
         match self {
             AneExecutor::Projection(e) => e.projections().dispatches(),
             AneExecutor::Fused(e) => e.dispatches(),
         }
     }
 
-    /// Programs compiled.
-    pub fn programs(&self) -> usize {
+    fn programs(&self) -> usize {
         match self {
             AneExecutor::Projection(e) => e.projections().n_kernels(),
             AneExecutor::Fused(e) => e.plan().chunks.len(),
-        }
-    }
-
-    fn inner(&mut self) -> &mut dyn Executor {
-        match self {
-            AneExecutor::Projection(e) => e,
-            AneExecutor::Fused(e) => e,
         }
     }
 }

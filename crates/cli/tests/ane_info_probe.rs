@@ -103,9 +103,14 @@ fn probe_rejects_bad_sizes_before_looking_for_an_ane() {
 #[test]
 fn model_commands_on_the_ane_fail_cleanly_without_one() {
     let model = anelm_testkit::tiny("llama");
-    for driver in ["private", "coreml"] {
+    for (command, driver) in [
+        ("eval", "private"),
+        ("eval", "coreml"),
+        ("verify", "private"),
+        ("verify", "coreml"),
+    ] {
         let args = [
-            "eval",
+            command,
             "--model",
             model.to_str().unwrap(),
             "--ids",
@@ -125,10 +130,10 @@ fn model_commands_on_the_ane_fail_cleanly_without_one() {
             // A hardware run: it works, or says in one line why not.
             assert!(
                 code == 0 || (lines.len() == 1 && lines[0].starts_with("error: ")),
-                "{driver}: {stdout}{stderr}"
+                "{command} {driver}: {stdout}{stderr}"
             );
         } else {
-            assert_eq!(code, 1, "{driver}: {stdout}{stderr}");
+            assert_eq!(code, 1, "{command} {driver}: {stdout}{stderr}");
             assert_eq!(lines.len(), 1, "{stderr}");
             assert!(
                 lines[0].starts_with("error: no ANE here: libobjc is not available"),

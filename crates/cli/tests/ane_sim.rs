@@ -238,20 +238,25 @@ fn layers_and_run_on_the_simulator() {
         layers.iter().all(|l| l["rel_err"].as_f64().unwrap() < 1e-2),
         "{v}"
     );
-    let r = anelm_json(&[
-        "run",
-        "--model",
-        m,
-        "--device",
-        "sim",
-        "--ids",
-        "504,3575,282,4649,314",
-        "-n",
-        "3",
-        "--json",
-    ]);
-    assert_eq!(r["ids"].as_array().unwrap().len(), 3);
-    assert!(r["text"].as_str().unwrap().starts_with(" Paris"), "{r}");
+    for (strategy, per_token) in [("projection", 3 * 30 + 1), ("fused", 2)] {
+        let r = anelm_json(&[
+            "run",
+            "--model",
+            m,
+            "--device",
+            "sim",
+            "--strategy",
+            strategy,
+            "--ids",
+            "504,3575,282,4649,314",
+            "-n",
+            "3",
+            "--json",
+        ]);
+        assert_eq!(r["ids"].as_array().unwrap().len(), 3);
+        assert!(r["text"].as_str().unwrap().starts_with(" Paris"), "{r}");
+        assert_eq!(r["dispatches_per_token"], per_token, "{strategy}: {r}");
+    }
 }
 
 #[test]

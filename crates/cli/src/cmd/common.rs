@@ -3,9 +3,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anelm_ane::device::{CoreMlDevice, PrivateAneDevice};
+use anelm_ane::{
+    AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
+};
 use anelm_cpu::CpuExecutor;
 use anelm_engine::LoadedModel;
-use anelm_model::Executor;
+use anelm_model::{Executor, Model};
 use anelm_tokenize::Tokenizer;
 use anyhow::{bail, Result};
 
@@ -53,32 +57,55 @@ pub enum Device {
 impl ModelArgs {
     /// The executor for `--device`.
     pub fn executor(&self, loaded: &LoadedModel) -> Result<Box<dyn Executor>> {
-        match self.device {
-            Device::Cpu => Ok(Box::new(CpuExecutor::new(
-                loaded.model.clone(),
-                self.threads,
-            ))),
-            Device::Sim => super::compile::sim_executor(loaded.model.clone(), self.strategy),
-            Device::Ane => {
-                let (model, opts) = (loaded.model.clone(), anelm_ane::LoweringOptions::default());
-                let on = |what| format!("compiling for the ANE ({what})");
-                Ok(match self.driver {
-                    Driver::Private => {
-                        let device = anelm_ane::device::PrivateAneDevice::open(
-                            anelm_macos::LoadOptions::default(),
-                        )?;
-                        Box::new(models::with_spinner(&on("private driver"), || {
-                            anelm_ane::ProjectionExecutor::on_device(model, device, &opts)
-                        })?)
-                    }
-                    Driver::Coreml => {
-                        let device = anelm_ane::device::CoreMlDevice::open()?;
-                        Box::new(models::with_spinner(&on("Core ML"), || {
-                            anelm_ane::ProjectionExecutor::on_device(model, device, &opts)
-                        })?)
-                    }
-                })
+        Ok(self.executor_and_dispatches(loaded)?.0)
+    }
+
+    /// The executor for `--device`, and the device evaluations one decoded token costs (none
+    /// on the CPU).
+    pub fn executor_and_dispatches(
+        &self,
+        loaded: &LoadedModel,
+    ) -> Result<(Box<dyn Executor>, Option<usize>)> {
+        if self.device == Device::Cpu {
+            let cpu = CpuExecutor::new(loaded.model.clone(), self.threads);
+            return Ok((Box::new(cpu), None));
+        }
+        let path = self.device_path(loaded.model.clone(), &LoweringOptions::default())?;
+        let per_token = path.dispatches_per_token();
+        Ok((path, Some(per_token)))
+    }
+
+    /// The model lowered by `--strategy` and compiled for `--device` (sim, or ane through
+    /// `--driver`).
+    pub fn device_path(
+        &self,
+        model: Arc<Model>,
+        opts: &LoweringOptions,
+    ) -> Result<Box<dyn DevicePath>> {
+        let strategy = self.strategy.into();
+        match (self.device, self.driver) {
+            (Device::Cpu, _) => bail!("--device cpu runs the CPU engine, not ANE programs"),
+            (Device::Sim, _) => {
+                compile_on("the simulator", model, SimDevice::new(), strategy, opts)
             }
+            (Device::Ane, Driver::Private) => {
+                let device = PrivateAneDevice::open(anelm_macos::LoadOptions::default())?;
+                compile_on("the ANE (private driver)", model, device, strategy, opts)
+            }
+            (Device::Ane, Driver::Coreml) => {
+                let device = CoreMlDevice::open()?;
+                compile_on("the ANE (Core ML)", model, device, strategy, opts)
+            }
+        }
+    }
+
+    /// What `--device` (and `--driver`) name, for reports.
+    pub fn device_name(&self) -> &'static str {
+        match (self.device, self.driver) {
+            (Device::Cpu, _) => "cpu",
+            (Device::Sim, _) => "sim",
+            (Device::Ane, Driver::Private) => "ane-private",
+            (Device::Ane, Driver::Coreml) => "ane-coreml",
         }
     }
 
@@ -96,6 +123,19 @@ impl ModelArgs {
         );
         Ok(loaded)
     }
+}
+
+fn compile_on<D: AneDevice + Send + 'static>(
+    what: &str,
+    model: Arc<Model>,
+    device: D,
+    strategy: Strategy,
+    opts: &LoweringOptions,
+) -> Result<Box<dyn DevicePath>> {
+    let exec = models::with_spinner(&format!("compiling for {what}"), || {
+        AneExecutor::new(model, device, strategy, opts)
+    })?;
+    Ok(Box::new(exec))
 }
 
 /// A prompt given as text or as token ids.

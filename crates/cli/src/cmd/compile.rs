@@ -5,16 +5,15 @@
 //! of weights, or per chunk a stateful multifunction package (the KV cache as Core ML states).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anelm_ane::lower::fused::{build_chunk, fused_plan, KvForm};
 use anelm_ane::lower::{build_unit, projection_kernels};
-use anelm_ane::{AneExecutor, CompileUnit, LoweringOptions, SimDevice};
+use anelm_ane::{CompileUnit, LoweringOptions};
 use anelm_mil::blob::BlobPolicy;
 use anelm_mil::lint::{lint_with, LintConfig, Severity};
 use anelm_mil::package::{write_package, PackageOptions};
 use anelm_mil::{Dialect, Program};
-use anelm_model::{Executor, Model};
+use anelm_model::Model;
 use anyhow::{Context, Result};
 
 use super::common::ModelArgs;
@@ -38,18 +37,6 @@ impl From<Strategy> for anelm_ane::Strategy {
 }
 
 /// The model compiled for the simulator under `strategy` (what `--device sim` runs).
-pub fn sim_executor(model: Arc<Model>, strategy: Strategy) -> Result<Box<dyn Executor>> {
-    let exec = crate::models::with_spinner("compiling for the simulator", || {
-        AneExecutor::new(
-            model,
-            SimDevice::new(),
-            strategy.into(),
-            &LoweringOptions::default(),
-        )
-    })?;
-    Ok(Box::new(exec))
-}
-
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// `OUT/<program>/model.mil` + `weights/*.bin`, one directory per program.

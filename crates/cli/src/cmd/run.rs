@@ -125,6 +125,9 @@ struct RunJson {
     usage: UsageJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     logprobs: Option<Vec<LogprobJson>>,
+    /// Device evaluations per decoded token (--device sim|ane).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dispatches_per_token: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -156,7 +159,10 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         a.prompt.ids(&loaded)?
     };
-    let mut exec = a.model.executor(&loaded)?;
+    let (mut exec, dispatches_per_token) = a.model.executor_and_dispatches(&loaded)?;
+    if let Some(n) = dispatches_per_token {
+        tracing::info!("{n} device dispatches per decoded token");
+    }
     let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
     let mut session = Session::new(exec.as_ref(), capacity)?;
     if let Some(draft) = &a.draft {
@@ -222,6 +228,7 @@ pub fn run(a: Args) -> Result<()> {
                 decode_tokens_per_second: finish.decode_tokens_per_second(),
             },
             logprobs: a.logprobs.map(|_| logprobs),
+            dispatches_per_token,
         };
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else if stream_text {
@@ -315,6 +322,8 @@ fn run_speculative(
             },
             ids,
             logprobs: None,
+            // Target passes verify several tokens at once: no fixed count per token.
+            dispatches_per_token: None,
         };
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else if stream_text {

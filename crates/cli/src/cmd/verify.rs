@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anelm_ane::compare::PromptCase;
 use anelm_ane::verify::{verify, Reference};
-use anelm_ane::{AneExecutor, LoweringOptions, SimDevice, Strategy};
+use anelm_ane::LoweringOptions;
 use anelm_engine::LoadedModel;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -164,13 +164,9 @@ fn prompts(a: &Args, loaded: &LoadedModel) -> Result<Vec<PromptCase>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let device = match a.model.device {
-        Device::Sim => SimDevice::new(),
-        Device::Cpu => {
-            bail!("verify compares a device path with the CPU engine: give --device sim")
-        }
-        Device::Ane => bail!("--device ane: the ANE drivers are not wired into verify yet"),
-    };
+    if a.model.device == Device::Cpu {
+        bail!("verify compares a device path with the CPU engine: give --device sim or ane");
+    }
     let started = Instant::now();
     let loaded = a.model.load()?;
     let cases = prompts(&a, &loaded)?;
@@ -185,11 +181,9 @@ pub fn run(a: Args) -> Result<()> {
         context: longest.next_multiple_of(64).max(64),
         ..LoweringOptions::default()
     };
-    let strategy: Strategy = a.model.strategy.into();
     let t = Instant::now();
-    let mut exec = crate::models::with_spinner("compiling for the simulator", || {
-        AneExecutor::new(loaded.model.clone(), device, strategy, &opts)
-    })?;
+    let mut exec = a.model.device_path(loaded.model.clone(), &opts)?;
+    let strategy = exec.strategy();
     let compile_seconds = t.elapsed().as_secs_f64();
     let reference = match a.reference {
         RefArg::CpuF32 => Reference::CpuF32,
@@ -197,7 +191,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let report = verify(
         &loaded.model,
-        &mut exec,
+        exec.as_mut(),
         &cases,
         a.greedy,
         reference,
@@ -216,7 +210,7 @@ pub fn run(a: Args) -> Result<()> {
             .collect();
         let out = json!({
             "model": loaded.model.config.name,
-            "device": "sim",
+            "device": a.model.device_name(),
             "reference": reference.name(),
             "max_rel_err": report.max_rel_err(),
             "max_abs_diff": report.max_abs_diff(),
