@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use anelm_model::plan::{
     Activation, Attention, DeltaNet, Ffn, GatedMlp, Layer, Linear, Mixer, Moe, Norm,
 };
-use anelm_model::{ExecError, Executor, KvState, Logits, Model, Weight};
+use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, Weight};
 
 use crate::attention::{attend_group, Cache};
 use crate::deltanet;
@@ -363,26 +363,11 @@ impl Executor for CpuExecutor {
         logits: Logits,
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError> {
-        let kv = state
-            .as_any_mut()
-            .downcast_mut::<CpuKv>()
-            .ok_or(ExecError::ForeignState)?;
-        if kv.owner != self.id {
-            return Err(ExecError::ForeignState);
-        }
+        let vocab = self.model.config.vocab_size;
+        let kv: &mut CpuKv = checked_state(state, self.id, tokens, vocab)?;
         out.clear();
         if tokens.is_empty() {
             return Ok(());
-        }
-        let vocab = self.model.config.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(ExecError::TokenOutOfRange { id, vocab });
-        }
-        if kv.len + tokens.len() > kv.capacity {
-            return Err(ExecError::ContextFull {
-                needed: kv.len + tokens.len(),
-                capacity: kv.capacity,
-            });
         }
         let n = tokens.len();
         let want = n - logits.rows(n)..n;

@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use anelm_model::KvState;
+use anelm_model::{KvState, OwnedState};
 use half::f16;
 
 use crate::vecmath::KvElem;
@@ -124,6 +124,12 @@ impl CpuKv {
             KvData::F32(_) => KvDtype::F32,
             KvData::F16(_) => KvDtype::F16,
         }
+    }
+}
+
+impl OwnedState for CpuKv {
+    fn owner(&self) -> usize {
+        self.owner
     }
 }
 

@@ -56,6 +56,38 @@ pub enum ExecError {
     Device(String),
 }
 
+/// A state that names the executor that made it, so that no other executor uses it.
+pub trait OwnedState: KvState + Sized {
+    /// The id of the executor that made it.
+    fn owner(&self) -> usize;
+}
+
+/// The checks every forward pass starts with: `state` is an `S` made by executor `owner`,
+/// every token is in the vocabulary, and the state has room for them. Returns the state.
+pub fn checked_state<'s, S: OwnedState>(
+    state: &'s mut dyn KvState,
+    owner: usize,
+    tokens: &[u32],
+    vocab: usize,
+) -> Result<&'s mut S, ExecError> {
+    let state = state
+        .as_any_mut()
+        .downcast_mut::<S>()
+        .filter(|s| s.owner() == owner)
+        .ok_or(ExecError::ForeignState)?;
+    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ExecError::TokenOutOfRange { id, vocab });
+    }
+    let needed = state.len() + tokens.len();
+    if needed > state.capacity() {
+        return Err(ExecError::ContextFull {
+            needed,
+            capacity: state.capacity(),
+        });
+    }
+    Ok(state)
+}
+
 /// Runs a model forward over tokens appended to a state.
 pub trait Executor: Send {
     /// A fresh state for up to `capacity` positions.

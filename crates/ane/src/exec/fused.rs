@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anelm_cpu::ops::softcap;
-use anelm_model::{ExecError, Executor, KvState, Logits, Model};
+use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, OwnedState};
 use half::f16;
 
 use super::{embed, settle_near_ties};
@@ -49,6 +49,12 @@ pub struct FusedKv {
     context: usize,
     /// Per layer: keys and values.
     cache: Vec<[Vec<f16>; 2]>,
+}
+
+impl OwnedState for FusedKv {
+    fn owner(&self) -> usize {
+        self.owner
+    }
 }
 
 impl KvState for FusedKv {
@@ -418,24 +424,9 @@ impl<D: Device> FusedExecutor<D> {
         out: &mut Vec<f32>,
         on_chunk: &mut dyn FnMut(usize, &[f32]),
     ) -> std::result::Result<(), ExecError> {
-        let kv = state
-            .as_any_mut()
-            .downcast_mut::<FusedKv>()
-            .ok_or(ExecError::ForeignState)?;
-        if kv.owner != self.id {
-            return Err(ExecError::ForeignState);
-        }
-        out.clear();
         let vocab = self.model.config.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(ExecError::TokenOutOfRange { id, vocab });
-        }
-        if kv.len + tokens.len() > kv.capacity {
-            return Err(ExecError::ContextFull {
-                needed: kv.len + tokens.len(),
-                capacity: kv.capacity,
-            });
-        }
+        let kv: &mut FusedKv = checked_state(state, self.id, tokens, vocab)?;
+        out.clear();
         self.make_resident(kv);
         let n = tokens.len();
         let want = n - logits.rows(n)..n;

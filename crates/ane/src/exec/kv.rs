@@ -5,7 +5,7 @@ use std::any::Any;
 
 use anelm_cpu::ops::softcap;
 use anelm_model::plan::Attention;
-use anelm_model::KvState;
+use anelm_model::{KvState, OwnedState};
 use rayon::prelude::*;
 
 /// Keys and values of every layer, `[position][kv_dim]` each.
@@ -27,6 +27,12 @@ impl ProjectionKv {
             k: zeros(),
             v: zeros(),
         }
+    }
+}
+
+impl OwnedState for ProjectionKv {
+    fn owner(&self) -> usize {
+        self.owner
     }
 }
 

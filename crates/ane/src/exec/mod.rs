@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use anelm_cpu::ops::{norm_row, rope_head, softcap};
 use anelm_model::plan::Norm;
-use anelm_model::{ExecError, Executor, KvState, Logits, Model};
+use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model};
 
 use crate::device::Device;
 use crate::error::Result;
@@ -132,24 +132,9 @@ impl<P: Projections> ProjectionExecutor<P> {
         out: &mut Vec<f32>,
         on_layer: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), ExecError> {
-        let kv = state
-            .as_any_mut()
-            .downcast_mut::<ProjectionKv>()
-            .ok_or(ExecError::ForeignState)?;
-        if kv.owner != self.id {
-            return Err(ExecError::ForeignState);
-        }
-        out.clear();
         let vocab = self.model.config.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(ExecError::TokenOutOfRange { id, vocab });
-        }
-        if kv.len + tokens.len() > kv.capacity() {
-            return Err(ExecError::ContextFull {
-                needed: kv.len + tokens.len(),
-                capacity: kv.capacity(),
-            });
-        }
+        let kv: &mut ProjectionKv = checked_state(state, self.id, tokens, vocab)?;
+        out.clear();
         let n = tokens.len();
         let want = n - logits.rows(n)..n;
         out.resize(want.len() * vocab, 0.0);
