@@ -139,6 +139,18 @@ impl HfConfig {
         }
     }
 
+    /// `layer_types`, one string per layer (checked against `n_layers`), if present.
+    pub fn layer_types(&self, n_layers: usize) -> Result<Option<Vec<String>>> {
+        match self.strings_opt("layer_types")? {
+            Some(t) if t.len() == n_layers => Ok(Some(t.into_iter().map(String::from).collect())),
+            Some(t) => Err(self.bad(
+                "layer_types",
+                &format!("{} entries for {n_layers} layers", t.len()),
+            )),
+            None => Ok(None),
+        }
+    }
+
     /// The first of several alternative keys that is present (`n_embd` vs `hidden_size`, ...).
     pub fn usize_any(&self, keys: &[&str]) -> Result<usize> {
         for k in keys {

@@ -124,18 +124,8 @@ pub(crate) fn hf(cfg: &HfConfig, family: Family, hp: Hparams) -> Result<Recipe> 
             .unwrap_or(hp.head_dim as f64) as f32)
             .powf(-0.5),
     };
-    let types: Vec<String> = match cfg.strings_opt("layer_types")? {
-        Some(t) if t.len() == hp.n_layers => t.into_iter().map(String::from).collect(),
-        Some(t) => {
-            return Err(ModelError::invalid(
-                cfg.path(),
-                format!(
-                    "layer_types has {} entries for {} layers",
-                    t.len(),
-                    hp.n_layers
-                ),
-            ))
-        }
+    let types: Vec<String> = match cfg.layer_types(hp.n_layers)? {
+        Some(t) => t,
         None => {
             let period = match family {
                 Family::Gemma => 0,

@@ -17,18 +17,8 @@ pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> 
         family,
         Family::Qwen3Next | Family::Qwen35 | Family::Qwen35Moe
     );
-    let layer_types: Vec<String> = match cfg.strings_opt("layer_types")? {
-        Some(t) if t.len() == hp.n_layers => t.into_iter().map(String::from).collect(),
-        Some(t) => {
-            return Err(ModelError::invalid(
-                cfg.path(),
-                format!(
-                    "layer_types has {} entries for {} layers",
-                    t.len(),
-                    hp.n_layers
-                ),
-            ))
-        }
+    let layer_types: Vec<String> = match cfg.layer_types(hp.n_layers)? {
+        Some(t) => t,
         None => {
             let interval = if hybrid {
                 cfg.usize_opt("full_attention_interval")?.unwrap_or(4)
