@@ -37,6 +37,36 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
+/// A top-2 gap below this fraction of the largest |logit| is within fp16 noise.
+pub const NEAR_TIE: f32 = 3e-3;
+
+/// The top-2 gap of a row of logits relative to its largest |logit| (compare [`NEAR_TIE`]).
+pub fn top2_gap(row: &[f32]) -> f32 {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in row {
+        if v > first {
+            second = first;
+            first = v;
+        } else if v > second {
+            second = v;
+        }
+    }
+    let scale = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if scale > 0.0 {
+        (first - second) / scale
+    } else {
+        0.0
+    }
+}
+
+/// Where greedy decoding of the two runs first parted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Divergence {
+    pub step: usize,
+    /// [`top2_gap`] of the reference's logits at that step.
+    pub reference_gap: f32,
+}
+
 /// A prompt of a comparison.
 #[derive(Clone, Debug)]
 pub struct PromptCase {
@@ -55,11 +85,17 @@ pub struct PromptComparison {
     pub max_abs_diff: f32,
     pub greedy_reference: Vec<u32>,
     pub greedy_device: Vec<u32>,
+    pub divergence: Option<Divergence>,
 }
 
 impl PromptComparison {
     pub fn greedy_same(&self) -> bool {
         self.greedy_reference == self.greedy_device
+    }
+
+    /// The runs agree, or part where the reference itself is at a near-tie.
+    pub fn same_but_near_ties(&self) -> bool {
+        self.divergence.is_none_or(|d| d.reference_gap < NEAR_TIE)
     }
 }
 
@@ -107,6 +143,10 @@ pub fn compare_greedy(
             .zip(&ids_dev)
             .take_while(|(a, b)| a == b)
             .count();
+        let divergence = (agreeing <= ids_ref.len()).then(|| Divergence {
+            step: agreeing - 1,
+            reference_gap: top2_gap(&logits_ref[agreeing - 1]),
+        });
         let (mut max_abs, mut max_rel) = (0f32, 0f32);
         for (a, b) in logits_dev.iter().zip(&logits_ref).take(agreeing) {
             let (d, r) = diff(a, b);
@@ -120,6 +160,7 @@ pub fn compare_greedy(
             max_abs_diff: max_abs,
             greedy_reference: ids_ref,
             greedy_device: ids_dev,
+            divergence,
         });
     }
     Ok((out, t_dev, t_ref))
@@ -138,5 +179,7 @@ mod tests {
             "NaN is never close"
         );
         assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+        assert_eq!(top2_gap(&[1.0, -8.0, 2.0, 0.0]), 1.0 / 8.0);
+        assert_eq!(top2_gap(&[3.0, 3.0]), 0.0);
     }
 }

@@ -54,6 +54,10 @@ impl VerifyReport {
     pub fn greedy_same(&self) -> bool {
         self.prompts.iter().all(|p| p.greedy_same())
     }
+
+    pub fn same_but_near_ties(&self) -> bool {
+        self.prompts.iter().all(|p| p.same_but_near_ties())
+    }
 }
 
 /// Runs `prompts` (and `n_greedy` greedy tokens each) through `device` and the CPU engine on

@@ -57,8 +57,10 @@ fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
     let rel = v["max_rel_err"].as_f64().unwrap();
     assert!(rel > 0.0 && rel <= 2e-2, "max_rel_err {rel}");
     assert_eq!(v["greedy_same"], true, "{v}");
+    assert_eq!(v["greedy_same_but_near_ties"], true, "{v}");
     for p in v["prompts"].as_array().unwrap() {
         assert_eq!(p["greedy_device"], p["greedy_reference"]);
+        assert!(p["first_difference"].is_null(), "{p}");
         assert_eq!(p["greedy_device"].as_array().unwrap().len(), 16);
     }
     v

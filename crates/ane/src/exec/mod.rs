@@ -19,6 +19,7 @@ use anelm_cpu::ops::{norm_row, rope_head, softcap};
 use anelm_model::plan::Norm;
 use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model};
 
+use crate::compare::NEAR_TIE;
 use crate::device::Device;
 use crate::error::Result;
 use crate::lower::{LoweringOptions, Projection};
@@ -38,8 +39,6 @@ pub trait Projections: Send {
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
-/// A top-2 gap below this fraction of the largest |logit| is within fp16 noise.
-const NEAR_TIE: f32 = 3e-3;
 /// Most logits recomputed per row.
 const MAX_RECOMPUTED: usize = 64;
 

@@ -206,7 +206,7 @@ pub fn run(a: Args) -> Result<()> {
         let prompts: Vec<_> = report
             .prompts
             .iter()
-            .map(|p| json!({"name": p.name, "n_prompt": p.n_prompt, "rel_err": p.max_rel_err, "max_abs_diff": p.max_abs_diff, "greedy_same": p.greedy_same(), "greedy_reference": p.greedy_reference, "greedy_device": p.greedy_device}))
+            .map(|p| json!({"name": p.name, "n_prompt": p.n_prompt, "rel_err": p.max_rel_err, "max_abs_diff": p.max_abs_diff, "greedy_same": p.greedy_same(), "first_difference": p.divergence.map(|d| json!({"step": d.step, "reference_gap": d.reference_gap})), "greedy_reference": p.greedy_reference, "greedy_device": p.greedy_device}))
             .collect();
         let out = json!({
             "model": loaded.model.config.name,
@@ -215,6 +215,7 @@ pub fn run(a: Args) -> Result<()> {
             "max_rel_err": report.max_rel_err(),
             "max_abs_diff": report.max_abs_diff(),
             "greedy_same": report.greedy_same(),
+            "greedy_same_but_near_ties": report.same_but_near_ties(),
             "n_greedy": a.greedy,
             "strategy": strategy.name(),
             "programs": exec.programs(),
@@ -237,14 +238,30 @@ pub fn run(a: Args) -> Result<()> {
                 p.n_prompt,
                 p.max_rel_err,
                 p.max_abs_diff,
-                if p.greedy_same() { "same" } else { "DIFFERENT" }
+                match p.divergence {
+                    None => "same".to_string(),
+                    Some(d) if p.same_but_near_ties() => format!(
+                        "differ from step {} on, a near-tie (reference top-2 gap {:.1e})",
+                        d.step, d.reference_gap
+                    ),
+                    Some(d) => format!(
+                        "DIFFERENT from step {} (reference top-2 gap {:.1e})",
+                        d.step, d.reference_gap
+                    ),
+                }
             );
         }
         println!(
             "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs compiled in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
             report.max_rel_err(),
             reference.name(),
-            if report.greedy_same() { "all the same" } else { "differ" },
+            if report.greedy_same() {
+                "all the same"
+            } else if report.same_but_near_ties() {
+                "differ only after near-ties"
+            } else {
+                "DIFFER"
+            },
             strategy.name(),
             exec.programs(),
             exec.dispatches_per_token(),
