@@ -3,8 +3,9 @@
 //! rank (leftmost first among equals).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
+use crate::merge::{merge, PairRank, Symbol};
 use crate::pretokenize::PreTokenizer;
 use crate::unicode;
 use crate::vocab::Vocab;
@@ -17,15 +18,31 @@ pub(crate) struct Bpe {
     ranks: HashMap<(u32, u32), u32>,
 }
 
-/// A symbol of the word being merged: a byte range plus its neighbours.
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-    /// Interned id of the symbol's text, if it is a merge half.
-    part: Option<u32>,
+/// Byte-level BPE's ranking of a pair: its merge rank, lowest first.
+struct MergeRanks<'a> {
+    bpe: &'a Bpe,
+    word: &'a [u8],
+    /// Interned id of each symbol's text, if it is a merge half.
+    parts: Vec<Option<u32>>,
+}
+
+impl PairRank for MergeRanks<'_> {
+    type Rank = Reverse<u32>;
+
+    fn begin(&mut self, symbols: &[Symbol]) {
+        self.parts = (symbols.iter())
+            .map(|s| self.bpe.parts.get(&self.word[s.range()]).copied())
+            .collect();
+    }
+
+    fn rank(&self, _: &[Symbol], l: usize, r: usize) -> Option<Reverse<u32>> {
+        let pair = (self.parts[l]?, self.parts[r]?);
+        self.bpe.ranks.get(&pair).map(|&rank| Reverse(rank))
+    }
+
+    fn merged(&mut self, symbols: &[Symbol], l: usize) {
+        self.parts[l] = self.bpe.parts.get(&self.word[symbols[l].range()]).copied();
+    }
 }
 
 impl Bpe {
@@ -70,58 +87,13 @@ impl Bpe {
                 return;
             }
         }
-        let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
-        let mut start = 0;
-        while start < word.len() {
-            let len = unicode::utf8_len(word[start]).min(word.len() - start);
-            let i = symbols.len();
-            symbols.push(Symbol {
-                start,
-                len,
-                prev: i.checked_sub(1),
-                next: (start + len < word.len()).then_some(i + 1),
-                part: self.parts.get(&word[start..start + len]).copied(),
-            });
-            start += len;
-        }
-        // (rank, left index, right index, byte size of the pair when queued)
-        let mut queue: BinaryHeap<Reverse<(u32, usize, usize, usize)>> = BinaryHeap::new();
-        let push = |queue: &mut BinaryHeap<_>,
-                    symbols: &[Symbol],
-                    left: Option<usize>,
-                    right: Option<usize>| {
-            let (Some(l), Some(r)) = (left, right) else {
-                return;
-            };
-            let (Some(pl), Some(pr)) = (symbols[l].part, symbols[r].part) else {
-                return;
-            };
-            if let Some(&rank) = self.ranks.get(&(pl, pr)) {
-                queue.push(Reverse((rank, l, r, symbols[l].len + symbols[r].len)));
-            }
+        let mut rule = MergeRanks {
+            bpe: self,
+            word,
+            parts: Vec::new(),
         };
-        for i in 1..symbols.len() {
-            push(&mut queue, &symbols, Some(i - 1), Some(i));
-        }
-        while let Some(Reverse((_, l, r, size))) = queue.pop() {
-            let (left, right) = (symbols[l], symbols[r]);
-            // Skip pairs that an earlier merge changed.
-            if left.len == 0 || right.len == 0 || left.len + right.len != size {
-                continue;
-            }
-            let merged = &word[left.start..left.start + size];
-            symbols[l].len = size;
-            symbols[l].next = right.next;
-            symbols[l].part = self.parts.get(merged).copied();
-            symbols[r].len = 0;
-            if let Some(n) = right.next {
-                symbols[n].prev = Some(l);
-            }
-            push(&mut queue, &symbols, symbols[l].prev, Some(l));
-            push(&mut queue, &symbols, Some(l), symbols[l].next);
-        }
-        for s in symbols.iter().filter(|s| s.len > 0) {
-            let text = &word[s.start..s.start + s.len];
+        for range in merge(word, &mut rule) {
+            let text = &word[range];
             match vocab.token_id(text) {
                 Some(id) => out.push(id),
                 // Not a token: each byte of the text on its own, where that is a token.

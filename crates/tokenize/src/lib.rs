@@ -10,6 +10,7 @@ mod chat_template;
 mod error;
 mod gguf;
 mod hf;
+mod merge;
 mod pretokenize;
 mod special;
 mod spm;

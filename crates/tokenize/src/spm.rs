@@ -3,10 +3,9 @@
 //! concatenation is the highest-scoring token is merged until no pair is a token. Characters
 //! that end up as no token fall back to byte tokens `<0xXX>`.
 
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::cmp::Ordering;
 
-use crate::unicode;
+use crate::merge::{merge, PairRank, Symbol};
 use crate::vocab::Vocab;
 
 /// U+2581, SentencePiece's visible space.
@@ -19,38 +18,39 @@ pub(crate) struct Spm {
     byte_tokens: [Option<u32>; 256],
 }
 
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
+/// SentencePiece's ranking of a pair: the score of the token it makes, highest first.
+struct TokenScores<'a> {
+    vocab: &'a Vocab,
+    text: &'a [u8],
 }
 
-/// A queued pair: highest score first, then leftmost.
-struct Bigram {
-    score: f32,
-    left: usize,
-    right: usize,
-    size: usize,
-}
+/// A token score, ordered totally.
+struct Score(f32);
 
-impl PartialEq for Bigram {
+impl PartialEq for Score {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other) == Ordering::Equal
     }
 }
-impl Eq for Bigram {}
-impl PartialOrd for Bigram {
+impl Eq for Score {}
+impl PartialOrd for Score {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Bigram {
+impl Ord for Score {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then(Reverse(self.left).cmp(&Reverse(other.left)))
+        self.0.total_cmp(&other.0)
+    }
+}
+
+impl PairRank for TokenScores<'_> {
+    type Rank = Score;
+
+    fn rank(&self, symbols: &[Symbol], l: usize, r: usize) -> Option<Score> {
+        let pair = symbols[l].start..symbols[r].start + symbols[r].len;
+        let id = self.vocab.token_id(&self.text[pair])?;
+        Some(Score(self.vocab.score(id)))
     }
 }
 
@@ -70,63 +70,9 @@ impl Spm {
     /// Tokenizes one fragment of raw text (the caller adds the space prefix).
     pub fn tokenize(&self, vocab: &Vocab, raw: &[u8], out: &mut Vec<u32>) {
         let text = escape_spaces(raw);
-        let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
-        let mut start = 0;
-        while start < text.len() {
-            let len = unicode::utf8_len(text[start]).min(text.len() - start);
-            let i = symbols.len();
-            symbols.push(Symbol {
-                start,
-                len,
-                prev: i.checked_sub(1),
-                next: (start + len < text.len()).then_some(i + 1),
-            });
-            start += len;
-        }
-        let mut queue = BinaryHeap::new();
-        let push = |queue: &mut BinaryHeap<Bigram>,
-                    symbols: &[Symbol],
-                    left: Option<usize>,
-                    right: Option<usize>| {
-            let (Some(l), Some(r)) = (left, right) else {
-                return;
-            };
-            let size = symbols[l].len + symbols[r].len;
-            let s = symbols[l].start;
-            if let Some(id) = vocab.token_id(&text[s..s + size]) {
-                queue.push(Bigram {
-                    score: vocab.score(id),
-                    left: l,
-                    right: r,
-                    size,
-                });
-            }
-        };
-        for i in 1..symbols.len() {
-            push(&mut queue, &symbols, Some(i - 1), Some(i));
-        }
-        while let Some(Bigram {
-            left: l,
-            right: r,
-            size,
-            ..
-        }) = queue.pop()
-        {
-            let (left, right) = (symbols[l], symbols[r]);
-            if left.len == 0 || right.len == 0 || left.len + right.len != size {
-                continue;
-            }
-            symbols[l].len = size;
-            symbols[l].next = right.next;
-            symbols[r].len = 0;
-            if let Some(n) = right.next {
-                symbols[n].prev = Some(l);
-            }
-            push(&mut queue, &symbols, symbols[l].prev, Some(l));
-            push(&mut queue, &symbols, Some(l), symbols[l].next);
-        }
-        for s in symbols.iter().filter(|s| s.len > 0) {
-            let piece = &text[s.start..s.start + s.len];
+        let mut rule = TokenScores { vocab, text: &text };
+        for range in merge(&text, &mut rule) {
+            let piece = &text[range];
             match vocab.token_id(piece) {
                 Some(id) => out.push(id),
                 None => out.extend(
