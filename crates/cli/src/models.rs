@@ -9,15 +9,25 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// The model `anelm` uses when `--model` is not given.
 pub const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// The model cache: `$ANELM_MODELS`, else `~/.cache/anelm/models`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("ANELM_MODELS") {
+/// `$<var>`, else `~/.cache/anelm/<name>`.
+fn cache_subdir(var: &str, name: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os(var) {
         return PathBuf::from(d);
     }
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache/anelm/models")
+    home.join(".cache/anelm").join(name)
+}
+
+/// The model cache: `$ANELM_MODELS`, else `~/.cache/anelm/models`.
+pub fn cache_dir() -> PathBuf {
+    cache_subdir("ANELM_MODELS", "models")
+}
+
+/// Compiled ANE programs: `$ANELM_PROGRAMS`, else `~/.cache/anelm/programs`.
+pub fn programs_dir() -> PathBuf {
+    cache_subdir("ANELM_PROGRAMS", "programs")
 }
 
 /// `--model` if given, else the default model from the cache (with a hint when it is missing).

@@ -83,6 +83,12 @@ impl ModelArgs {
         opts: &LoweringOptions,
     ) -> Result<Box<dyn DevicePath>> {
         let strategy = self.strategy.into();
+        // Hardware compiles are slow and budgeted per process: keep what they produce.
+        let mut cached = opts.clone();
+        if self.device == Device::Ane && cached.cache_dir.is_none() {
+            cached.cache_dir = Some(models::programs_dir());
+        }
+        let opts = &cached;
         match (self.device, self.driver) {
             (Device::Cpu, _) => bail!("--device cpu runs the CPU engine, not ANE programs"),
             (Device::Sim, _) => {
