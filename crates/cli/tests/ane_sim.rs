@@ -302,3 +302,40 @@ fn bad_requests_are_one_line_errors() {
         );
     }
 }
+
+#[test]
+fn fused_programs_hold_the_context_the_command_needs() {
+    // 1100 positions: more than the lowering's default context (1024).
+    let m = tiny("llama");
+    let ids: Vec<String> = (0..1100).map(|i| (3 + i * 7 % 500).to_string()).collect();
+    let ids = ids.join(",");
+    let eval = |device: &[&str]| {
+        let mut args = vec![
+            "eval",
+            "--model",
+            m.to_str().unwrap(),
+            "--ids",
+            &ids,
+            "--json",
+        ];
+        args.extend_from_slice(device);
+        anelm_json(&args)
+    };
+    let sim = eval(&["--device", "sim", "--strategy", "fused"]);
+    let cpu = eval(&["--device", "cpu"]);
+    let row = |v: &Value| -> Vec<f32> {
+        let l = v["last_logits"].as_array().unwrap();
+        l.iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    };
+    let (a, b) = (row(&sim), row(&cpu));
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        err <= 2e-2 * scale,
+        "last logits differ by {err} (scale {scale})"
+    );
+}

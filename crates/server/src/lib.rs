@@ -37,6 +37,7 @@ use anelm_engine::LoadedModel;
 use anelm_model::Executor;
 use tokio::sync::oneshot;
 
+pub use model::context_size;
 pub use scheduler::{SchedulerConfig, Stats};
 
 /// How to serve.

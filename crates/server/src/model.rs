@@ -26,6 +26,11 @@ pub struct ServedModel {
 /// Default context when the model allows more: long chats, modest KV memory per session.
 const DEFAULT_CTX: usize = 4096;
 
+/// The context each conversation gets: `requested`, else the default the model allows.
+pub fn context_size(requested: Option<usize>, max_positions: usize) -> usize {
+    requested.unwrap_or(DEFAULT_CTX.min(max_positions))
+}
+
 impl ServedModel {
     pub fn new(
         loaded: LoadedModel,
@@ -41,7 +46,7 @@ impl ServedModel {
             .chat_template()
             .map_err(|e| ServerError::Model(e.to_string()))?;
         let max = loaded.model.max_positions();
-        let ctx = ctx.unwrap_or(DEFAULT_CTX.min(max));
+        let ctx = context_size(ctx, max);
         if ctx < 2 || ctx > max {
             return Err(ServerError::Model(format!(
                 "{}: a context of {ctx} tokens is not possible; the model allows 2 to {max}",

@@ -123,7 +123,7 @@ pub fn run(a: Args) -> Result<()> {
             a.gen
         );
     }
-    let mut exec = a.model.executor(&loaded)?;
+    let mut exec = a.model.executor(&loaded, a.prompt.max(a.gen).max(1))?;
     let vocab = exec.vocab_size();
     let mut logits = Vec::new();
 

@@ -65,11 +65,11 @@ pub fn run(a: Args) -> Result<()> {
     // Chat needs text in and out: refuse a model without a tokenizer before the first turn.
     loaded.tokenizer()?;
     let template = loaded.chat_template()?;
-    let mut exec = a.model.executor(&loaded)?;
     let ctx = a
         .ctx
         .unwrap_or(DEFAULT_CTX)
         .min(loaded.model.max_positions());
+    let mut exec = a.model.executor(&loaded, ctx)?;
     let mut session = Session::new(exec.as_ref(), ctx)?;
     let mut chat = Chat {
         system: a.system.clone(),

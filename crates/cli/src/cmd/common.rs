@@ -55,22 +55,28 @@ pub enum Device {
 }
 
 impl ModelArgs {
-    /// The executor for `--device`.
-    pub fn executor(&self, loaded: &LoadedModel) -> Result<Box<dyn Executor>> {
-        Ok(self.executor_and_dispatches(loaded)?.0)
+    /// The executor for `--device`, for sequences of up to `context` positions.
+    pub fn executor(&self, loaded: &LoadedModel, context: usize) -> Result<Box<dyn Executor>> {
+        Ok(self.executor_and_dispatches(loaded, context)?.0)
     }
 
-    /// The executor for `--device`, and the device evaluations one decoded token costs (none
-    /// on the CPU).
+    /// The executor for `--device`, for sequences of up to `context` positions, and the device
+    /// evaluations one decoded token costs (none on the CPU).
     pub fn executor_and_dispatches(
         &self,
         loaded: &LoadedModel,
+        context: usize,
     ) -> Result<(Box<dyn Executor>, Option<usize>)> {
         if self.device == Device::Cpu {
             let cpu = CpuExecutor::new(loaded.model.clone(), self.threads);
             return Ok((Box::new(cpu), None));
         }
-        let path = self.device_path(loaded.model.clone(), &LoweringOptions::default())?;
+        // Fused programs hold the whole cache: as many positions as asked, in whole tiles.
+        let opts = LoweringOptions {
+            context: context.next_multiple_of(64).max(64),
+            ..LoweringOptions::default()
+        };
+        let path = self.device_path(loaded.model.clone(), &opts)?;
         let per_token = path.dispatches_per_token();
         Ok((path, Some(per_token)))
     }

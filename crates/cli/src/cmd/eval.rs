@@ -32,8 +32,6 @@ struct EvalJson {
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let prompt = a.prompt.ids(&loaded)?;
-    let mut exec = a.model.executor(&loaded)?;
-    let vocab = exec.vocab_size();
     let capacity = prompt.len() + a.greedy;
     if capacity > loaded.model.max_positions() {
         anyhow::bail!(
@@ -43,6 +41,8 @@ pub fn run(a: Args) -> Result<()> {
             loaded.model.max_positions()
         );
     }
+    let mut exec = a.model.executor(&loaded, capacity)?;
+    let vocab = exec.vocab_size();
     let mut session = Session::new(exec.as_ref(), capacity)?;
     let mut logits = Vec::new();
     session.run(exec.as_mut(), &prompt, Logits::All, &mut logits)?;

@@ -63,7 +63,7 @@ pub fn run(a: Args) -> Result<()> {
             a.ctx
         );
     }
-    let mut exec = a.model.executor(&loaded)?;
+    let mut exec = a.model.executor(&loaded, a.ctx)?;
     let vocab = exec.vocab_size();
     let first = a.ctx / 2;
     let (mut sum, mut n_scored) = (0f64, 0usize);

@@ -159,11 +159,11 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         a.prompt.ids(&loaded)?
     };
-    let (mut exec, dispatches_per_token) = a.model.executor_and_dispatches(&loaded)?;
+    let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
+    let (mut exec, dispatches_per_token) = a.model.executor_and_dispatches(&loaded, capacity)?;
     if let Some(n) = dispatches_per_token {
         tracing::info!("{n} device dispatches per decoded token");
     }
-    let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
     let mut session = Session::new(exec.as_ref(), capacity)?;
     if let Some(draft) = &a.draft {
         return run_speculative(&a, draft, &loaded, exec.as_mut(), &mut session, prompt);
@@ -257,11 +257,9 @@ fn run_speculative(
         ..a.model.clone()
     };
     let draft = draft_args.load()?;
-    let mut draft_exec = draft_args.executor(&draft)?;
-    let mut draft_session = Session::new(
-        draft_exec.as_ref(),
-        session.capacity().min(draft.model.max_positions()),
-    )?;
+    let draft_capacity = session.capacity().min(draft.model.max_positions());
+    let mut draft_exec = draft_args.executor(&draft, draft_capacity)?;
+    let mut draft_session = Session::new(draft_exec.as_ref(), draft_capacity)?;
     let max_new = session
         .capacity()
         .saturating_sub(prompt.len())

@@ -39,7 +39,11 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::bail!("--parallel must be at least 1");
     }
     let loaded = a.model.load()?;
-    let exec = a.model.executor(&loaded)?;
+    // An impossible --ctx is refused when the server starts; the executor never needs more.
+    let max = loaded.model.max_positions();
+    let exec = a
+        .model
+        .executor(&loaded, anelm_server::context_size(a.ctx, max).min(max))?;
     let config = ServerConfig {
         host: a.host,
         port: a.port,
