@@ -417,6 +417,11 @@ mod x86 {
     /// The most query heads per KV head the vector attention takes (larger groups use scalar).
     pub const MAX_GROUP: usize = 8;
 
+    /// Groups this small take two keys (scores) or two column blocks (mix) per step: one FMA
+    /// chain per head leaves the FMA units half idle waiting on the chain's latency, and two
+    /// per head still fit the sixteen registers.
+    const PAIR_GROUP: usize = MAX_GROUP / 2;
+
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn scores<E>(
@@ -433,17 +438,47 @@ mod x86 {
         assert!(
             q.len() >= g * hd && s.len() >= g * n && (n == 0 || k.len() >= (n - 1) * stride + hd)
         );
-        for j in 0..n {
-            let kj = k.as_ptr().add(j * stride);
-            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
-            for i in (0..hd).step_by(8) {
-                let k8 = load(kj.add(i));
-                for (h, a) in acc.iter_mut().enumerate().take(g) {
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(h * hd + i)), k8, *a);
+        let mut j = 0;
+        if g <= PAIR_GROUP {
+            while j + 2 <= n {
+                scores_of::<E, 2, PAIR_GROUP>(q, g, hd, k, stride, n, j, scale, s, &load);
+                j += 2;
+            }
+        }
+        for j in j..n {
+            scores_of::<E, 1, MAX_GROUP>(q, g, hd, k, stride, n, j, scale, s, &load);
+        }
+    }
+
+    /// The scores of keys `j..j + K` for `g ≤ G` heads.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_of<E, const K: usize, const G: usize>(
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[E],
+        stride: usize,
+        n: usize,
+        j: usize,
+        scale: f32,
+        s: &mut [f32],
+        load: &impl Fn(*const E) -> __m256,
+    ) {
+        let kj: [*const E; K] = std::array::from_fn(|c| k.as_ptr().add((j + c) * stride));
+        let mut acc = [[_mm256_setzero_ps(); G]; K];
+        for i in (0..hd).step_by(8) {
+            let k8: [__m256; K] = std::array::from_fn(|c| load(kj[c].add(i)));
+            for h in (0..G).take(g) {
+                let qh = _mm256_loadu_ps(q.as_ptr().add(h * hd + i));
+                for c in 0..K {
+                    acc[c][h] = _mm256_fmadd_ps(qh, k8[c], acc[c][h]);
                 }
             }
-            for (h, a) in acc.iter().enumerate().take(g) {
-                s[h * n + j] = scale * hsum(*a);
+        }
+        for (c, a) in acc.iter().enumerate() {
+            for (h, a) in a.iter().enumerate().take(g) {
+                s[h * n + j + c] = scale * hsum(*a);
             }
         }
     }
@@ -463,16 +498,46 @@ mod x86 {
         assert!(
             p.len() >= g * n && out.len() >= g * hd && (n == 0 || v.len() >= (n - 1) * stride + hd)
         );
-        for i in (0..hd).step_by(8) {
-            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
-            for j in 0..n {
-                let v8 = load(v.as_ptr().add(j * stride + i));
-                for (h, a) in acc.iter_mut().enumerate().take(g) {
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*p.get_unchecked(h * n + j)), v8, *a);
+        let mut i = 0;
+        if g <= PAIR_GROUP {
+            while i + 16 <= hd {
+                mix_of::<E, 2, PAIR_GROUP>(p, g, hd, v, stride, n, i, out, &load);
+                i += 16;
+            }
+        }
+        for i in (i..hd).step_by(8) {
+            mix_of::<E, 1, MAX_GROUP>(p, g, hd, v, stride, n, i, out, &load);
+        }
+    }
+
+    /// Columns `i..i + 8C` of the mix for `g ≤ G` heads.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn mix_of<E, const C: usize, const G: usize>(
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[E],
+        stride: usize,
+        n: usize,
+        i: usize,
+        out: &mut [f32],
+        load: &impl Fn(*const E) -> __m256,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); G]; C];
+        for j in 0..n {
+            let vj = v.as_ptr().add(j * stride + i);
+            let v8: [__m256; C] = std::array::from_fn(|c| load(vj.add(8 * c)));
+            for h in (0..G).take(g) {
+                let ph = _mm256_set1_ps(*p.get_unchecked(h * n + j));
+                for c in 0..C {
+                    acc[c][h] = _mm256_fmadd_ps(ph, v8[c], acc[c][h]);
                 }
             }
-            for (h, a) in acc.iter().enumerate().take(g) {
-                _mm256_storeu_ps(out.as_mut_ptr().add(h * hd + i), *a);
+        }
+        for (c, a) in acc.iter().enumerate() {
+            for (h, a) in a.iter().enumerate().take(g) {
+                _mm256_storeu_ps(out.as_mut_ptr().add(h * hd + i + 8 * c), *a);
             }
         }
     }
