@@ -739,9 +739,7 @@ impl<E: KvElem> Forward<'_, E> {
                 let at = cache_at + (p0 + t) * kvd;
                 let dst = cache.range_mut(at + rows.start..at + rows.end);
                 let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
-                dst.iter_mut()
-                    .zip(src)
-                    .for_each(|(d, &x)| *d = E::from_f32(x));
+                E::from_f32_slice(dst, src);
             }
         };
         self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {
