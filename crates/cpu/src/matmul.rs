@@ -71,11 +71,22 @@ pub fn matmul(
         for t0 in tokens.clone().step_by(MAX_ROWS) {
             let tn = (tokens.end - t0).min(MAX_ROWS);
             let mut res = [0f32; MAX_ROWS];
+            // Rows `r..r + vals.len()` of input row `t0 + t`.
+            let put = |t: usize, r: usize, vals: &[f32]| {
+                let at = (t0 + t) * rows + r;
+                // SAFETY: this thread claimed rows r0..r1 of these input rows: it alone writes them.
+                let dst = unsafe { out.range_mut(at..at + vals.len()) };
+                match bias {
+                    Some(b) => dst
+                        .iter_mut()
+                        .zip(vals.iter().zip(&b[r..]))
+                        .for_each(|(d, (v, b))| *d = v + b),
+                    None => dst.copy_from_slice(vals),
+                }
+            };
             let emit = |r: usize, res: &[f32]| {
                 for (t, v) in res.iter().enumerate() {
-                    let v = v + bias.map_or(0.0, |b| b[r]);
-                    // SAFETY: this thread claimed rows r0..r1; (t0 + t, r) is written by it alone.
-                    unsafe { out.write((t0 + t) * rows + r, v) };
+                    put(t, r, std::slice::from_ref(v));
                 }
             };
             match (kernel, input) {
@@ -93,9 +104,9 @@ pub fn matmul(
                         unsafe {
                             crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
                         };
-                        for r in g * ROWS..r1.min((g + 1) * ROWS) {
-                            let res: [f32; MAX_ROWS] = std::array::from_fn(|t| res4[t][r % ROWS]);
-                            emit(r, &res[..tn]);
+                        let (start, end) = (g * ROWS, r1.min((g + 1) * ROWS));
+                        for (t, res) in res4[..tn].iter().enumerate() {
+                            put(t, start, &res[..end - start]);
                         }
                     }
                 }
