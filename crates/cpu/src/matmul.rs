@@ -27,11 +27,12 @@ pub enum Input<'a> {
 /// Input rows per tile of a product (see [`matmul`]).
 pub const TOKEN_BLOCK: usize = 64;
 
-/// Output rows per claimed block: small enough that two threads share even a 192-row matrix,
-/// large enough that a 262,144-row output head costs a few hundred claims; a multiple of
-/// `align`.
+/// Output rows per claimed block: at least 128, as a claim moves a cache line between the cores
+/// (with 16-row blocks, the claims of a decode step cost more time than its weight reads), and
+/// at least a 256th of the matrix, so even a 262,144-row output head takes at most 256 claims; a
+/// multiple of `align`.
 fn block_rows(rows: usize, align: usize) -> usize {
-    rows.div_ceil(256).max(16).next_multiple_of(align.max(4))
+    rows.div_ceil(256).max(128).next_multiple_of(align.max(4))
 }
 
 /// `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the `n` input rows, shared by the pool's
