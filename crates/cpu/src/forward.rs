@@ -39,6 +39,8 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 pub const MAX_BATCH: usize = 512;
 /// Query tokens per attention work item in prefill.
 const ATTN_BLOCK: usize = 8;
+/// Tokens per claim of the FFN activation.
+const GATE_BLOCK: usize = 16;
 
 /// How a [`CpuExecutor`] runs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -989,20 +991,21 @@ impl<E: KvElem> Forward<'_, E> {
             }
         }
         ctx.barrier();
-        let act = gate_of(act);
-        // The activation, into this thread's own copy.
-        let p = &mut *self.p;
-        for t in 0..n {
-            let gt = &mut p.xn[t * f..(t + 1) * f];
-            gt.copy_from_slice(v.g.range(t * f..(t + 1) * f));
-            gate(
-                self.isa,
-                act,
-                gt,
-                gate_lin.map(|_| v.u.range(t * f..(t + 1) * f)),
-            );
-        }
-        self.prepare(Src::Xn, f, 0..n, &[&down.weight]);
+        let (act, isa) = (gate_of(act), self.isa);
+        // The activation in place, blocks of tokens shared among the threads.
+        ctx.chunks(n.div_ceil(GATE_BLOCK), |b| {
+            for t in b * GATE_BLOCK..((b + 1) * GATE_BLOCK).min(n) {
+                let gt = v.g.range_mut(t * f..(t + 1) * f);
+                gate(
+                    isa,
+                    act,
+                    gt,
+                    gate_lin.map(|_| v.u.range(t * f..(t + 1) * f)),
+                );
+            }
+        });
+        ctx.barrier();
+        self.prepare(Src::Shared(&v.g), f, 0..n, &[&down.weight]);
         self.linear(down, &v.o);
         ctx.barrier();
         self.residual(layer.post_ffn_norm.as_ref());
