@@ -39,6 +39,8 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 pub const MAX_BATCH: usize = 512;
 /// Query tokens per attention work item in prefill.
 const ATTN_BLOCK: usize = 8;
+/// Tokens per claim of the FFN activation.
+const GATE_BLOCK: usize = 16;
 
 /// How a [`CpuExecutor`] runs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -739,9 +741,7 @@ impl<E: KvElem> Forward<'_, E> {
                 let at = cache_at + (p0 + t) * kvd;
                 let dst = cache.range_mut(at + rows.start..at + rows.end);
                 let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
-                dst.iter_mut()
-                    .zip(src)
-                    .for_each(|(d, &x)| *d = E::from_f32(x));
+                E::from_f32_slice(dst, src);
             }
         };
         self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {
@@ -991,20 +991,21 @@ impl<E: KvElem> Forward<'_, E> {
             }
         }
         ctx.barrier();
-        let act = gate_of(act);
-        // The activation, into this thread's own copy.
-        let p = &mut *self.p;
-        for t in 0..n {
-            let gt = &mut p.xn[t * f..(t + 1) * f];
-            gt.copy_from_slice(v.g.range(t * f..(t + 1) * f));
-            gate(
-                self.isa,
-                act,
-                gt,
-                gate_lin.map(|_| v.u.range(t * f..(t + 1) * f)),
-            );
-        }
-        self.prepare(Src::Xn, f, 0..n, &[&down.weight]);
+        let (act, isa) = (gate_of(act), self.isa);
+        // The activation in place, blocks of tokens shared among the threads.
+        ctx.chunks(n.div_ceil(GATE_BLOCK), |b| {
+            for t in b * GATE_BLOCK..((b + 1) * GATE_BLOCK).min(n) {
+                let gt = v.g.range_mut(t * f..(t + 1) * f);
+                gate(
+                    isa,
+                    act,
+                    gt,
+                    gate_lin.map(|_| v.u.range(t * f..(t + 1) * f)),
+                );
+            }
+        });
+        ctx.barrier();
+        self.prepare(Src::Shared(&v.g), f, 0..n, &[&down.weight]);
         self.linear(down, &v.o);
         ctx.barrier();
         self.residual(layer.post_ffn_norm.as_ref());

@@ -27,11 +27,12 @@ pub enum Input<'a> {
 /// Input rows per tile of a product (see [`matmul`]).
 pub const TOKEN_BLOCK: usize = 64;
 
-/// Output rows per claimed block: small enough that two threads share even a 192-row matrix,
-/// large enough that a 262,144-row output head costs a few hundred claims; a multiple of
-/// `align`.
+/// Output rows per claimed block: at least 128, as a claim moves a cache line between the cores
+/// (with 16-row blocks, the claims of a decode step cost more time than its weight reads), and
+/// at least a 256th of the matrix, so even a 262,144-row output head takes at most 256 claims; a
+/// multiple of `align`.
 fn block_rows(rows: usize, align: usize) -> usize {
-    rows.div_ceil(256).max(16).next_multiple_of(align.max(4))
+    rows.div_ceil(256).max(128).next_multiple_of(align.max(4))
 }
 
 /// `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the `n` input rows, shared by the pool's
@@ -71,11 +72,22 @@ pub fn matmul(
         for t0 in tokens.clone().step_by(MAX_ROWS) {
             let tn = (tokens.end - t0).min(MAX_ROWS);
             let mut res = [0f32; MAX_ROWS];
+            // Rows `r..r + vals.len()` of input row `t0 + t`.
+            let put = |t: usize, r: usize, vals: &[f32]| {
+                let at = (t0 + t) * rows + r;
+                // SAFETY: this thread claimed rows r0..r1 of these input rows: it alone writes them.
+                let dst = unsafe { out.range_mut(at..at + vals.len()) };
+                match bias {
+                    Some(b) => dst
+                        .iter_mut()
+                        .zip(vals.iter().zip(&b[r..]))
+                        .for_each(|(d, (v, b))| *d = v + b),
+                    None => dst.copy_from_slice(vals),
+                }
+            };
             let emit = |r: usize, res: &[f32]| {
                 for (t, v) in res.iter().enumerate() {
-                    let v = v + bias.map_or(0.0, |b| b[r]);
-                    // SAFETY: this thread claimed rows r0..r1; (t0 + t, r) is written by it alone.
-                    unsafe { out.write((t0 + t) * rows + r, v) };
+                    put(t, r, std::slice::from_ref(v));
                 }
             };
             match (kernel, input) {
@@ -93,9 +105,9 @@ pub fn matmul(
                         unsafe {
                             crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
                         };
-                        for r in g * ROWS..r1.min((g + 1) * ROWS) {
-                            let res: [f32; MAX_ROWS] = std::array::from_fn(|t| res4[t][r % ROWS]);
-                            emit(r, &res[..tn]);
+                        let (start, end) = (g * ROWS, r1.min((g + 1) * ROWS));
+                        for (t, res) in res4[..tn].iter().enumerate() {
+                            put(t, start, &res[..end - start]);
                         }
                     }
                 }

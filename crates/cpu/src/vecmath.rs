@@ -107,6 +107,12 @@ pub fn softmax(isa: Isa, x: &mut [f32]) {
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// `dst[i] = from_f32(src[i])`, a row at a time (the cache writes of every token).
+    fn from_f32_slice(dst: &mut [Self], src: &[f32]) {
+        dst.iter_mut()
+            .zip(src)
+            .for_each(|(d, &x)| *d = Self::from_f32(x));
+    }
     /// Scores of `g` query heads (`q`: `g × hd`) against the keys at `k[j * stride..][..hd]` for
     /// `j < n`: `s[h * n + j] = scale · q_h · k_j`. Each key is read once for all the heads.
     #[allow(clippy::too_many_arguments)]
@@ -211,6 +217,10 @@ impl KvElem for f32 {
 impl KvElem for f16 {
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
+    }
+    fn from_f32_slice(dst: &mut [Self], src: &[f32]) {
+        // half converts slices with F16C where the CPU has it, eight values an instruction.
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src);
     }
     #[cfg(target_arch = "x86_64")]
     fn scores(
@@ -417,6 +427,11 @@ mod x86 {
     /// The most query heads per KV head the vector attention takes (larger groups use scalar).
     pub const MAX_GROUP: usize = 8;
 
+    /// Groups this small take two keys (scores) or two column blocks (mix) per step: one FMA
+    /// chain per head leaves the FMA units half idle waiting on the chain's latency, and two
+    /// per head still fit the sixteen registers.
+    const PAIR_GROUP: usize = MAX_GROUP / 2;
+
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn scores<E>(
@@ -433,17 +448,47 @@ mod x86 {
         assert!(
             q.len() >= g * hd && s.len() >= g * n && (n == 0 || k.len() >= (n - 1) * stride + hd)
         );
-        for j in 0..n {
-            let kj = k.as_ptr().add(j * stride);
-            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
-            for i in (0..hd).step_by(8) {
-                let k8 = load(kj.add(i));
-                for (h, a) in acc.iter_mut().enumerate().take(g) {
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(h * hd + i)), k8, *a);
+        let mut j = 0;
+        if g <= PAIR_GROUP {
+            while j + 2 <= n {
+                scores_of::<E, 2, PAIR_GROUP>(q, g, hd, k, stride, n, j, scale, s, &load);
+                j += 2;
+            }
+        }
+        for j in j..n {
+            scores_of::<E, 1, MAX_GROUP>(q, g, hd, k, stride, n, j, scale, s, &load);
+        }
+    }
+
+    /// The scores of keys `j..j + K` for `g ≤ G` heads.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_of<E, const K: usize, const G: usize>(
+        q: &[f32],
+        g: usize,
+        hd: usize,
+        k: &[E],
+        stride: usize,
+        n: usize,
+        j: usize,
+        scale: f32,
+        s: &mut [f32],
+        load: &impl Fn(*const E) -> __m256,
+    ) {
+        let kj: [*const E; K] = std::array::from_fn(|c| k.as_ptr().add((j + c) * stride));
+        let mut acc = [[_mm256_setzero_ps(); G]; K];
+        for i in (0..hd).step_by(8) {
+            let k8: [__m256; K] = std::array::from_fn(|c| load(kj[c].add(i)));
+            for h in (0..G).take(g) {
+                let qh = _mm256_loadu_ps(q.as_ptr().add(h * hd + i));
+                for c in 0..K {
+                    acc[c][h] = _mm256_fmadd_ps(qh, k8[c], acc[c][h]);
                 }
             }
-            for (h, a) in acc.iter().enumerate().take(g) {
-                s[h * n + j] = scale * hsum(*a);
+        }
+        for (c, a) in acc.iter().enumerate() {
+            for (h, a) in a.iter().enumerate().take(g) {
+                s[h * n + j + c] = scale * hsum(*a);
             }
         }
     }
@@ -463,16 +508,46 @@ mod x86 {
         assert!(
             p.len() >= g * n && out.len() >= g * hd && (n == 0 || v.len() >= (n - 1) * stride + hd)
         );
-        for i in (0..hd).step_by(8) {
-            let mut acc = [_mm256_setzero_ps(); MAX_GROUP];
-            for j in 0..n {
-                let v8 = load(v.as_ptr().add(j * stride + i));
-                for (h, a) in acc.iter_mut().enumerate().take(g) {
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*p.get_unchecked(h * n + j)), v8, *a);
+        let mut i = 0;
+        if g <= PAIR_GROUP {
+            while i + 16 <= hd {
+                mix_of::<E, 2, PAIR_GROUP>(p, g, hd, v, stride, n, i, out, &load);
+                i += 16;
+            }
+        }
+        for i in (i..hd).step_by(8) {
+            mix_of::<E, 1, MAX_GROUP>(p, g, hd, v, stride, n, i, out, &load);
+        }
+    }
+
+    /// Columns `i..i + 8C` of the mix for `g ≤ G` heads.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn mix_of<E, const C: usize, const G: usize>(
+        p: &[f32],
+        g: usize,
+        hd: usize,
+        v: &[E],
+        stride: usize,
+        n: usize,
+        i: usize,
+        out: &mut [f32],
+        load: &impl Fn(*const E) -> __m256,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); G]; C];
+        for j in 0..n {
+            let vj = v.as_ptr().add(j * stride + i);
+            let v8: [__m256; C] = std::array::from_fn(|c| load(vj.add(8 * c)));
+            for h in (0..G).take(g) {
+                let ph = _mm256_set1_ps(*p.get_unchecked(h * n + j));
+                for c in 0..C {
+                    acc[c][h] = _mm256_fmadd_ps(ph, v8[c], acc[c][h]);
                 }
             }
-            for (h, a) in acc.iter().enumerate().take(g) {
-                _mm256_storeu_ps(out.as_mut_ptr().add(h * hd + i), *a);
+        }
+        for (c, a) in acc.iter().enumerate() {
+            for (h, a) in a.iter().enumerate().take(g) {
+                _mm256_storeu_ps(out.as_mut_ptr().add(h * hd + i + 8 * c), *a);
             }
         }
     }
@@ -555,6 +630,20 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn f16_rows_convert_like_single_values() {
+        // Odd length: the vector body and the tail; values that round, overflow and underflow.
+        let src: Vec<f32> = (0..37)
+            .map(|i| (i as f32 - 18.0) * 0.1003 * 10f32.powi(i % 7 - 3))
+            .chain([70000.0, -1e-9, 65519.0, f32::NAN])
+            .collect();
+        let mut row = vec![f16::ZERO; src.len()];
+        f16::from_f32_slice(&mut row, &src);
+        for (r, &x) in row.iter().zip(&src) {
+            assert_eq!(r.to_bits(), f16::from_f32(x).to_bits(), "{x}");
+        }
+    }
 
     #[test]
     fn exp_is_accurate_and_handles_the_ends() {
