@@ -30,10 +30,15 @@ pub const TOKEN_BLOCK: usize = 64;
 
 /// Output rows per claimed block: at least 128, as a claim moves a cache line between the cores
 /// (with 16-row blocks, the claims of a decode step cost more time than its weight reads), and
-/// at least a 256th of the matrix, so even a 262,144-row output head takes at most 256 claims; a
-/// multiple of `align`.
-fn block_rows(rows: usize, align: usize) -> usize {
-    rows.div_ceil(256).max(128).next_multiple_of(align.max(4))
+/// at least a 256th of the matrix, so even a 262,144-row output head takes at most 256 claims;
+/// a multiple of `align`. The blocks are made a multiple of the `threads` in number where the
+/// alignment allows, so that a small matrix splits evenly (576 rows as six blocks of 96 rather
+/// than five of 128, where one thread would do three and the other wait).
+fn block_rows(rows: usize, align: usize, threads: usize) -> usize {
+    let align = align.max(4);
+    let n_blocks = rows.div_ceil(rows.div_ceil(256).max(128));
+    rows.div_ceil(n_blocks.next_multiple_of(threads.max(1)))
+        .next_multiple_of(align)
 }
 
 /// One weight of a product: `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the input rows.
@@ -67,7 +72,7 @@ pub fn matmul(
     debug_assert!(ps
         .iter()
         .all(|p| p.w.rows == rows && p.out.len() >= n * rows));
-    let br = block_rows(rows, align);
+    let br = block_rows(rows, align, ctx.n);
     let n_row_blocks = rows.div_ceil(br);
     ctx.chunks(n_row_blocks * n.div_ceil(TOKEN_BLOCK), |c| {
         let (rb_i, tb) = (c % n_row_blocks, c / n_row_blocks);
