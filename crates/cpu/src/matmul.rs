@@ -25,6 +25,10 @@ pub enum Input<'a> {
     Q8(&'a Q8Buf),
 }
 
+/// Packed row groups per kernel call: enough to amortise the call, few enough for a stack buffer.
+#[cfg(target_arch = "x86_64")]
+const GROUPS_PER_CALL: usize = 16;
+
 /// Input rows per tile of a product (see [`matmul`]).
 pub const TOKEN_BLOCK: usize = 64;
 
@@ -129,16 +133,19 @@ fn tile(p: &Product<'_>, r0: usize, r1: usize, tokens: Range<usize>, scratch: &m
                 let lay = Layout::of(p.dtype).expect("packed types have a layout");
                 let group_bytes = p.blocks * lay.column();
                 let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
-                let mut res4 = [[0f32; ROWS]; MAX_ROWS];
-                for g in r0 / ROWS..r1.div_ceil(ROWS) {
-                    let group = &p.data[g * group_bytes..(g + 1) * group_bytes];
+                let mut sums = [0f32; MAX_ROWS * GROUPS_PER_CALL * ROWS];
+                let groups = r0 / ROWS..r1.div_ceil(ROWS);
+                for g0 in groups.clone().step_by(GROUPS_PER_CALL) {
+                    let g1 = (g0 + GROUPS_PER_CALL).min(groups.end);
+                    let sums = &mut sums[..tn * (g1 - g0) * ROWS];
+                    let data = &p.data[g0 * group_bytes..g1 * group_bytes];
                     // SAFETY: weights are packed only when the CPU has AVX-512 (see `pack_for`).
                     unsafe {
-                        crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
+                        crate::kernels::x86::packed_dot(data, p.blocks, lay, &xs[..tn], sums)
                     };
-                    let (start, end) = (g * ROWS, r1.min((g + 1) * ROWS));
-                    for (t, res) in res4[..tn].iter().enumerate() {
-                        put(t, start, &res[..end - start]);
+                    let (start, end) = (g0 * ROWS, r1.min(g1 * ROWS));
+                    for (t, row) in sums.chunks_exact((g1 - g0) * ROWS).enumerate() {
+                        put(t, start, &row[..end - start]);
                     }
                 }
             }
