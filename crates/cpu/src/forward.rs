@@ -767,19 +767,26 @@ impl<E: KvElem> Forward<'_, E> {
         ctx.barrier();
 
         // Attention: (block of query tokens, KV head) pairs; a KV head serves a group of query
-        // heads, which are adjacent in a row of q.
-        let block = if n > 1 { ATTN_BLOCK } else { 1 };
-        let gw = qd / a.n_kv_heads;
+        // heads, which are adjacent in a row of q. In decode, single query heads instead, so that
+        // few KV heads (one in Gemma 3) still split evenly among the threads; a head's keys and
+        // values are then read once per query head, from cache.
+        let (block, per) = if n > 1 {
+            (ATTN_BLOCK, a.n_heads / a.n_kv_heads)
+        } else {
+            (1, 1)
+        };
+        let (items, gw) = (a.n_heads / per, per * hd);
         let cache = Cache {
             k: v.kc.range(cache_at..cache_at + self.capacity * kvd),
             v: v.vc.range(cache_at..cache_at + self.capacity * kvd),
             kv_dim: kvd,
         };
         let scores = &mut self.p.scratch;
-        ctx.chunks(n.div_ceil(block) * a.n_kv_heads, |item| {
-            let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
+        ctx.chunks(n.div_ceil(block) * items, |item| {
+            let (blk, j) = (item / items, item % items);
+            let kvh = j * per / (a.n_heads / a.n_kv_heads);
             for t in blk * block..((blk + 1) * block).min(n) {
-                let at = t * qd + kvh * gw;
+                let at = t * qd + j * gw;
                 let out = v.att.range_mut(at..at + gw);
                 attend_group(
                     isa,
