@@ -140,21 +140,11 @@ fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
         .expect("a packable type");
     let lay = packed::Layout::of(t).expect("a packable type");
     let (q, _) = activations(ActKind::Q8B32, T);
-    let group = COLS / 32 * lay.column();
-    let mut out = vec![[0f32; 4]; T];
+    let mut out = vec![0f32; T * ROWS];
     b.counter(BytesCount::new(w.len())).bench_local(|| {
         let xs: Vec<_> = (0..T).map(|i| q.row(i)).collect();
-        for g in 0..ROWS / packed::ROWS {
-            // SAFETY: AVX-512 is available.
-            unsafe {
-                anelm_cpu::kernels::x86::packed_dot(
-                    &p.data[g * group..(g + 1) * group],
-                    lay,
-                    &xs,
-                    &mut out,
-                )
-            };
-        }
+        // SAFETY: AVX-512 is available.
+        unsafe { anelm_cpu::kernels::x86::packed_dot(&p.data, COLS / 32, lay, &xs, &mut out) };
         divan::black_box(&out);
     });
 }

@@ -16,9 +16,9 @@ pub struct Cache<'a, E> {
     pub kv_dim: usize,
 }
 
-/// `out` = attention of the query heads of KV head `kvh` (`q`: their `g × head_dim` values, at
-/// position `pos`) over the cached positions `0..=pos`, or the window ending there. `scores` is
-/// scratch of at least `g × (pos + 1)` values.
+/// `out` = attention of `g` query heads of KV head `kvh` (`q`: their `g × head_dim` values, at
+/// position `pos`; all the heads the KV head serves, or some) over the cached positions
+/// `0..=pos`, or the window ending there. `scores` is scratch of at least `g × (pos + 1)` values.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group<E: KvElem>(
     isa: Isa,
@@ -31,7 +31,7 @@ pub fn attend_group<E: KvElem>(
     out: &mut [f32],
 ) {
     let hd = a.head_dim;
-    let g = a.n_heads / a.n_kv_heads;
+    let g = q.len() / hd;
     let start = a.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let n = pos + 1 - start;
     let at = start * cache.kv_dim + kvh * hd;

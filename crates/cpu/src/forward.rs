@@ -24,7 +24,7 @@ use crate::deltanet;
 use crate::kernels::packed::Packed;
 use crate::kernels::{select, select_exact, Kernel};
 use crate::kv::{CpuKv, KvData, KvDtype, Layers, Recurrent};
-use crate::matmul::{matmul, pack_for, Input};
+use crate::matmul::{matmul, pack_for, Input, Product};
 use crate::moe::route;
 use crate::ops::{norm_row, rope_head, softcap};
 use crate::pool::{physical_cores, Ctx, Pool};
@@ -39,8 +39,6 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 pub const MAX_BATCH: usize = 512;
 /// Query tokens per attention work item in prefill.
 const ATTN_BLOCK: usize = 8;
-/// Tokens per claim of the FFN activation.
-const GATE_BLOCK: usize = 16;
 
 /// How a [`CpuExecutor`] runs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -612,28 +610,36 @@ impl<E: KvElem> Forward<'_, E> {
         align: usize,
         done: impl FnMut(Range<usize>, Range<usize>),
     ) {
-        let (n, cols) = (self.n, w.cols);
-        let kernel = self.kernel(w);
+        self.products([(w, bias, out)], align, done);
+    }
+
+    /// Products over the same output rows in one [`matmul`], each `(W, b, out)`.
+    fn products<const N: usize>(
+        &mut self,
+        ws: [Target<'_>; N],
+        align: usize,
+        done: impl FnMut(Range<usize>, Range<usize>),
+    ) {
+        let kernels = ws.map(|(w, ..)| self.kernel(w));
+        let (n, packed) = (self.n, self.packed);
         let p = &mut *self.p;
-        let input = match kernel.act() {
-            ActKind::F32 => Input::F32(&p.xn[..n * cols]),
-            ActKind::Q8B32 => Input::Q8(&p.q8b),
-            ActKind::Q8K => Input::Q8(&p.q8k),
-        };
-        let packed = self.packed.get(&(w as *const Weight as usize));
-        matmul(
-            self.ctx,
-            kernel,
-            w,
-            bias,
-            input,
-            n,
-            out,
-            &mut p.scratch,
-            packed,
-            align,
-            done,
-        );
+        let ps: [Product<'_>; N] = std::array::from_fn(|i| {
+            let ((w, bias, out), kernel) = (ws[i], kernels[i]);
+            let input = match kernel.act() {
+                ActKind::F32 => Input::F32(&p.xn[..n * w.cols]),
+                ActKind::Q8B32 => Input::Q8(&p.q8b),
+                ActKind::Q8K => Input::Q8(&p.q8k),
+            };
+            Product {
+                kernel,
+                w,
+                bias,
+                input,
+                out,
+                packed: packed.get(&(w as *const Weight as usize)),
+            }
+        });
+        matmul(self.ctx, &ps, n, &mut p.scratch, align, done);
     }
 
     fn linear(&mut self, lin: &Linear, out: &SharedSlice<'_, f32>) {
@@ -761,19 +767,26 @@ impl<E: KvElem> Forward<'_, E> {
         ctx.barrier();
 
         // Attention: (block of query tokens, KV head) pairs; a KV head serves a group of query
-        // heads, which are adjacent in a row of q.
-        let block = if n > 1 { ATTN_BLOCK } else { 1 };
-        let gw = qd / a.n_kv_heads;
+        // heads, which are adjacent in a row of q. In decode, single query heads instead, so that
+        // few KV heads (one in Gemma 3) still split evenly among the threads; a head's keys and
+        // values are then read once per query head, from cache.
+        let (block, per) = if n > 1 {
+            (ATTN_BLOCK, a.n_heads / a.n_kv_heads)
+        } else {
+            (1, 1)
+        };
+        let (items, gw) = (a.n_heads / per, per * hd);
         let cache = Cache {
             k: v.kc.range(cache_at..cache_at + self.capacity * kvd),
             v: v.vc.range(cache_at..cache_at + self.capacity * kvd),
             kv_dim: kvd,
         };
         let scores = &mut self.p.scratch;
-        ctx.chunks(n.div_ceil(block) * a.n_kv_heads, |item| {
-            let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
+        ctx.chunks(n.div_ceil(block) * items, |item| {
+            let (blk, j) = (item / items, item % items);
+            let kvh = j * per / (a.n_heads / a.n_kv_heads);
             for t in blk * block..((blk + 1) * block).min(n) {
-                let at = t * qd + kvh * gw;
+                let at = t * qd + j * gw;
                 let out = v.att.range_mut(at..at + gw);
                 attend_group(
                     isa,
@@ -916,9 +929,8 @@ impl<E: KvElem> Forward<'_, E> {
         weight: impl Fn(usize) -> f32,
         h: usize,
     ) {
-        let (ctx, v) = (self.ctx, self.v);
+        let v = self.v;
         let count = rows.len();
-        let f = mlp.up.out_features();
         {
             let p = &mut *self.p;
             for (i, &t) in rows.iter().enumerate() {
@@ -926,22 +938,7 @@ impl<E: KvElem> Forward<'_, E> {
             }
         }
         self.n = count;
-        self.prepare(Src::Xn, h, 0..count, &[&mlp.gate.weight, &mlp.up.weight]);
-        self.linear(&mlp.gate, &v.g);
-        self.linear(&mlp.up, &v.u);
-        ctx.barrier();
-        let gate_act = gate_of(act);
-        {
-            let p = &mut *self.p;
-            for i in 0..count {
-                let gt = &mut p.xn[i * f..(i + 1) * f];
-                gt.copy_from_slice(v.g.range(i * f..(i + 1) * f));
-                gate(self.isa, gate_act, gt, Some(v.u.range(i * f..(i + 1) * f)));
-            }
-        }
-        self.prepare(Src::Xn, f, 0..count, &[&mlp.down.weight]);
-        self.linear(&mlp.down, &v.o);
-        ctx.barrier();
+        self.mlp(act, Some(&mlp.gate), &mlp.up, &mlp.down);
         let p = &mut *self.p;
         let o = v.o.range(0..count * h);
         for (i, &t) in rows.iter().enumerate() {
@@ -975,40 +972,49 @@ impl<E: KvElem> Forward<'_, E> {
         up: &Linear,
         down: &Linear,
     ) {
-        let (ctx, v, n) = (self.ctx, self.v, self.n);
-        let h = self.m.config.hidden_size;
-        let f = up.out_features();
         self.norm_into_xn(&layer.ffn_norm);
+        self.mlp(act, gate_lin, up, down);
+        self.residual(layer.post_ffn_norm.as_ref());
+    }
+
+    /// `o = down(act(gate(xn)) * up(xn))`, or `down(act(up(xn)))` without a gate, for the
+    /// tokens in this thread's `xn`. The activation runs on each tile of gate and up rows as
+    /// soon as both are computed, so it costs no barrier of its own.
+    unsafe fn mlp(
+        &mut self,
+        act: Activation,
+        gate_lin: Option<&Linear>,
+        up: &Linear,
+        down: &Linear,
+    ) {
+        let (ctx, v, n) = (self.ctx, self.v, self.n);
+        let (h, f) = (self.m.config.hidden_size, up.out_features());
+        let (act, isa) = (gate_of(act), self.isa);
+        let activate =
+            |u: Option<&SharedSlice<'_, f32>>, rows: Range<usize>, tokens: Range<usize>| {
+                for t in tokens {
+                    let at = t * f + rows.start..t * f + rows.end;
+                    gate(isa, act, v.g.range_mut(at.clone()), u.map(|u| u.range(at)));
+                }
+            };
         match gate_lin {
             Some(g) => {
                 self.prepare(Src::Xn, h, 0..n, &[&g.weight, &up.weight]);
-                self.linear(g, &v.g);
-                self.linear(up, &v.u);
+                let gw = (&g.weight, g.bias.as_deref(), &v.g);
+                let uw = (&up.weight, up.bias.as_deref(), &v.u);
+                self.products([gw, uw], 1, |r, t| activate(Some(&v.u), r, t));
             }
             None => {
                 self.prepare(Src::Xn, h, 0..n, &[&up.weight]);
-                self.linear(up, &v.g);
+                self.product(&up.weight, up.bias.as_deref(), &v.g, 1, |r, t| {
+                    activate(None, r, t)
+                });
             }
         }
-        ctx.barrier();
-        let (act, isa) = (gate_of(act), self.isa);
-        // The activation in place, blocks of tokens shared among the threads.
-        ctx.chunks(n.div_ceil(GATE_BLOCK), |b| {
-            for t in b * GATE_BLOCK..((b + 1) * GATE_BLOCK).min(n) {
-                let gt = v.g.range_mut(t * f..(t + 1) * f);
-                gate(
-                    isa,
-                    act,
-                    gt,
-                    gate_lin.map(|_| v.u.range(t * f..(t + 1) * f)),
-                );
-            }
-        });
         ctx.barrier();
         self.prepare(Src::Shared(&v.g), f, 0..n, &[&down.weight]);
         self.linear(down, &v.o);
         ctx.barrier();
-        self.residual(layer.post_ffn_norm.as_ref());
     }
 
     /// The final norm and the output head for the wanted rows.
@@ -1054,6 +1060,9 @@ fn add_residual(p: &mut Private, h: usize, n: usize, o: &[f32], post: Option<&No
         }
     }
 }
+
+/// A weight of a product, its bias, and the buffer of its outputs.
+type Target<'a> = (&'a Weight, Option<&'a [f32]>, &'a SharedSlice<'a, f32>);
 
 /// Where the input of a product comes from.
 #[derive(Clone, Copy)]

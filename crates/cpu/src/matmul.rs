@@ -25,127 +25,160 @@ pub enum Input<'a> {
     Q8(&'a Q8Buf),
 }
 
+/// Packed row groups per kernel call: enough to amortise the call, few enough for a stack buffer.
+#[cfg(target_arch = "x86_64")]
+const GROUPS_PER_CALL: usize = 16;
+
 /// Input rows per tile of a product (see [`matmul`]).
 pub const TOKEN_BLOCK: usize = 64;
 
 /// Output rows per claimed block: at least 128, as a claim moves a cache line between the cores
 /// (with 16-row blocks, the claims of a decode step cost more time than its weight reads), and
-/// at least a 256th of the matrix, so even a 262,144-row output head takes at most 256 claims; a
-/// multiple of `align`.
-fn block_rows(rows: usize, align: usize) -> usize {
-    rows.div_ceil(256).max(128).next_multiple_of(align.max(4))
+/// at least a 256th of the matrix, so even a 262,144-row output head takes at most 256 claims;
+/// a multiple of `align`. The blocks are made a multiple of the `threads` in number where the
+/// alignment allows, so that a small matrix splits evenly (576 rows as six blocks of 96 rather
+/// than five of 128, where one thread would do three and the other wait).
+fn block_rows(rows: usize, align: usize, threads: usize) -> usize {
+    let align = align.max(4);
+    let n_blocks = rows.div_ceil(rows.div_ceil(256).max(128));
+    rows.div_ceil(n_blocks.next_multiple_of(threads.max(1)))
+        .next_multiple_of(align)
 }
 
-/// `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the `n` input rows, shared by the pool's
-/// threads; `scratch` is this thread's f32 row buffer (used by types without a direct kernel).
-/// Work is shared in tiles of a block of output rows (a multiple of `align` but the last) by a
-/// block of input rows (all of them in decode; [`TOKEN_BLOCK`] in prefill, so that a matrix of
-/// few row blocks still keeps every thread busy); `done(rows, tokens)` runs after each of this
-/// thread's tiles is complete.
+/// One weight of a product: `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the input rows.
+#[derive(Clone, Copy)]
+pub struct Product<'a> {
+    pub kernel: Kernel,
+    pub w: &'a Weight,
+    pub bias: Option<&'a [f32]>,
+    pub input: Input<'a>,
+    pub out: &'a SharedSlice<'a, f32>,
+    pub packed: Option<&'a Packed>,
+}
+
+/// The products `ps` (weights of the same number of rows) for the `n` input rows, shared by the
+/// pool's threads; `scratch` is this thread's f32 row buffer (used by types without a direct
+/// kernel). Work is shared in tiles of a block of output rows (a multiple of `align` but the
+/// last) by a block of input rows (all of them in decode; [`TOKEN_BLOCK`] in prefill, so that a
+/// matrix of few row blocks still keeps every thread busy); a tile covers those rows of every
+/// product, and `done(rows, tokens)` runs after each of this thread's tiles is complete — so an
+/// elementwise step over several outputs (the FFN's gate and up) needs no barrier before it.
 /// Every thread of the pool must call this with the same arguments.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     ctx: &Ctx,
-    kernel: Kernel,
-    w: &Weight,
-    bias: Option<&[f32]>,
-    input: Input<'_>,
+    ps: &[Product<'_>],
     n: usize,
-    out: &SharedSlice<f32>,
     scratch: &mut Vec<f32>,
-    packed: Option<&Packed>,
     align: usize,
     mut done: impl FnMut(Range<usize>, Range<usize>),
 ) {
-    let (rows, cols) = (w.rows, w.cols);
-    let all = w.bytes();
-    let rb = all.len() / rows.max(1);
-    let br = block_rows(rows, align);
-    debug_assert!(out.len() >= n * rows);
-    let row = |r: usize| &all[r * rb..(r + 1) * rb];
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = packed;
+    let rows = ps.first().map_or(0, |p| p.w.rows);
+    debug_assert!(ps
+        .iter()
+        .all(|p| p.w.rows == rows && p.out.len() >= n * rows));
+    let br = block_rows(rows, align, ctx.n);
     let n_row_blocks = rows.div_ceil(br);
     ctx.chunks(n_row_blocks * n.div_ceil(TOKEN_BLOCK), |c| {
         let (rb_i, tb) = (c % n_row_blocks, c / n_row_blocks);
         let (r0, r1) = (rb_i * br, ((rb_i + 1) * br).min(rows));
         let tokens = tb * TOKEN_BLOCK..((tb + 1) * TOKEN_BLOCK).min(n);
-        for t0 in tokens.clone().step_by(MAX_ROWS) {
-            let tn = (tokens.end - t0).min(MAX_ROWS);
-            let mut res = [0f32; MAX_ROWS];
-            // Rows `r..r + vals.len()` of input row `t0 + t`.
-            let put = |t: usize, r: usize, vals: &[f32]| {
-                let at = (t0 + t) * rows + r;
-                // SAFETY: this thread claimed rows r0..r1 of these input rows: it alone writes them.
-                let dst = unsafe { out.range_mut(at..at + vals.len()) };
-                match bias {
-                    Some(b) => dst
-                        .iter_mut()
-                        .zip(vals.iter().zip(&b[r..]))
-                        .for_each(|(d, (v, b))| *d = v + b),
-                    None => dst.copy_from_slice(vals),
-                }
-            };
-            let emit = |r: usize, res: &[f32]| {
-                for (t, v) in res.iter().enumerate() {
-                    put(t, r, std::slice::from_ref(v));
-                }
-            };
-            match (kernel, input) {
-                #[cfg(target_arch = "x86_64")]
-                (Kernel::Q8 { .. }, Input::Q8(q)) if packed.is_some() => {
-                    let p = packed.expect("checked");
-                    let lay = Layout::of(p.dtype).expect("packed types have a layout");
-                    let group_bytes = p.blocks * lay.column();
-                    let xs: [Q8Row<'_>; MAX_ROWS] =
-                        std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
-                    let mut res4 = [[0f32; ROWS]; MAX_ROWS];
-                    for g in r0 / ROWS..r1.div_ceil(ROWS) {
-                        let group = &p.data[g * group_bytes..(g + 1) * group_bytes];
-                        // SAFETY: weights are packed only when the CPU has AVX-512 (see `pack_for`).
-                        unsafe {
-                            crate::kernels::x86::packed_dot(group, lay, &xs[..tn], &mut res4[..tn])
-                        };
-                        let (start, end) = (g * ROWS, r1.min((g + 1) * ROWS));
-                        for (t, res) in res4[..tn].iter().enumerate() {
-                            put(t, start, &res[..end - start]);
-                        }
-                    }
-                }
-                (Kernel::Q8 { f, .. }, Input::Q8(q)) => {
-                    let xs: [Q8Row<'_>; MAX_ROWS] =
-                        std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
-                    for r in r0..r1 {
-                        // SAFETY: `select` returns kernels of available instruction sets only.
-                        unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
-                        emit(r, &res[..tn]);
-                    }
-                }
-                (Kernel::F32(f), Input::F32(x)) => {
-                    let xs = f32_rows(x, cols, t0, tn);
-                    for r in r0..r1 {
-                        // SAFETY: as above.
-                        unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
-                        emit(r, &res[..tn]);
-                    }
-                }
-                (Kernel::Dequant(f), Input::F32(x)) => {
-                    let xs = f32_rows(x, cols, t0, tn);
-                    scratch.resize(cols, 0.0);
-                    for r in r0..r1 {
-                        anelm_formats::quant::dequantize(w.dtype, row(r), scratch).expect(
-                            "weight rows are whole blocks of a known type (checked at load)",
-                        );
-                        // SAFETY: as above; the f32 kernel reads the dequantised row's bytes.
-                        unsafe { f(f32_bytes(scratch), &xs[..tn], &mut res[..tn]) };
-                        emit(r, &res[..tn]);
-                    }
-                }
-                _ => unreachable!("the forward pass prepares the input kind the kernel takes"),
-            }
+        for p in ps {
+            tile(p, r0, r1, tokens.clone(), scratch);
         }
         done(r0..r1, tokens);
     });
+}
+
+/// Output rows `r0..r1` of product `p` for the input rows `tokens`, a tile this thread claimed.
+fn tile(p: &Product<'_>, r0: usize, r1: usize, tokens: Range<usize>, scratch: &mut Vec<f32>) {
+    let Product {
+        kernel,
+        w,
+        bias,
+        input,
+        out,
+        packed,
+    } = *p;
+    let (rows, cols) = (w.rows, w.cols);
+    let all = w.bytes();
+    let rb = all.len() / rows.max(1);
+    let row = |r: usize| &all[r * rb..(r + 1) * rb];
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = packed;
+    for t0 in tokens.clone().step_by(MAX_ROWS) {
+        let tn = (tokens.end - t0).min(MAX_ROWS);
+        let mut res = [0f32; MAX_ROWS];
+        // Rows `r..r + vals.len()` of input row `t0 + t`.
+        let put = |t: usize, r: usize, vals: &[f32]| {
+            let at = (t0 + t) * rows + r;
+            // SAFETY: this thread claimed rows r0..r1 of these input rows: it alone writes them.
+            let dst = unsafe { out.range_mut(at..at + vals.len()) };
+            match bias {
+                Some(b) => dst
+                    .iter_mut()
+                    .zip(vals.iter().zip(&b[r..]))
+                    .for_each(|(d, (v, b))| *d = v + b),
+                None => dst.copy_from_slice(vals),
+            }
+        };
+        let emit = |r: usize, res: &[f32]| {
+            for (t, v) in res.iter().enumerate() {
+                put(t, r, std::slice::from_ref(v));
+            }
+        };
+        match (kernel, input) {
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Q8 { .. }, Input::Q8(q)) if packed.is_some() => {
+                let p = packed.expect("checked");
+                let lay = Layout::of(p.dtype).expect("packed types have a layout");
+                let group_bytes = p.blocks * lay.column();
+                let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+                let mut sums = [0f32; MAX_ROWS * GROUPS_PER_CALL * ROWS];
+                let groups = r0 / ROWS..r1.div_ceil(ROWS);
+                for g0 in groups.clone().step_by(GROUPS_PER_CALL) {
+                    let g1 = (g0 + GROUPS_PER_CALL).min(groups.end);
+                    let sums = &mut sums[..tn * (g1 - g0) * ROWS];
+                    let data = &p.data[g0 * group_bytes..g1 * group_bytes];
+                    // SAFETY: weights are packed only when the CPU has AVX-512 (see `pack_for`).
+                    unsafe {
+                        crate::kernels::x86::packed_dot(data, p.blocks, lay, &xs[..tn], sums)
+                    };
+                    let (start, end) = (g0 * ROWS, r1.min(g1 * ROWS));
+                    for (t, row) in sums.chunks_exact((g1 - g0) * ROWS).enumerate() {
+                        put(t, start, &row[..end - start]);
+                    }
+                }
+            }
+            (Kernel::Q8 { f, .. }, Input::Q8(q)) => {
+                let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+                for r in r0..r1 {
+                    // SAFETY: `select` returns kernels of available instruction sets only.
+                    unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
+                    emit(r, &res[..tn]);
+                }
+            }
+            (Kernel::F32(f), Input::F32(x)) => {
+                let xs = f32_rows(x, cols, t0, tn);
+                for r in r0..r1 {
+                    // SAFETY: as above.
+                    unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
+                    emit(r, &res[..tn]);
+                }
+            }
+            (Kernel::Dequant(f), Input::F32(x)) => {
+                let xs = f32_rows(x, cols, t0, tn);
+                scratch.resize(cols, 0.0);
+                for r in r0..r1 {
+                    anelm_formats::quant::dequantize(w.dtype, row(r), scratch)
+                        .expect("weight rows are whole blocks of a known type (checked at load)");
+                    // SAFETY: as above; the f32 kernel reads the dequantised row's bytes.
+                    unsafe { f(f32_bytes(scratch), &xs[..tn], &mut res[..tn]) };
+                    emit(r, &res[..tn]);
+                }
+            }
+            _ => unreachable!("the forward pass prepares the input kind the kernel takes"),
+        }
+    }
 }
 
 /// The packed copy of `w` for `isa`, when one pays: the 32-value types on AVX-512. `done(r)`

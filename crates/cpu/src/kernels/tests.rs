@@ -200,22 +200,21 @@ proptest! {
         prop_assert_eq!(released, rows);
         let lay = packed::Layout::of(ty).unwrap();
         let xs: Vec<_> = (0..t).map(|i| q.row(i)).collect();
-        let group_bytes = blocks * lay.column();
-        for g in 0..rows.div_ceil(packed::ROWS) {
-            let mut out = vec![[0f32; 4]; t];
-            // SAFETY: AVX-512 is available.
-            unsafe { x86::packed_dot(&p.data[g * group_bytes..(g + 1) * group_bytes], lay, &xs, &mut out) };
-            for (r, wr) in w.iter().enumerate().skip(g * packed::ROWS).take(packed::ROWS) {
-                let lane = r % packed::ROWS;
-                let want = run_q8(select(ty, Isa::Scalar), wr, &q, t);
-                let mut deq = vec![0f32; n];
-                anelm_formats::quant::dequantize(ty, wr, &mut deq).unwrap();
-                for i in 0..t {
-                    let row = q.row(i);
-                    let mag: f32 = deq.iter().zip(row.qs).enumerate().map(|(j, (a, &b))| (a * f32::from(b) * row.d[j / 32]).abs()).sum();
-                    // Q8_0's bias of 128 adds a cancellation of at most 255/127 to the bound.
-                    prop_assert!((out[i][lane] - want[i]).abs() <= 6e-6 * mag + 1e-9, "{ty} row {r} token {i}: {} vs {}", out[i][lane], want[i]);
-                }
+        // All the groups in one call, as the forward pass makes it.
+        let groups = rows.div_ceil(packed::ROWS);
+        let mut out = vec![0f32; t * groups * packed::ROWS];
+        // SAFETY: AVX-512 is available.
+        unsafe { x86::packed_dot(&p.data, blocks, lay, &xs, &mut out) };
+        for (r, wr) in w.iter().enumerate() {
+            let want = run_q8(select(ty, Isa::Scalar), wr, &q, t);
+            let mut deq = vec![0f32; n];
+            anelm_formats::quant::dequantize(ty, wr, &mut deq).unwrap();
+            for i in 0..t {
+                let row = q.row(i);
+                let mag: f32 = deq.iter().zip(row.qs).enumerate().map(|(j, (a, &b))| (a * f32::from(b) * row.d[j / 32]).abs()).sum();
+                // Q8_0's bias of 128 adds a cancellation of at most 255/127 to the bound.
+                let got = out[i * groups * packed::ROWS + r];
+                prop_assert!((got - want[i]).abs() <= 6e-6 * mag + 1e-9, "{ty} row {r} token {i}: {} vs {}", got, want[i]);
             }
         }
     }

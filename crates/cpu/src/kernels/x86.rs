@@ -618,20 +618,23 @@ pub fn f32_kernel(name: &str) -> super::F32Kernel {
     }
 }
 
-/// The AVX-512 kernel of the four-row packed layout (see `packed.rs`): `out[t][r]` = row `r` of
-/// the group · `xs[t]`. Per block column, each row's partial sums sit in its own 128-bit lane.
+/// The AVX-512 kernel of the four-row packed layout (see `packed.rs`) over consecutive groups of
+/// `nb` block columns: `out[t * 4 * groups + 4 * g + r]` = row `r` of group `g` · `xs[t]`. Per
+/// block column, each row's partial sums sit in its own 128-bit lane.
 #[inline(always)]
 unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
-    group: &[u8],
+    data: &[u8],
+    nb: usize,
     lay: super::packed::Layout,
     xs: &[Q8Row<'_>],
-    out: &mut [[f32; 4]],
+    out: &mut [f32],
 ) {
     let col = lay.column();
-    let nb = group.len() / col;
+    let groups = data.len() / (nb * col);
     debug_assert!(
-        xs.len() == T
-            && out.len() == T
+        data.len() == groups * nb * col
+            && xs.len() == T
+            && out.len() == T * 4 * groups
             && xs
                 .iter()
                 .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
@@ -642,82 +645,99 @@ unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T
     let lane_of_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     let nib = _mm512_set1_epi8(0xf);
     let (m_at, masks_at, q_at) = (lay.m_at(), lay.masks_at(), lay.quants_at());
-    let mut acc = [_mm512_setzero_ps(); T];
-    let mut accm = [_mm_setzero_ps(); T];
-    let g = group.as_ptr();
-    for b in 0..nb {
-        let p = g.add(b * col);
-        let d4 = _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i));
-        let m4 = if HAS_M {
-            _mm_cvtph_ps(_mm_loadl_epi64(p.add(m_at) as *const __m128i))
-        } else {
-            _mm_mul_ps(d4, _mm_set1_ps(lay.offset))
-        };
-        let d16 = _mm512_permutexvar_ps(lane_of_row, _mm512_castps128_ps512(d4));
-        let (lo, hi) = if EIGHT {
-            (
-                _mm512_loadu_si512(p.add(q_at) as *const _),
-                _mm512_loadu_si512(p.add(q_at + 64) as *const _),
-            )
-        } else {
-            let q = _mm512_loadu_si512(p.add(q_at) as *const _);
-            let mut lo = _mm512_and_si512(q, nib);
-            let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
-            if FIVE {
-                let k_lo = std::ptr::read_unaligned(p.add(masks_at) as *const u64);
-                let k_hi = std::ptr::read_unaligned(p.add(masks_at + 8) as *const u64);
-                lo = _mm512_mask_blend_epi8(k_lo, lo, _mm512_or_si512(lo, _mm512_set1_epi8(0x10)));
-                hi = _mm512_mask_blend_epi8(k_hi, hi, _mm512_or_si512(hi, _mm512_set1_epi8(0x10)));
+    for gi in 0..groups {
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut accm = [_mm_setzero_ps(); T];
+        let g = data.as_ptr().add(gi * nb * col);
+        for b in 0..nb {
+            let p = g.add(b * col);
+            let d4 = _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i));
+            let m4 = if HAS_M {
+                _mm_cvtph_ps(_mm_loadl_epi64(p.add(m_at) as *const __m128i))
+            } else {
+                _mm_mul_ps(d4, _mm_set1_ps(lay.offset))
+            };
+            let d16 = _mm512_permutexvar_ps(lane_of_row, _mm512_castps128_ps512(d4));
+            let (lo, hi) = if EIGHT {
+                (
+                    _mm512_loadu_si512(p.add(q_at) as *const _),
+                    _mm512_loadu_si512(p.add(q_at + 64) as *const _),
+                )
+            } else {
+                let q = _mm512_loadu_si512(p.add(q_at) as *const _);
+                let mut lo = _mm512_and_si512(q, nib);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
+                if FIVE {
+                    let k_lo = std::ptr::read_unaligned(p.add(masks_at) as *const u64);
+                    let k_hi = std::ptr::read_unaligned(p.add(masks_at + 8) as *const u64);
+                    lo = _mm512_mask_blend_epi8(
+                        k_lo,
+                        lo,
+                        _mm512_or_si512(lo, _mm512_set1_epi8(0x10)),
+                    );
+                    hi = _mm512_mask_blend_epi8(
+                        k_hi,
+                        hi,
+                        _mm512_or_si512(hi, _mm512_set1_epi8(0x10)),
+                    );
+                }
+                (lo, hi)
+            };
+            for t in 0..T {
+                let x = xq[t].add(b * 32);
+                let xl = _mm512_broadcast_i32x4(_mm_loadu_si128(x as *const __m128i));
+                let xh = _mm512_broadcast_i32x4(_mm_loadu_si128(x.add(16) as *const __m128i));
+                let s = _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl),
+                    hi,
+                    xh,
+                );
+                acc[t] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(s),
+                    _mm512_mul_ps(d16, _mm512_set1_ps(*xd[t].add(b))),
+                    acc[t],
+                );
+                accm[t] = _mm_fmadd_ps(m4, _mm_set1_ps(*xsum[t].add(b)), accm[t]);
             }
-            (lo, hi)
-        };
-        for t in 0..T {
-            let x = xq[t].add(b * 32);
-            let xl = _mm512_broadcast_i32x4(_mm_loadu_si128(x as *const __m128i));
-            let xh = _mm512_broadcast_i32x4(_mm_loadu_si128(x.add(16) as *const __m128i));
-            let s =
-                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
-            acc[t] = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(s),
-                _mm512_mul_ps(d16, _mm512_set1_ps(*xd[t].add(b))),
-                acc[t],
-            );
-            accm[t] = _mm_fmadd_ps(m4, _mm_set1_ps(*xsum[t].add(b)), accm[t]);
         }
-    }
-    for t in 0..T {
-        let a = acc[t];
-        let h01 = _mm_hadd_ps(
-            _mm512_extractf32x4_ps::<0>(a),
-            _mm512_extractf32x4_ps::<1>(a),
-        );
-        let h23 = _mm_hadd_ps(
-            _mm512_extractf32x4_ps::<2>(a),
-            _mm512_extractf32x4_ps::<3>(a),
-        );
-        let r = _mm_add_ps(_mm_hadd_ps(h01, h23), accm[t]);
-        _mm_storeu_ps(out[t].as_mut_ptr(), r);
+        for t in 0..T {
+            let a = acc[t];
+            let h01 = _mm_hadd_ps(
+                _mm512_extractf32x4_ps::<0>(a),
+                _mm512_extractf32x4_ps::<1>(a),
+            );
+            let h23 = _mm_hadd_ps(
+                _mm512_extractf32x4_ps::<2>(a),
+                _mm512_extractf32x4_ps::<3>(a),
+            );
+            let r = _mm_add_ps(_mm_hadd_ps(h01, h23), accm[t]);
+            _mm_storeu_ps(out.as_mut_ptr().add((t * groups + gi) * 4), r);
+        }
     }
 }
 
-/// The packed kernel for `lay`'s type: `out[t]` = the four rows of `group` · `xs[t]`.
+/// The packed kernel for `lay`'s type over whole groups of `blocks` block columns (one call per
+/// run of groups, not per group: a group of a decode row is only a few hundred cycles of work):
+/// `out[t * 4 * groups + 4 * g + r]` = row `r` of group `g` · `xs[t]`.
 ///
 /// # Safety
-/// The CPU must have the `avx512` module's features; `xs.len() == out.len()` in `1..=4`.
+/// The CPU must have the `avx512` module's features; `xs.len()` in `1..=4`, and `out.len()` is
+/// `xs.len()` times the rows of the groups.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn packed_dot(
-    group: &[u8],
+    data: &[u8],
+    blocks: usize,
     lay: super::packed::Layout,
     xs: &[Q8Row<'_>],
-    out: &mut [[f32; 4]],
+    out: &mut [f32],
 ) {
     macro_rules! by_rows {
         ($m:literal, $f:literal, $e:literal) => {
             match xs.len() {
-                1 => packed::<$m, $f, $e, 1>(group, lay, xs, out),
-                2 => packed::<$m, $f, $e, 2>(group, lay, xs, out),
-                3 => packed::<$m, $f, $e, 3>(group, lay, xs, out),
-                _ => packed::<$m, $f, $e, 4>(group, lay, xs, out),
+                1 => packed::<$m, $f, $e, 1>(data, blocks, lay, xs, out),
+                2 => packed::<$m, $f, $e, 2>(data, blocks, lay, xs, out),
+                3 => packed::<$m, $f, $e, 3>(data, blocks, lay, xs, out),
+                _ => packed::<$m, $f, $e, 4>(data, blocks, lay, xs, out),
             }
         };
     }
