@@ -4,9 +4,10 @@
 //! op or per token, and an op costs a barrier (a few hundred nanoseconds) instead of a task
 //! dispatch — the difference matters at 135M parameters, where a decode matvec lasts microseconds.
 //!
-//! Waiting spins for a few tens of microseconds, then sleeps on a condition variable: on a quiet
-//! machine a barrier completes within the spin, and on a busy one a thread that kept spinning
-//! while its partner is descheduled would only take CPU time from the partner.
+//! Waiting spins for a few tens of microseconds, then yields the core a few times, then sleeps on
+//! a condition variable: on a quiet machine a barrier completes within the spin; on a busy one
+//! the partner it waits for is often descheduled, and yielding lets it run on this core sooner
+//! than sleeping would (a wake-up costs a scheduler round trip at every barrier).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -15,6 +16,8 @@ use std::thread::JoinHandle;
 
 /// `spin_loop` iterations (about 20 ns each) before a waiting thread sleeps.
 const SPINS: u32 = 1 << 12;
+/// Yields of the core, after the spins, before a waiting thread sleeps.
+const YIELDS: u32 = 64;
 
 /// The job of the current `run`: a type-erased `&dyn Fn(&Ctx)` valid until every thread finished,
 /// and the number of the first `chunks` call it makes.
@@ -200,6 +203,12 @@ impl Shared {
                 return;
             }
             std::hint::spin_loop();
+        }
+        for _ in 0..YIELDS {
+            if done() {
+                return;
+            }
+            std::thread::yield_now();
         }
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut guard = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
