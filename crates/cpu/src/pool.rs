@@ -43,9 +43,8 @@ struct Shared {
     /// The barrier: threads arrived in the current round, and the round number.
     arrived: AtomicUsize,
     round: AtomicUsize,
-    /// Work sharing: the number of the current `chunks` call (high 32 bits) and its next
-    /// unclaimed chunk (low 32 bits); see [`Ctx::chunks`].
-    work: AtomicU64,
+    /// Work sharing: each thread's range of unclaimed chunks; see [`Ctx::chunks`].
+    slots: Vec<Slot>,
     /// The number the next job's first `chunks` call gets.
     next_call: AtomicUsize,
     stop: AtomicBool,
@@ -101,7 +100,7 @@ impl Pool {
             active: AtomicUsize::new(0),
             arrived: AtomicUsize::new(0),
             round: AtomicUsize::new(0),
-            work: AtomicU64::new(0),
+            slots: (0..n).map(|_| Slot(AtomicU64::new(0))).collect(),
             next_call: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
         });
@@ -246,46 +245,121 @@ impl Ctx<'_> {
         }
     }
 
-    /// Shares `n_chunks` pieces of work dynamically: calls `f(i)` for the chunks this thread
-    /// claims, so a thread slowed by another process does less. Every thread must make the same
-    /// sequence of `chunks` calls; no barrier is needed between two of them. Each call has a
-    /// number, and the shared counter holds the number of the call being claimed from with its
-    /// next chunk: the first thread to arrive at a new call resets the counter to that call, and a
-    /// thread that finds a later call there knows its own call's chunks are all claimed.
+    /// Shares `n_chunks` pieces of work: calls `f(i)` for the chunks this thread claims. Each
+    /// thread owns an equal, contiguous share and claims it from the front; once its own share
+    /// is done it steals from the back of the others', so a thread slowed by another process
+    /// does less. Claims from one's own share touch only one's own cache line (a shared counter
+    /// would move a line between the cores at every claim), so chunks can be small, and each
+    /// thread streams through contiguous rows. Every thread must make the same sequence of
+    /// `chunks` calls; no barrier is needed between two of them (see [`Slot`]).
     pub fn chunks(&self, n_chunks: usize, mut f: impl FnMut(usize)) {
         let call = self.call.get();
         self.call.set(call.wrapping_add(1));
-        if n_chunks == 0 {
-            return;
+        assert!(n_chunks < 1 << 24, "at most 2^24 chunks per call");
+        let n = self.n;
+        let share = |j: usize| (j * n_chunks / n, (j + 1) * n_chunks / n);
+        while let Some(c) = self.claim(self.ith, call, share(self.ith), true) {
+            f(c);
         }
-        let work = &self.shared.work;
-        let mut cur = work.load(Ordering::Acquire);
+        for k in 1..n {
+            let j = (self.ith + k) % n;
+            while let Some(c) = self.claim(j, call, share(j), false) {
+                f(c);
+            }
+        }
+    }
+
+    /// Claims the first (`front`) or last unclaimed chunk of thread `j`'s share of call `call`,
+    /// starting the share as `fresh` if nobody has yet; None once it is empty.
+    fn claim(&self, j: usize, call: u32, fresh: (usize, usize), front: bool) -> Option<usize> {
+        let slot = &self.shared.slots[j].0;
+        let mut cur = slot.load(Ordering::Acquire);
         loop {
-            let (c, next) = ((cur >> 32) as u32, (cur & 0xffff_ffff) as usize);
-            // Call numbers wrap; a difference that is "negative" means an earlier call.
-            let ahead = c.wrapping_sub(call) as i32;
-            let claim = if ahead < 0 {
-                0
-            } else if ahead == 0 && next < n_chunks {
-                next
-            } else {
-                return;
+            let (c, lo, hi) = Slot::unpack(cur);
+            // Call numbers wrap; a "negative" difference means an earlier call.
+            let ahead = c.wrapping_sub(call as u16) as i16;
+            let (lo, hi) = match ahead {
+                ..0 => fresh,
+                0 => (lo, hi),
+                _ => return None,
             };
-            let new = (u64::from(call) << 32) | (claim as u64 + 1);
-            match work.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    f(claim);
-                    cur = work.load(Ordering::Acquire);
-                }
+            if lo >= hi {
+                return None;
+            }
+            let (got, new) = if front {
+                (lo, Slot::pack(call, lo + 1, hi))
+            } else {
+                (hi - 1, Slot::pack(call, lo, hi - 1))
+            };
+            match slot.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(got),
                 Err(seen) => cur = seen,
             }
         }
     }
 }
 
+/// One thread's unclaimed chunks of a `chunks` call: the call's number (16 bits, wrapping) and
+/// the range `lo..hi` (24 bits each). A slot moves to a later call only once its range for
+/// the earlier one is empty: its owner moves on after emptying its own share, and any thread
+/// after finding every share empty. A claim that finds the slot at an earlier call starts the
+/// share itself; one that finds a later call knows this call's share is done.
+#[repr(align(128))]
+struct Slot(AtomicU64);
+
+impl Slot {
+    fn pack(call: u32, lo: usize, hi: usize) -> u64 {
+        (u64::from(call as u16) << 48) | ((lo as u64) << 24) | hi as u64
+    }
+
+    fn unpack(v: u64) -> (u16, usize, usize) {
+        let mask = (1 << 24) - 1;
+        (
+            (v >> 48) as u16,
+            ((v >> 24) & mask) as usize,
+            (v & mask) as usize,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_without_barriers_between_them_share_each_chunk_once() {
+        // Back-to-back calls of different sizes (fewer chunks than threads too), with uneven
+        // work so that threads run ahead into later calls and steal from each other.
+        for threads in [2, 3, 4] {
+            let pool = Pool::new(threads);
+            let sizes: Vec<usize> = (0..40).map(|c| (c * 7) % 23).collect();
+            for _job in 0..20 {
+                let counts: Vec<Vec<AtomicUsize>> = sizes
+                    .iter()
+                    .map(|&n| (0..n).map(|_| AtomicUsize::new(0)).collect())
+                    .collect();
+                pool.run(|ctx| {
+                    for (c, &n) in sizes.iter().enumerate() {
+                        ctx.chunks(n, |i| {
+                            counts[c][i].fetch_add(1, Ordering::Relaxed);
+                            for _ in 0..(i * 31 + ctx.ith * 97) % 200 {
+                                std::hint::spin_loop();
+                            }
+                        });
+                    }
+                });
+                for (c, cs) in counts.iter().enumerate() {
+                    for (i, k) in cs.iter().enumerate() {
+                        assert_eq!(
+                            k.load(Ordering::Relaxed),
+                            1,
+                            "{threads} threads, call {c}, chunk {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_chunk_runs_once_across_many_jobs_and_barriers() {
