@@ -144,7 +144,7 @@ fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
     b.counter(BytesCount::new(w.len())).bench_local(|| {
         let xs: Vec<_> = (0..T).map(|i| q.row(i)).collect();
         // SAFETY: AVX-512 is available.
-        unsafe { anelm_cpu::kernels::x86::packed_dot(&p.data, COLS / 32, lay, &xs, &mut out) };
+        unsafe { anelm_cpu::kernels::x86::packed_dot(&p, COLS / 32, lay, &xs, &mut out) };
         divan::black_box(&out);
     });
 }

@@ -9,7 +9,6 @@
 //! All buffers live in [`Buffers`], sized for the largest batch seen (at most [`MAX_BATCH`]
 //! tokens; longer batches run in chunks), so a token allocates nothing.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,16 +18,16 @@ use anelm_model::plan::{
 };
 use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, Weight};
 
-use crate::attention::{attend_group, Cache};
+use crate::attention::{attend, attend_parts, combine, parts, positions, Cache, MAX_PARTS};
 use crate::deltanet;
-use crate::kernels::packed::Packed;
 use crate::kernels::{select, select_exact, Kernel};
 use crate::kv::{CpuKv, KvData, KvDtype, Layers, Recurrent};
-use crate::matmul::{matmul, pack_for, Input, Product};
+use crate::matmul::{matmul, Input, Product};
 use crate::moe::route;
 use crate::ops::{norm_row, rope_head, softcap};
 use crate::pool::{physical_cores, Ctx, Pool};
 use crate::q8::{ActKind, Q8Buf};
+use crate::resident::Resident;
 use crate::shared::SharedSlice;
 use crate::simd::Isa;
 use crate::vecmath::{gate, Gate, KvElem};
@@ -63,8 +62,8 @@ pub struct CpuExecutor {
     id: usize,
     bufs: Buffers,
     exact: bool,
-    /// Repacked copies of weights, by the address of their `Weight` in the model.
-    packed: HashMap<usize, Packed>,
+    /// The copies of the weights the products read.
+    resident: Resident,
 }
 
 impl CpuExecutor {
@@ -97,11 +96,7 @@ impl CpuExecutor {
             }
         });
         let bufs = Buffers::new(&Dims::of(&model), 0, threads);
-        let packed = if opts.exact {
-            HashMap::new()
-        } else {
-            pack_all(&model, isa)
-        };
+        let resident = Resident::new(matrices(&model), isa, !opts.exact);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         CpuExecutor {
             model,
@@ -111,7 +106,7 @@ impl CpuExecutor {
             id,
             bufs,
             exact: opts.exact,
-            packed,
+            resident,
         }
     }
 
@@ -150,25 +145,14 @@ fn linears(l: &Layer) -> Vec<&Linear> {
     v
 }
 
-/// Packs every matrix that has a packed kernel on `isa`, giving back the mapped pages of each as
-/// it goes (the token embedding stays mapped: lookups read a row at a time).
-fn pack_all(m: &Model, isa: Isa) -> HashMap<usize, Packed> {
-    let maps = crate::mem::file_mappings();
-    let mut out = HashMap::new();
-    let weights = m
-        .layers
+/// The matrices of the products: every layer's and the output head (the token embedding stays
+/// mapped: lookups read a row at a time).
+fn matrices(m: &Model) -> impl Iterator<Item = &Weight> {
+    m.layers
         .iter()
         .flat_map(linears)
         .map(|l| &l.weight)
-        .chain(std::iter::once(&m.lm_head));
-    for w in weights {
-        let all = w.bytes();
-        let rb = all.len() / w.rows.max(1);
-        if let Some(p) = pack_for(w, isa, |rows| crate::mem::release(&all[..rows * rb], &maps)) {
-            out.insert(w as *const Weight as usize, p);
-        }
-    }
-    out
+        .chain(std::iter::once(&m.lm_head))
 }
 
 fn all_quantized(m: &Model) -> bool {
@@ -257,6 +241,9 @@ struct Buffers {
     a: Vec<f32>,
     /// Router logits.
     r: Vec<f32>,
+    /// Decode attention's parts: outputs and softmax statistics of each query head and part.
+    part: Vec<f32>,
+    part_stats: Vec<(f32, f32)>,
     own: Vec<Mutex<Private>>,
 }
 
@@ -272,6 +259,9 @@ struct Private {
     scratch: Vec<f32>,
     /// RoPE's cos and sin per token of the current layer.
     angles: Vec<f32>,
+    /// Prefill attention's parts of one query: outputs and softmax statistics.
+    part: Vec<f32>,
+    part_stats: Vec<(f32, f32)>,
     /// Mixture of experts: the normalised inputs, the weighted sum of the experts, the routes.
     moe_x: Vec<f32>,
     moe_acc: Vec<f32>,
@@ -297,6 +287,9 @@ impl Buffers {
             b: z(d.heads),
             a: z(d.heads),
             r: z(d.experts),
+            // A head is at least one value wide, so `q` bounds the number of heads too.
+            part: vec![0.0; MAX_PARTS * d.q],
+            part_stats: vec![(0.0, 0.0); MAX_PARTS * d.q],
             own: (0..threads)
                 .map(|_| {
                     Mutex::new(Private {
@@ -307,6 +300,8 @@ impl Buffers {
                         q8k: Q8Buf::new(ActKind::Q8K, cap, widest.next_multiple_of(256)),
                         scratch: vec![0.0; d.cols],
                         angles: vec![0.0; cap * d.rope],
+                        part: vec![0.0; MAX_PARTS * d.q],
+                        part_stats: vec![(0.0, 0.0); MAX_PARTS * d.q],
                         moe_x: if d.experts > 0 {
                             z(d.hidden)
                         } else {
@@ -426,7 +421,7 @@ impl Executor for CpuExecutor {
                 pool: &self.pool,
                 isa: self.isa,
                 exact: self.exact,
-                packed: &self.packed,
+                resident: &self.resident,
             };
             let rec = &mut kv.recurrent;
             match &mut kv.data {
@@ -471,6 +466,8 @@ struct Views<'a, E> {
     b: SharedSlice<'a, f32>,
     a: SharedSlice<'a, f32>,
     r: SharedSlice<'a, f32>,
+    part: SharedSlice<'a, f32>,
+    part_stats: SharedSlice<'a, (f32, f32)>,
     kc: SharedSlice<'a, E>,
     vc: SharedSlice<'a, E>,
     conv: SharedSlice<'a, f32>,
@@ -484,7 +481,7 @@ struct Env<'a> {
     pool: &'a Pool,
     isa: Isa,
     exact: bool,
-    packed: &'a HashMap<usize, Packed>,
+    resident: &'a Resident,
 }
 
 fn run_chunk<E: KvElem>(
@@ -509,6 +506,8 @@ fn run_chunk<E: KvElem>(
         b: SharedSlice::new(&mut b.b),
         a: SharedSlice::new(&mut b.a),
         r: SharedSlice::new(&mut b.r),
+        part: SharedSlice::new(&mut b.part),
+        part_stats: SharedSlice::new(&mut b.part_stats),
         kc: SharedSlice::new(&mut cache.k),
         vc: SharedSlice::new(&mut cache.v),
         conv: SharedSlice::new(&mut rec.conv),
@@ -524,7 +523,7 @@ fn run_chunk<E: KvElem>(
             m,
             isa,
             exact: env.exact,
-            packed: env.packed,
+            resident: env.resident,
             ctx,
             v: &views,
             c,
@@ -553,7 +552,7 @@ struct Forward<'a, E> {
     m: &'a Model,
     isa: Isa,
     exact: bool,
-    packed: &'a HashMap<usize, Packed>,
+    resident: &'a Resident,
     ctx: &'a Ctx<'a>,
     v: &'a Views<'a, E>,
     c: &'a Chunk<'a>,
@@ -621,7 +620,7 @@ impl<E: KvElem> Forward<'_, E> {
         done: impl FnMut(Range<usize>, Range<usize>),
     ) {
         let kernels = ws.map(|(w, ..)| self.kernel(w));
-        let (n, packed) = (self.n, self.packed);
+        let (n, resident) = (self.n, self.resident);
         let p = &mut *self.p;
         let ps: [Product<'_>; N] = std::array::from_fn(|i| {
             let ((w, bias, out), kernel) = (ws[i], kernels[i]);
@@ -630,13 +629,15 @@ impl<E: KvElem> Forward<'_, E> {
                 ActKind::Q8B32 => Input::Q8(&p.q8b),
                 ActKind::Q8K => Input::Q8(&p.q8k),
             };
+            let view = resident.view(w);
             Product {
                 kernel,
                 w,
                 bias,
                 input,
                 out,
-                packed: packed.get(&(w as *const Weight as usize)),
+                bytes: view.bytes,
+                packed: view.packed,
             }
         });
         matmul(self.ctx, &ps, n, &mut p.scratch, align, done);
@@ -766,52 +767,82 @@ impl<E: KvElem> Forward<'_, E> {
         self.p.angles = angles;
         ctx.barrier();
 
-        // Attention: (block of query tokens, KV head) pairs; a KV head serves a group of query
-        // heads, which are adjacent in a row of q. In decode, single query heads instead, so that
-        // few KV heads (one in Gemma 3) still split evenly among the threads; a head's keys and
-        // values are then read once per query head, from cache.
-        let (block, per) = if n > 1 {
-            (ATTN_BLOCK, a.n_heads / a.n_kv_heads)
-        } else {
-            (1, 1)
-        };
-        let (items, gw) = (a.n_heads / per, per * hd);
         let cache = Cache {
             k: v.kc.range(cache_at..cache_at + self.capacity * kvd),
             v: v.vc.range(cache_at..cache_at + self.capacity * kvd),
             kv_dim: kvd,
         };
-        let scores = &mut self.p.scratch;
-        ctx.chunks(n.div_ceil(block) * items, |item| {
-            let (blk, j) = (item / items, item % items);
-            let kvh = j * per / (a.n_heads / a.n_kv_heads);
-            for t in blk * block..((blk + 1) * block).min(n) {
-                let at = t * qd + j * gw;
-                let out = v.att.range_mut(at..at + gw);
-                attend_group(
-                    isa,
-                    a,
-                    kvh,
-                    v.q.range(at..at + gw),
-                    p0 + t,
-                    &cache,
-                    scores,
-                    out,
-                );
-                if a.output_gate.is_some() {
-                    // The gate rows follow the query layout: one per element of a query head.
-                    out.iter_mut()
-                        .zip(v.z.range(at..at + gw))
-                        .for_each(|(o, g)| *o /= 1.0 + (-g).exp());
+        if n == 1 {
+            self.decode_attention(a, &cache);
+            self.prepare(Src::Xn, qd, 0..1, &[&a.o.weight]);
+        } else {
+            // (Block of query tokens, KV head) pairs: a head's keys and values are read once for
+            // its group of query heads (adjacent in a row of q) and a block of tokens.
+            let g = a.n_heads / a.n_kv_heads;
+            let gw = g * hd;
+            let p = &mut *self.p;
+            let (scores, po, ps) = (&mut p.scratch, &mut p.part, &mut p.part_stats);
+            ctx.chunks(n.div_ceil(ATTN_BLOCK) * a.n_kv_heads, |item| {
+                let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
+                for t in blk * ATTN_BLOCK..((blk + 1) * ATTN_BLOCK).min(n) {
+                    let at = t * qd + kvh * gw;
+                    let (q, out) = (v.q.range(at..at + gw), v.att.range_mut(at..at + gw));
+                    let over = positions(a, p0 + t);
+                    attend_parts(isa, a, kvh, q, over, &cache, scores, po, ps, out);
+                    if a.output_gate.is_some() {
+                        output_gate(out, v.z.range(at..at + gw));
+                    }
                 }
-            }
-        });
-        ctx.barrier();
-
-        self.prepare(Src::Shared(&v.att), qd, 0..n, &[&a.o.weight]);
+            });
+            ctx.barrier();
+            self.prepare(Src::Shared(&v.att), qd, 0..n, &[&a.o.weight]);
+        }
         self.linear(&a.o, &v.o);
         ctx.barrier();
         self.residual(layer.post_attn_norm.as_ref());
+    }
+
+    /// Attention of the one new token, into `xn`. The threads share items of a part of the
+    /// positions and some query heads of one KV head — enough items for two per thread where the
+    /// heads allow (how the heads are grouped does not change a head's result; how the
+    /// positions are split does, and [`parts`] splits them by their number only). After the
+    /// barrier every thread combines the parts for itself (no barrier of its own).
+    unsafe fn decode_attention(&mut self, a: &Attention, cache: &Cache<'_, E>) {
+        let (ctx, v, isa) = (self.ctx, self.v, self.isa);
+        let (hd, nh, g) = (a.head_dim, a.n_heads, a.n_heads / a.n_kv_heads);
+        let over = positions(a, self.c.p0);
+        let n_parts = parts(over.clone()).count();
+        let groups = (2 * ctx.n).div_ceil(a.n_kv_heads * n_parts).clamp(1, g);
+        // Head `j`'s output and statistics over part `s` go to row `s * nh + j`.
+        let scores = &mut self.p.scratch;
+        ctx.chunks(a.n_kv_heads * groups * n_parts, |item| {
+            let (kvh, sg, s) = (
+                item / (groups * n_parts),
+                item / n_parts % groups,
+                item % n_parts,
+            );
+            let heads = kvh * g + sg * g / groups..kvh * g + (sg + 1) * g / groups;
+            let q = v.q.range(heads.start * hd..heads.end * hd);
+            let rows = s * nh + heads.start..s * nh + heads.end;
+            let out = v.part.range_mut(rows.start * hd..rows.end * hd);
+            let stats = v.part_stats.range_mut(rows);
+            let part = parts(over.clone()).nth(s).expect("s < n_parts");
+            attend(isa, a, kvh, q, part, cache, scores, out, Some(stats));
+        });
+        ctx.barrier();
+        let (part, stats) = (
+            v.part.range(0..n_parts * nh * hd),
+            v.part_stats.range(0..n_parts * nh),
+        );
+        for j in 0..nh {
+            let pieces =
+                (0..n_parts).map(|s| (&part[(s * nh + j) * hd..][..hd], stats[s * nh + j]));
+            let out = &mut self.p.xn[j * hd..(j + 1) * hd];
+            combine(pieces, out);
+            if a.output_gate.is_some() {
+                output_gate(out, v.z.range(j * hd..(j + 1) * hd));
+            }
+        }
     }
 
     /// A gated DeltaNet layer: the four input projections, then the conv and recurrence with
@@ -1035,6 +1066,13 @@ impl<E: KvElem> Forward<'_, E> {
         self.prepare(Src::Xn, h, 0..rows.len(), &[w]);
         self.product(w, None, &self.v.out, 1, |_, _| {});
     }
+}
+
+/// `out *= sigmoid(z)`: the attention output gate (one gate value per element of a head).
+fn output_gate(out: &mut [f32], z: &[f32]) {
+    out.iter_mut()
+        .zip(z)
+        .for_each(|(o, g)| *o /= 1.0 + (-g).exp());
 }
 
 fn gate_of(act: Activation) -> Gate {

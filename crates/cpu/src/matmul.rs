@@ -15,7 +15,6 @@ use crate::kernels::{Kernel, MAX_ROWS};
 use crate::pool::Ctx;
 use crate::q8::{Q8Buf, Q8Row};
 use crate::shared::SharedSlice;
-use crate::simd::Isa;
 
 /// The input rows of a product, in the form the weight's kernel takes.
 #[derive(Clone, Copy)]
@@ -32,15 +31,17 @@ const GROUPS_PER_CALL: usize = 16;
 /// Input rows per tile of a product (see [`matmul`]).
 pub const TOKEN_BLOCK: usize = 64;
 
-/// Output rows per claimed block: at least 128, as a claim moves a cache line between the cores
-/// (with 16-row blocks, the claims of a decode step cost more time than its weight reads), and
-/// at least a 256th of the matrix, so even a 262,144-row output head takes at most 256 claims;
-/// a multiple of `align`. The blocks are made a multiple of the `threads` in number where the
-/// alignment allows, so that a small matrix splits evenly (576 rows as six blocks of 96 rather
-/// than five of 128, where one thread would do three and the other wait).
+/// Output rows per claimed block: a thread claims the blocks of its own share of the matrix
+/// first (see [`Ctx::chunks`]) and steals the others' only at the end, so a block is the unit
+/// of rebalancing, and each costs a claim, a kernel call and a `done` call. At least 256 rows
+/// and at least a 128th of the matrix measured best in decode (SmolLM2 tg128 on 2 threads,
+/// medians of 8 alternating runs: 128 rows 315 tok/s, 256 rows 345, 512 rows 337, 16 rows
+/// 276); a multiple of `align`. The blocks are made a multiple of the `threads` in number where
+/// the alignment allows, so that a small matrix splits evenly (576 rows as four blocks of 144
+/// rather than three of 192, where one thread would do two and the other wait).
 fn block_rows(rows: usize, align: usize, threads: usize) -> usize {
     let align = align.max(4);
-    let n_blocks = rows.div_ceil(rows.div_ceil(256).max(128));
+    let n_blocks = rows.div_ceil(rows.div_ceil(128).max(256));
     rows.div_ceil(n_blocks.next_multiple_of(threads.max(1)))
         .next_multiple_of(align)
 }
@@ -53,7 +54,9 @@ pub struct Product<'a> {
     pub bias: Option<&'a [f32]>,
     pub input: Input<'a>,
     pub out: &'a SharedSlice<'a, f32>,
-    pub packed: Option<&'a Packed>,
+    /// The weight's rows as in the file, and its packed copy where it has one.
+    pub bytes: &'a [u8],
+    pub packed: Option<Packed<'a>>,
 }
 
 /// The products `ps` (weights of the same number of rows) for the `n` input rows, shared by the
@@ -97,10 +100,10 @@ fn tile(p: &Product<'_>, r0: usize, r1: usize, tokens: Range<usize>, scratch: &m
         bias,
         input,
         out,
+        bytes: all,
         packed,
     } = *p;
     let (rows, cols) = (w.rows, w.cols);
-    let all = w.bytes();
     let rb = all.len() / rows.max(1);
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
     #[cfg(not(target_arch = "x86_64"))]
@@ -139,7 +142,7 @@ fn tile(p: &Product<'_>, r0: usize, r1: usize, tokens: Range<usize>, scratch: &m
                     let g1 = (g0 + GROUPS_PER_CALL).min(groups.end);
                     let sums = &mut sums[..tn * (g1 - g0) * ROWS];
                     let data = &p.data[g0 * group_bytes..g1 * group_bytes];
-                    // SAFETY: weights are packed only when the CPU has AVX-512 (see `pack_for`).
+                    // SAFETY: weights are packed only when the CPU has AVX-512 (see `Resident`).
                     unsafe {
                         crate::kernels::x86::packed_dot(data, p.blocks, lay, &xs[..tn], sums)
                     };
@@ -179,23 +182,6 @@ fn tile(p: &Product<'_>, r0: usize, r1: usize, tokens: Range<usize>, scratch: &m
             _ => unreachable!("the forward pass prepares the input kind the kernel takes"),
         }
     }
-}
-
-/// The packed copy of `w` for `isa`, when one pays: the 32-value types on AVX-512. `done(r)`
-/// hears when rows `..r` of the original are no longer needed.
-pub fn pack_for(w: &Weight, isa: Isa, done: impl FnMut(usize)) -> Option<Packed> {
-    if isa != Isa::Avx512 || w.rows == 0 {
-        return None;
-    }
-    let all = w.bytes();
-    let rb = all.len() / w.rows;
-    crate::kernels::packed::pack(
-        w.dtype,
-        w.rows,
-        w.cols / 32,
-        |r| &all[r * rb..(r + 1) * rb],
-        done,
-    )
 }
 
 /// Input rows `t0..t0 + tn` of `x` (the unused slots repeat the last row and are not read).

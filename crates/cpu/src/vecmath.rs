@@ -84,13 +84,13 @@ pub fn gate(isa: Isa, act: Gate, g: &mut [f32], u: Option<&[f32]>) {
     }
 }
 
-/// In-place softmax.
-pub fn softmax(isa: Isa, x: &mut [f32]) {
+/// In-place softmax; returns the row's maximum and the sum of `exp(x - max)`, with which
+/// softmaxes of parts of a row combine.
+pub fn softmax(isa: Isa, x: &mut [f32]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: Avx2 or better was detected.
-        unsafe { x86::softmax(x) };
-        return;
+        return unsafe { x86::softmax(x) };
     }
     let _ = isa;
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -101,6 +101,7 @@ pub fn softmax(isa: Isa, x: &mut [f32]) {
     }
     let inv = 1.0 / sum;
     x.iter_mut().for_each(|v| *v *= inv);
+    (max, sum)
 }
 
 /// A KV cache element: f32, or f16 (half the memory and bandwidth, 11 significant bits).
@@ -381,7 +382,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn softmax(x: &mut [f32]) {
+    pub unsafe fn softmax(x: &mut [f32]) -> (f32, f32) {
         let n8 = x.len() / 8 * 8;
         let p = x.as_mut_ptr();
         let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
@@ -415,6 +416,7 @@ mod x86 {
         for v in &mut x[n8..] {
             *v *= 1.0 / sum;
         }
+        (max, sum)
     }
 
     #[inline(always)]
@@ -686,12 +688,14 @@ mod tests {
                     prop_assert!((x - y).abs() <= 1e-6 * y.abs().max(1.0), "{:?} gate {} vs {}", isa, x, y);
                 }
                 let mut a = v.clone();
-                softmax(isa, &mut a);
+                let (ma, sa) = softmax(isa, &mut a);
                 let mut b = v.clone();
-                softmax(Isa::Scalar, &mut b);
+                let (mb, sb) = softmax(Isa::Scalar, &mut b);
                 for (x, y) in a.iter().zip(&b) {
                     prop_assert!((x - y).abs() <= 1e-6, "{:?} softmax {} vs {}", isa, x, y);
                 }
+                prop_assert_eq!(ma, mb);
+                prop_assert!((sa - sb).abs() <= 1e-5 * sb, "{:?} softmax sum {} vs {}", isa, sa, sb);
             }
         }
 

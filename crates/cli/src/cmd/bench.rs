@@ -2,11 +2,14 @@
 //! them: `pp N` runs an N-token prompt through a fresh state in one forward pass, `tg N` decodes
 //! N tokens one at a time from an empty state; each is repeated and reported as median, min and
 //! max tokens/s, with the weight bandwidth generation achieves and the process's peak RSS.
+//! Beside generation it measures the limit: a streaming read of a buffer beyond the caches by as
+//! many threads, alternated with the runs so that both see the same machine load.
 
 use std::time::Instant;
 
 use std::sync::Arc;
 
+use anelm_cpu::membw::{StreamBuffer, STREAM_BYTES};
 use anelm_engine::LoadedModel;
 use anelm_model::{Executor, Logits};
 use anyhow::{bail, Context, Result};
@@ -28,6 +31,10 @@ pub struct Args {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
+    /// Streaming reads of a 256 MiB buffer after each generation run: the bandwidth limit
+    /// generation is compared with (0 skips them).
+    #[arg(long, default_value_t = 3)]
+    pub stream_reads: usize,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -137,7 +144,12 @@ pub fn run(a: Args) -> Result<()> {
             .context("warm-up generation run")?;
     }
 
+    let threads = match a.model.threads {
+        0 => anelm_cpu::pool::physical_cores(),
+        t => t,
+    };
     let (mut pp, mut tg, mut runs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut stream, mut limit, mut rss) = (None, Vec::new(), None);
     for r in 0..a.repetitions {
         if a.prompt > 0 {
             let s = prompt_run(
@@ -158,17 +170,36 @@ pub fn run(a: Args) -> Result<()> {
             runs.push(
                 json!({"test": format!("tg{}", a.gen), "seconds": s, "tok_s": a.gen as f64 / s}),
             );
+            if a.stream_reads > 0 {
+                // The peak RSS is the model's: read it before the buffer exists.
+                let buf = stream.get_or_insert_with(|| {
+                    rss = peak_rss();
+                    StreamBuffer::new(STREAM_BYTES, true)
+                });
+                for _ in 0..a.stream_reads {
+                    let gbs = buf.gb_s(threads);
+                    limit.push(gbs);
+                    runs.push(json!({"test": "stream", "threads": threads, "gb_s": gbs}));
+                }
+            }
         }
     }
+    if stream.is_none() {
+        rss = peak_rss();
+    }
     let bytes = model.bytes_per_token() as f64;
-    let (pp_s, tg_s) = (stats(&pp), stats(&tg));
-    let rss = peak_rss();
+    let (pp_s, tg_s, limit_s) = (stats(&pp), stats(&tg), stats(&limit));
+    let tg_gbs = tg_s.as_ref().map(|s| s.median * bytes / 1e9);
+    let limit_gbs = limit_s.as_ref().map(|s| s.median);
+    let of_limit = tg_gbs.zip(limit_gbs).map(|(t, l)| t / l);
 
     if a.json {
         let out = json!({
             "pp_tok_s": pp_s.as_ref().map(|s| s.median),
             "tg_tok_s": tg_s.as_ref().map(|s| s.median),
-            "tg_gb_s": tg_s.as_ref().map(|s| s.median * bytes / 1e9),
+            "tg_gb_s": tg_gbs,
+            "stream_gb_s": limit_gbs,
+            "tg_of_limit": of_limit,
             "peak_rss_bytes": rss,
             "runs": runs,
         });
@@ -179,11 +210,6 @@ pub fn run(a: Args) -> Result<()> {
         || model.config.name.clone(),
         |f| f.to_string_lossy().into_owned(),
     );
-    let threads = if a.model.threads == 0 {
-        "auto".to_string()
-    } else {
-        a.model.threads.to_string()
-    };
     println!(
         "| {:<40} | {:>9} | {:>7} | {:>6} | {:>9} | {:>9} | {:>9} | {:>6} |",
         "model", "weights", "threads", "test", "t/s", "min", "max", "GB/s"
@@ -205,6 +231,18 @@ pub fn run(a: Args) -> Result<()> {
             };
             println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>6} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
         }
+    }
+    if let (Some(l), Some(f)) = (limit_s, of_limit) {
+        println!(
+            "\nlimit: a {threads}-thread streaming read of {} MiB, {:.1} GB/s (median; {:.1}-{:.1}) \
+             = {:.1} tok/s; generation at {:.0} % of it",
+            STREAM_BYTES >> 20,
+            l.median,
+            l.min,
+            l.max,
+            l.median * 1e9 / bytes,
+            100.0 * f
+        );
     }
     match rss {
         Some(b) => println!(

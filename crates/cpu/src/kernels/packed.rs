@@ -18,13 +18,13 @@ use super::bytes;
 /// Rows per group.
 pub const ROWS: usize = 4;
 
-/// A repacked matrix.
-pub struct Packed {
+/// A repacked matrix, where it lies in memory.
+#[derive(Clone, Copy)]
+pub struct Packed<'a> {
     pub dtype: GgmlType,
-    pub rows: usize,
     /// 32-value blocks per row.
     pub blocks: usize,
-    pub data: Vec<u8>,
+    pub data: &'a [u8],
 }
 
 /// How a type's block column is laid out.
@@ -82,18 +82,24 @@ impl Layout {
     }
 }
 
-/// Repacks `rows` rows of `blocks` blocks of type `t` (`row(r)` gives the file bytes of row `r`);
-/// `done(r)` is told every so often that rows `..r` are no longer needed.
-pub fn pack<'a>(
+/// Bytes of the packed copy of a `rows` × `blocks` matrix of type `t` (None: `t` has no packed
+/// layout).
+pub fn packed_len(t: GgmlType, rows: usize, blocks: usize) -> Option<usize> {
+    Some(rows.div_ceil(ROWS) * blocks * Layout::of(t)?.column())
+}
+
+/// Packs the matrix whose row `r` is `row(r)` into `data` ([`packed_len`] zeroed bytes).
+/// `done(r)` hears when rows `..r` have been read, so that their memory can be given back.
+pub fn pack_into<'a>(
     t: GgmlType,
     rows: usize,
     blocks: usize,
     row: impl Fn(usize) -> &'a [u8],
+    data: &mut [u8],
     mut done: impl FnMut(usize),
-) -> Option<Packed> {
-    let lay = Layout::of(t)?;
-    let groups = rows.div_ceil(ROWS);
-    let mut data = vec![0u8; groups * blocks * lay.column()];
+) {
+    let lay = Layout::of(t).expect("pack_into takes the types packed_len accepts");
+    debug_assert_eq!(Some(data.len()), packed_len(t, rows, blocks));
     for r in 0..rows {
         let (g, lane) = (r / ROWS, r % ROWS);
         let src = row(r);
@@ -137,10 +143,17 @@ pub fn pack<'a>(
             done(r + 1);
         }
     }
-    Some(Packed {
-        dtype: t,
-        rows,
-        blocks,
-        data,
-    })
+}
+
+/// The packed copy of a matrix in a new buffer (None: `t` has no packed layout).
+pub fn pack<'a>(
+    t: GgmlType,
+    rows: usize,
+    blocks: usize,
+    row: impl Fn(usize) -> &'a [u8],
+    done: impl FnMut(usize),
+) -> Option<Vec<u8>> {
+    let mut data = vec![0u8; packed_len(t, rows, blocks)?];
+    pack_into(t, rows, blocks, row, &mut data, done);
+    Some(data)
 }

@@ -204,7 +204,7 @@ proptest! {
         let groups = rows.div_ceil(packed::ROWS);
         let mut out = vec![0f32; t * groups * packed::ROWS];
         // SAFETY: AVX-512 is available.
-        unsafe { x86::packed_dot(&p.data, blocks, lay, &xs, &mut out) };
+        unsafe { x86::packed_dot(&p, blocks, lay, &xs, &mut out) };
         for (r, wr) in w.iter().enumerate() {
             let want = run_q8(select(ty, Isa::Scalar), wr, &q, t);
             let mut deq = vec![0f32; n];

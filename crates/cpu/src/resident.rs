@@ -1,0 +1,121 @@
+//! The weights the products read, copied at load into one region of anonymous memory on huge
+//! pages. Decode streams every weight once per token; from the file's mapping, on 4 KiB pages,
+//! every page is a TLB miss. Matrices with a packed kernel on the instruction set are stored
+//! packed ([`crate::kernels::packed`]), the others as in the file. The mapped pages of each
+//! matrix are given back as it is copied, so the process's resident size does not double.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use anelm_model::Weight;
+
+use crate::kernels::packed::{pack_into, packed_len, Packed};
+use crate::mem::{file_mappings, release, Region};
+use crate::simd::Isa;
+
+/// Copies start on a cache line.
+const ALIGN: usize = 64;
+
+pub struct Resident {
+    region: Region,
+    /// Where each weight's copy lies, by the address of its `Weight`.
+    at: HashMap<usize, Placed>,
+}
+
+struct Placed {
+    bytes: Range<usize>,
+    /// Packed: the number of 32-value blocks per row.
+    packed_blocks: Option<usize>,
+}
+
+/// What a product reads of one weight.
+pub struct View<'a> {
+    /// The rows as in the file (the copy, or the mapping for a packed or uncopied weight).
+    pub bytes: &'a [u8],
+    pub packed: Option<Packed<'a>>,
+}
+
+fn key(w: &Weight) -> usize {
+    w as *const Weight as usize
+}
+
+impl Resident {
+    /// Copies `weights` (each once, however often listed), packing the 32-value types when
+    /// `pack` is set and the instruction set is AVX-512 (the packed kernel's).
+    pub fn new<'w>(weights: impl IntoIterator<Item = &'w Weight>, isa: Isa, pack: bool) -> Self {
+        let packs = |w: &Weight| {
+            let blocks = w.cols / 32;
+            (pack && isa == Isa::Avx512 && w.rows > 0)
+                .then(|| packed_len(w.dtype, w.rows, blocks).map(|len| (blocks, len)))
+                .flatten()
+        };
+        let mut at = HashMap::new();
+        let mut plan = Vec::new();
+        let mut end = 0;
+        for w in weights {
+            if at.contains_key(&key(w)) {
+                continue;
+            }
+            let packed = packs(w);
+            let len = packed.map_or(w.bytes().len(), |p| p.1);
+            let bytes = end..end + len;
+            end = (end + len).next_multiple_of(ALIGN);
+            at.insert(
+                key(w),
+                Placed {
+                    bytes: bytes.clone(),
+                    packed_blocks: packed.map(|p| p.0),
+                },
+            );
+            plan.push((w, bytes));
+        }
+        let mut region = Region::new(end, true);
+        let maps = file_mappings();
+        for (w, bytes) in plan {
+            let (src, dst) = (w.bytes(), &mut region[bytes]);
+            let rb = src.len() / w.rows.max(1);
+            match at[&key(w)].packed_blocks {
+                Some(blocks) => pack_into(
+                    w.dtype,
+                    w.rows,
+                    blocks,
+                    |r| &src[r * rb..(r + 1) * rb],
+                    dst,
+                    |rows| release(&src[..rows * rb], &maps),
+                ),
+                None => {
+                    dst.copy_from_slice(src);
+                    release(src, &maps);
+                }
+            }
+        }
+        Resident { region, at }
+    }
+
+    /// The copy of `w`, or `w` itself where it has none.
+    pub fn view<'a>(&'a self, w: &'a Weight) -> View<'a> {
+        match self.at.get(&key(w)) {
+            None => View {
+                bytes: w.bytes(),
+                packed: None,
+            },
+            Some(c) => {
+                let bytes = &self.region[c.bytes.clone()];
+                match c.packed_blocks {
+                    None => View {
+                        bytes,
+                        packed: None,
+                    },
+                    Some(blocks) => View {
+                        bytes: w.bytes(),
+                        packed: Some(Packed {
+                            dtype: w.dtype,
+                            blocks,
+                            data: bytes,
+                        }),
+                    },
+                }
+            }
+        }
+    }
+}
