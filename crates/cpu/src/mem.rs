@@ -24,6 +24,13 @@ pub fn file_mappings() -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Whether `bytes` lies in one of the file mappings `maps`.
+pub fn mapped(bytes: &[u8], maps: &[(usize, usize)]) -> bool {
+    let start = bytes.as_ptr() as usize;
+    let end = start + bytes.len();
+    maps.iter().any(|&(a, b)| a <= start && end <= b)
+}
+
 /// Drops this process's pages of `bytes` (whole pages inside it) if `bytes` lies in one of the
 /// file mappings `maps`. The file's contents stay in the page cache and come back on the next
 /// read, unchanged: a read-only file mapping loses nothing. Anything else is left alone
@@ -31,13 +38,13 @@ pub fn file_mappings() -> Vec<(usize, usize)> {
 pub fn release(bytes: &[u8], maps: &[(usize, usize)]) {
     #[cfg(unix)]
     {
+        if !mapped(bytes, maps) {
+            return;
+        }
         let (start, end) = (
             bytes.as_ptr() as usize,
             bytes.as_ptr() as usize + bytes.len(),
         );
-        if !maps.iter().any(|&(a, b)| a <= start && end <= b) {
-            return;
-        }
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
         let (a, b) = (start.next_multiple_of(page), end / page * page);

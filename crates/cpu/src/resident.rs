@@ -1,8 +1,10 @@
 //! The weights the products read, copied at load into one region of anonymous memory on huge
 //! pages. Decode streams every weight once per token; from the file's mapping, on 4 KiB pages,
 //! every page is a TLB miss. Matrices with a packed kernel on the instruction set are stored
-//! packed ([`crate::kernels::packed`]), the others as in the file. The mapped pages of each
-//! matrix are given back as it is copied, so the process's resident size does not double.
+//! packed ([`crate::kernels::packed`]), the other mapped ones as in the file. The mapped pages
+//! of each matrix are given back as it is copied, so the process's resident size does not
+//! double; a matrix the model holds in its own memory (converted at load) is read in place
+//! unless it is packed, as copying it would.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -10,7 +12,7 @@ use std::ops::Range;
 use anelm_model::Weight;
 
 use crate::kernels::packed::{pack_into, packed_len, Packed};
-use crate::mem::{file_mappings, release, Region};
+use crate::mem::{file_mappings, mapped, release, Region};
 use crate::simd::Isa;
 
 /// Copies start on a cache line.
@@ -40,8 +42,8 @@ fn key(w: &Weight) -> usize {
 }
 
 impl Resident {
-    /// Copies `weights` (each once, however often listed), packing the 32-value types when
-    /// `pack` is set and the instruction set is AVX-512 (the packed kernel's).
+    /// Copies the mapped `weights` (each once, however often listed), packing the 32-value types
+    /// when `pack` is set and the instruction set is AVX-512 (the packed kernel's).
     pub fn new<'w>(weights: impl IntoIterator<Item = &'w Weight>, isa: Isa, pack: bool) -> Self {
         let packs = |w: &Weight| {
             let blocks = w.cols / 32;
@@ -49,14 +51,15 @@ impl Resident {
                 .then(|| packed_len(w.dtype, w.rows, blocks).map(|len| (blocks, len)))
                 .flatten()
         };
+        let maps = file_mappings();
         let mut at = HashMap::new();
         let mut plan = Vec::new();
         let mut end = 0;
         for w in weights {
-            if at.contains_key(&key(w)) {
+            let packed = packs(w);
+            if at.contains_key(&key(w)) || (packed.is_none() && !mapped(w.bytes(), &maps)) {
                 continue;
             }
-            let packed = packs(w);
             let len = packed.map_or(w.bytes().len(), |p| p.1);
             let bytes = end..end + len;
             end = (end + len).next_multiple_of(ALIGN);
@@ -70,7 +73,6 @@ impl Resident {
             plan.push((w, bytes));
         }
         let mut region = Region::new(end, true);
-        let maps = file_mappings();
         for (w, bytes) in plan {
             let (src, dst) = (w.bytes(), &mut region[bytes]);
             let rb = src.len() / w.rows.max(1);
@@ -117,5 +119,38 @@ impl Resident {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anelm_formats::GgmlType;
+
+    #[test]
+    fn weights_in_the_models_memory_are_read_in_place_unless_packed() {
+        let f32w = Weight::from_f32("w", 2, 32, &[0.5; 64]);
+        // Two rows of one Q8_0 block each: scale 1.0 (f16 0x3c00), quants 0..31.
+        let block: Vec<u8> = [0x00, 0x3c].into_iter().chain(0..32u8).collect();
+        let q8 = Weight::from_bytes("q", GgmlType::Q8_0, 2, 32, [block.clone(), block].concat());
+        for isa in Isa::available() {
+            let r = Resident::new([&f32w, &q8, &f32w], isa, true);
+            let (vf, vq) = (r.view(&f32w), r.view(&q8));
+            assert_eq!(vf.bytes.as_ptr(), f32w.bytes().as_ptr(), "{isa:?}");
+            assert!(vf.packed.is_none());
+            assert_eq!(vq.bytes.as_ptr(), q8.bytes().as_ptr());
+            match vq.packed {
+                Some(p) => {
+                    assert_eq!(isa, Isa::Avx512);
+                    assert_eq!((p.dtype, p.blocks), (GgmlType::Q8_0, 1));
+                    // Four-row groups: the two rows and two zero rows.
+                    assert_eq!(p.data.len(), 4 * q8.bytes().len() / 2);
+                    assert_eq!(&p.data[..2], &[0x00, 0x3c]);
+                }
+                None => assert_ne!(isa, Isa::Avx512),
+            }
+        }
+        let unpacked = Resident::new([&q8], Isa::Avx512, false);
+        assert!(unpacked.view(&q8).packed.is_none());
     }
 }
