@@ -12,12 +12,14 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anelm_model::plan::{
     Activation, Attention, DeltaNet, Ffn, GatedMlp, Layer, Linear, Mixer, Moe, Norm,
 };
 use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, Weight};
 
+use crate::adaptive::Adaptive;
 use crate::attention::{attend, attend_parts, combine, parts, positions, Cache, MAX_PARTS};
 use crate::deltanet;
 use crate::kernels::{select, select_exact, Kernel};
@@ -64,6 +66,8 @@ pub struct CpuExecutor {
     exact: bool,
     /// The copies of the weights the products read.
     resident: Resident,
+    /// Whether decode steps run on all threads or one.
+    adaptive: Adaptive,
 }
 
 impl CpuExecutor {
@@ -107,6 +111,7 @@ impl CpuExecutor {
             bufs,
             exact: opts.exact,
             resident,
+            adaptive: Adaptive::default(),
         }
     }
 
@@ -416,13 +421,18 @@ impl Executor for CpuExecutor {
                 rows,
             };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
+            // A decode step may go on one thread while the machine is contended (see
+            // `adaptive`).
+            let step = len == 1;
             let env = Env {
                 m: &self.model,
                 pool: &self.pool,
                 isa: self.isa,
                 exact: self.exact,
                 resident: &self.resident,
+                solo: step && self.adaptive.solo_next(),
             };
+            let started = Instant::now();
             let rec = &mut kv.recurrent;
             match &mut kv.data {
                 KvData::F32(l) => {
@@ -431,6 +441,10 @@ impl Executor for CpuExecutor {
                 KvData::F16(l) => {
                     run_chunk(&env, &mut self.bufs, l, rec, kv.capacity, &chunk, out_chunk)
                 }
+            }
+            if step {
+                let contended = !env.solo && self.pool.contended();
+                self.adaptive.record(started.elapsed(), contended);
             }
             kv.len += len;
             done += len;
@@ -482,6 +496,8 @@ struct Env<'a> {
     isa: Isa,
     exact: bool,
     resident: &'a Resident,
+    /// Run on the caller's thread alone.
+    solo: bool,
 }
 
 fn run_chunk<E: KvElem>(
@@ -517,7 +533,7 @@ fn run_chunk<E: KvElem>(
     let own = &b.own;
     let offsets = &cache.offset;
     let (conv_at, s_at) = (&rec.conv_offset, &rec.s_offset);
-    env.pool.run(|ctx| {
+    let job = |ctx: &Ctx| {
         let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
         let mut f = Forward {
             m,
@@ -544,7 +560,12 @@ fn run_chunk<E: KvElem>(
             }
             f.head();
         }
-    });
+    };
+    if env.solo {
+        env.pool.run_solo(job);
+    } else {
+        env.pool.run(job);
+    }
 }
 
 /// One thread's view of a forward pass over a chunk.

@@ -1,6 +1,7 @@
 //! anelm's CPU engine: kernels that read ggml blocks in place, a persistent SPMD thread pool,
 //! and the forward pass over the LayerPlan.
 
+mod adaptive;
 mod attention;
 mod deltanet;
 mod forward;

@@ -7,17 +7,25 @@
 //! Waiting spins for a few tens of microseconds, then yields the core a few times, then sleeps on
 //! a condition variable: on a quiet machine a barrier completes within the spin; on a busy one
 //! the partner it waits for is often descheduled, and yielding lets it run on this core sooner
-//! than sleeping would (a wake-up costs a scheduler round trip at every barrier).
+//! than sleeping would (a wake-up costs a scheduler round trip at every barrier). The pool
+//! times the waits that outlast the spin and tells whether the last run was contended
+//! ([`Pool::contended`]); a run can also go on the caller's thread alone ([`Pool::run_solo`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// `spin_loop` iterations (about 20 ns each) before a waiting thread sleeps.
 const SPINS: u32 = 1 << 12;
 /// Yields of the core, after the spins, before a waiting thread sleeps.
 const YIELDS: u32 = 64;
+/// A run was contended when its barriers waited beyond the spin for more than this fraction of
+/// its time (on a quiet machine it is under 3 %) and for more than [`MIN_SLOW`] (a time slice
+/// of the scheduler, not the tens of microseconds a sleeping worker takes to wake).
+const SLOW_SHARE: u32 = 8;
+const MIN_SLOW: Duration = Duration::from_millis(1);
 
 /// The job of the current `run`: a type-erased `&dyn Fn(&Ctx)` valid until every thread finished,
 /// and the number of the first `chunks` call it makes.
@@ -43,6 +51,10 @@ struct Shared {
     /// The barrier: threads arrived in the current round, and the round number.
     arrived: AtomicUsize,
     round: AtomicUsize,
+    /// Nanoseconds the barriers of the current run waited beyond the spin.
+    slow_waits_ns: AtomicU64,
+    /// The last run of all threads was contended.
+    contended: AtomicBool,
     /// Work sharing: each thread's range of unclaimed chunks; see [`Ctx::chunks`].
     slots: Vec<Slot>,
     /// The number the next job's first `chunks` call gets.
@@ -100,6 +112,8 @@ impl Pool {
             active: AtomicUsize::new(0),
             arrived: AtomicUsize::new(0),
             round: AtomicUsize::new(0),
+            slow_waits_ns: AtomicU64::new(0),
+            contended: AtomicBool::new(false),
             slots: (0..n).map(|_| Slot(AtomicU64::new(0))).collect(),
             next_call: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
@@ -120,9 +134,32 @@ impl Pool {
         self.shared.n
     }
 
+    /// Whether the last run of all threads was contended: its barriers waited for threads
+    /// that were off their cores for much of its time.
+    pub fn contended(&self) -> bool {
+        self.shared.contended.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` on the caller's thread alone, as a pool of one.
+    pub fn run_solo<F: Fn(&Ctx)>(&self, f: F) {
+        let s = &*self.shared;
+        let ctx = Ctx {
+            ith: 0,
+            n: 1,
+            shared: s,
+            call: Cell::new(s.next_call.load(Ordering::Relaxed) as u32),
+        };
+        f(&ctx);
+        s.next_call
+            .store(ctx.call.get() as usize, Ordering::Relaxed);
+    }
+
     /// Runs `f` on every thread and returns when all have returned.
     pub fn run<F: Fn(&Ctx) + Sync>(&self, f: F) {
         let s = &*self.shared;
+        if s.n == 1 {
+            return self.run_solo(f);
+        }
         let start = s.next_call.load(Ordering::Relaxed) as u32;
         let ctx = Ctx {
             ith: 0,
@@ -130,12 +167,7 @@ impl Pool {
             shared: s,
             call: Cell::new(start),
         };
-        if s.n == 1 {
-            f(&ctx);
-            s.next_call
-                .store(ctx.call.get() as usize, Ordering::Relaxed);
-            return;
-        }
+        let started = Instant::now();
         let f_ref: &(dyn Fn(&Ctx) + Sync) = &f;
         // SAFETY: erases the lifetime; the pointer is only used until `active` drops to zero below.
         let f_static = unsafe {
@@ -154,6 +186,9 @@ impl Pool {
         // Every thread made the same calls.
         s.next_call
             .store(ctx.call.get() as usize, Ordering::Relaxed);
+        let slow = Duration::from_nanos(s.slow_waits_ns.swap(0, Ordering::Relaxed));
+        let contended = slow > MIN_SLOW && slow * SLOW_SHARE > started.elapsed();
+        s.contended.store(contended, Ordering::Relaxed);
     }
 }
 
@@ -194,18 +229,20 @@ fn worker(s: &Shared, ith: usize) {
 }
 
 impl Shared {
-    /// Returns once `done()` holds: spins, then sleeps until a [`Shared::wake_sleepers`].
-    /// The state `done` reads must be changed with SeqCst before the wake call.
-    fn wait_until(&self, done: impl Fn() -> bool) {
+    /// Returns once `done()` holds: spins, then sleeps until a [`Shared::wake_sleepers`]; says
+    /// how long it waited beyond the spin (zero: it held within). The state `done` reads must be
+    /// changed with SeqCst before the wake call.
+    fn wait_until(&self, done: impl Fn() -> bool) -> Duration {
         for _ in 0..SPINS {
             if done() {
-                return;
+                return Duration::ZERO;
             }
             std::hint::spin_loop();
         }
+        let start = Instant::now();
         for _ in 0..YIELDS {
             if done() {
-                return;
+                return start.elapsed();
             }
             std::thread::yield_now();
         }
@@ -216,6 +253,7 @@ impl Shared {
         }
         drop(guard);
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        start.elapsed()
     }
 
     /// Wakes the sleeping waiters after a change of the state they wait on. A waiter either
@@ -229,19 +267,23 @@ impl Shared {
 }
 
 impl Ctx<'_> {
-    /// Waits until every thread of the pool has reached this barrier.
+    /// Waits until every thread of the run has reached this barrier.
     pub fn barrier(&self) {
         let s = self.shared;
-        if s.n == 1 {
+        if self.n == 1 {
             return;
         }
         let round = s.round.load(Ordering::SeqCst);
-        if s.arrived.fetch_add(1, Ordering::AcqRel) + 1 == s.n {
+        if s.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
             s.arrived.store(0, Ordering::Relaxed);
             s.round.fetch_add(1, Ordering::SeqCst);
             s.wake_sleepers();
         } else {
-            s.wait_until(|| s.round.load(Ordering::SeqCst) != round);
+            let slow = s.wait_until(|| s.round.load(Ordering::SeqCst) != round);
+            if !slow.is_zero() {
+                s.slow_waits_ns
+                    .fetch_add(slow.as_nanos() as u64, Ordering::Relaxed);
+            }
         }
     }
 
@@ -359,6 +401,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_run_kept_waiting_at_its_barriers_is_contended_and_a_solo_run_is_a_pool_of_one() {
+        let pool = Pool::new(2);
+        // A partner that keeps the caller waiting far beyond the spin, as a descheduled one does.
+        pool.run(|ctx| {
+            for _ in 0..4 {
+                if ctx.ith == 1 {
+                    std::thread::sleep(Duration::from_millis(3));
+                }
+                ctx.barrier();
+            }
+        });
+        assert!(pool.contended());
+        let (n, sum) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        pool.run_solo(|ctx| {
+            n.store(ctx.n, Ordering::Relaxed);
+            ctx.barrier();
+            ctx.chunks(5, |i| {
+                sum.fetch_add(i + 1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!((n.into_inner(), sum.into_inner()), (1, 15));
     }
 
     #[test]
