@@ -43,8 +43,8 @@ pub fn parts(over: Range<usize>) -> impl Iterator<Item = Range<usize>> + Clone {
 }
 
 /// `out` = attention of `g` query heads of KV head `kvh` (`q`: their `g × head_dim` values) over
-/// the cached positions `over`; `stats[h]`, when given, gets head `h`'s softmax statistics (to
-/// [`combine`] parts of the positions). `scores` is scratch of at least `g × over.len()` values.
+/// the cached positions `over`, normalised within them; `stats[h]` gets head `h`'s softmax
+/// statistics (to [`combine`] parts of the positions). `scores` is scratch of at least `g × over.len()` values.
 #[allow(clippy::too_many_arguments)]
 pub fn attend<E: KvElem>(
     isa: Isa,
@@ -55,7 +55,7 @@ pub fn attend<E: KvElem>(
     cache: &Cache<'_, E>,
     scores: &mut [f32],
     out: &mut [f32],
-    mut stats: Option<&mut [(f32, f32)]>,
+    stats: &mut [(f32, f32)],
 ) {
     let hd = a.head_dim;
     let g = q.len() / hd;
@@ -77,10 +77,7 @@ pub fn attend<E: KvElem>(
         if let Some(cap) = a.softcap {
             softcap(row, cap);
         }
-        let st = softmax(isa, row);
-        if let Some(s) = stats.as_deref_mut() {
-            s[h] = st;
-        }
+        stats[h] = softmax(isa, row);
     }
     E::mix(isa, scores, g, hd, &cache.v[at..], cache.kv_dim, n, out);
 }
@@ -108,7 +105,7 @@ pub fn attend_parts<E: KvElem>(
             &mut part_out[s * g * hd..(s + 1) * g * hd],
             &mut part_stats[s * g..][..g],
         );
-        attend(isa, a, kvh, q, part, cache, scores, o, Some(st));
+        attend(isa, a, kvh, q, part, cache, scores, o, st);
         n += 1;
     }
     for h in 0..g {
@@ -197,14 +194,14 @@ mod tests {
                 &cache,
                 &mut scratch,
                 &mut whole,
-                None,
+                &mut [(0.0, 0.0); 8][..g],
             );
             let cuts = [0, 5, 6, 20, len];
             let mut outs = vec![vec![0f32; g * hd]; cuts.len() - 1];
             let mut stats = vec![vec![(0f32, 0f32); g]; cuts.len() - 1];
             for (i, w) in cuts.windows(2).enumerate() {
                 let (o, s) = (&mut outs[i], &mut stats[i]);
-                attend(isa, &a, 1, &q, w[0]..w[1], &cache, &mut scratch, o, Some(s));
+                attend(isa, &a, 1, &q, w[0]..w[1], &cache, &mut scratch, o, s);
             }
             let (mut po, mut ps, mut by_parts) = (
                 vec![0f32; MAX_PARTS * g * hd],

@@ -848,7 +848,7 @@ impl<E: KvElem> Forward<'_, E> {
             let out = v.part.range_mut(rows.start * hd..rows.end * hd);
             let stats = v.part_stats.range_mut(rows);
             let part = parts(over.clone()).nth(s).expect("s < n_parts");
-            attend(isa, a, kvh, q, part, cache, scores, out, Some(stats));
+            attend(isa, a, kvh, q, part, cache, scores, out, stats);
         });
         ctx.barrier();
         let (part, stats) = (
