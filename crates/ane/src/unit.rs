@@ -24,6 +24,9 @@ pub struct CompileUnit {
     /// The program as MIL text (dialect A, FACTS §1.1).
     pub text: String,
     pub weights: Vec<WeightFile>,
+    /// What the lowering made of each weight tensor the program holds (its encoding, bytes and
+    /// error against the file).
+    pub weight_reports: Vec<crate::lower::TensorReport>,
 }
 
 impl CompileUnit {
@@ -43,7 +46,14 @@ impl CompileUnit {
             program,
             text: art.text,
             weights,
+            weight_reports: Vec::new(),
         })
+    }
+
+    /// The unit with the lowering's report of its weight tensors.
+    pub fn with_weight_reports(mut self, r: Vec<crate::lower::TensorReport>) -> CompileUnit {
+        self.weight_reports = r;
+        self
     }
 
     /// The key of the compiled-program cache: SHA-256 of the MIL text and of every weight file

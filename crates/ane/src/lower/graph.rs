@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anelm_mil::{DType, FunctionBuilder, TensorType, ValueId, WeightData};
 use anelm_model::plan::Activation;
 
+use super::encode::Encoded;
 use crate::error::Result;
 
 /// `gelu_tanh(g) = 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))) = g · sigmoid(g (A + B g²))`:
@@ -17,38 +18,24 @@ const GELU_B: f32 = 0.071_354_82; // 2 √(2/π) · 0.044715
 /// The bound partial sums are kept under (half the 2^15 at which the ANE returns 0).
 pub const PARTIAL_TARGET: f32 = 16384.0;
 
-/// The largest row L1 norm of a `[rows, cols]` weight.
-pub fn max_row_l1(w: &WeightData, cols: usize) -> f32 {
-    w.to_f32()
-        .chunks_exact(cols)
-        .map(|r| r.iter().map(|v| v.abs() as f64).sum::<f64>())
-        .fold(0.0, f64::max) as f32
-}
-
-/// `y = x Wᵀ` as a 1×1 conv, multiplied by `back` (per column) and plus `bias` (fp16,
-/// `rows` values); the output value is named `name`.
-#[allow(clippy::too_many_arguments)]
+/// `y = x Wᵀ` as a 1×1 conv over `w` (fp16 or blockwise, [`Encoded::emit`]), multiplied by
+/// `back` (per column) and plus `bias` (fp16, one value per row); the output value is named
+/// `name`.
 pub fn linear(
     f: &mut FunctionBuilder,
     name: &str,
     x: ValueId,
     back: Option<ValueId>,
-    w: Arc<WeightData>,
-    rows: usize,
-    cols: usize,
+    w: &Encoded,
     bias: Option<Arc<WeightData>>,
 ) -> Result<ValueId> {
-    let wt = f.weight(
-        &format!("{name}_w"),
-        TensorType::fp16([rows, cols, 1, 1]),
-        w,
-    )?;
+    let wt = w.emit(f, &format!("{name}_w"))?;
     let mut y = f.name_next(&format!("{name}_conv")).conv1x1(x, wt)?;
     if let Some(d) = back {
         y = f.name_next(&format!("{name}_back")).mul(y, d)?;
     }
     if let Some(b) = bias {
-        let bt = f.weight(&format!("{name}_b"), TensorType::fp16([1, rows, 1, 1]), b)?;
+        let bt = f.weight(&format!("{name}_b"), TensorType::fp16([1, w.rows, 1, 1]), b)?;
         y = f.name_next(&format!("{name}_biased")).add(y, bt)?;
     }
     f.rename(y, name)?;

@@ -1,4 +1,4 @@
-//! Lowering: the LayerPlan as MIL programs with fp16 weight blobs.
+//! Lowering: the LayerPlan as MIL programs, weights as fp16 or as the file's own integer blocks.
 //!
 //! The projection strategy (DESIGN.md): every linear layer is a 1×1 convolution over
 //! `[1, C, 1, W]` fp16 activations of a fixed width `W` (one column per token; prefill fills up
@@ -18,11 +18,13 @@
 //! kernel multiplies into each such conv's output before any bias or activation. Powers of two
 //! are exact in fp16 (outside the subnormal range), so the result is the unscaled projection.
 
+pub mod encode;
 pub mod fused;
 mod graph;
 mod projection;
 mod weights;
 
+pub use encode::{Encoded, Encoding, TensorReport, WeightPolicy};
 pub use projection::{build_unit, projection_kernels, Lowered};
 
 /// The name of every kernel's per-column descale input.
@@ -62,6 +64,8 @@ pub struct LoweringOptions {
     pub residual_shift: i32,
     /// Where compiled programs are cached ([`crate::cache`]); None: compile every time.
     pub cache_dir: Option<std::path::PathBuf>,
+    /// How weight matrices are held ([`encode`]).
+    pub weights: WeightPolicy,
 }
 
 impl Default for LoweringOptions {
@@ -75,6 +79,7 @@ impl Default for LoweringOptions {
             chunk_bytes: 1_600_000_000,
             residual_shift: 4,
             cache_dir: None,
+            weights: WeightPolicy::Auto,
         }
     }
 }

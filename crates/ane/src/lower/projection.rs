@@ -6,9 +6,10 @@ use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, ValueId, WeightData
 use anelm_model::plan::{Ffn, Linear};
 use anelm_model::Model;
 
-use super::graph::{activate, linear, max_row_l1, normalize};
+use super::encode::{Encoded, TensorReport};
+use super::graph::{activate, linear, normalize};
 use super::weights::{bias_data, linear_biases, row_range, stacked};
-use super::{KernelSpec, LoweringOptions, Port, Projection, DESCALE};
+use super::{KernelSpec, LoweringOptions, Port, Projection, WeightPolicy, DESCALE};
 use crate::error::{AneError, Result};
 use crate::support::{attention, ensure_lowerable, unsupported};
 use crate::unit::CompileUnit;
@@ -98,6 +99,9 @@ struct Builder {
     descale: ValueId,
     /// The largest row L1 norm of the weights of convs over scaled inputs.
     bound: f32,
+    policy: WeightPolicy,
+    /// What became of each weight tensor.
+    reports: Vec<TensorReport>,
 }
 
 impl Builder {
@@ -107,33 +111,18 @@ impl Builder {
         &mut self,
         name: &str,
         x: ValueId,
-        w: Arc<WeightData>,
-        rows: usize,
-        cols: usize,
+        w: Encoded,
         bias: Option<Arc<WeightData>>,
     ) -> Result<ValueId> {
-        self.bound = self.bound.max(max_row_l1(&w, cols));
-        linear(
-            &mut self.f,
-            name,
-            x,
-            Some(self.descale),
-            w,
-            rows,
-            cols,
-            bias,
-        )
+        self.bound = self.bound.max(w.max_row_l1());
+        let y = linear(&mut self.f, name, x, Some(self.descale), &w, bias)?;
+        self.reports.extend(w.reports);
+        Ok(y)
     }
 
     fn input_linear_of(&mut self, name: &str, x: ValueId, l: &Linear) -> Result<ValueId> {
-        self.input_linear(
-            name,
-            x,
-            stacked(&[&l.weight])?,
-            l.out_features(),
-            l.in_features(),
-            bias_data(linear_biases(&[l])),
-        )
+        let w = stacked(&[&l.weight], self.policy)?;
+        self.input_linear(name, x, w, bias_data(linear_biases(&[l])))
     }
 
     /// A linear over an intermediate value `h` (the FFN's hidden state): `h` is first brought
@@ -141,19 +130,18 @@ impl Builder {
     /// so that partial sums stay ≤ 2^14 and products far above the flush threshold, and the
     /// result is scaled back. The factor is an fp16 quotient, so this costs two roundings.
     fn normalized_linear(&mut self, name: &str, h: ValueId, l: &Linear) -> Result<ValueId> {
-        let (rows, cols) = (l.out_features(), l.in_features());
-        let w = stacked(&[&l.weight])?;
-        let (hs, back) = normalize(&mut self.f, name, h, &[1], max_row_l1(&w, cols), 1.0)?;
-        linear(
+        let w = stacked(&[&l.weight], self.policy)?;
+        let (hs, back) = normalize(&mut self.f, name, h, &[1], w.max_row_l1(), 1.0)?;
+        let y = linear(
             &mut self.f,
             name,
             hs,
             Some(back),
-            w,
-            rows,
-            cols,
+            &w,
             bias_data(linear_biases(&[l])),
-        )
+        )?;
+        self.reports.extend(w.reports);
+        Ok(y)
     }
 }
 
@@ -170,6 +158,8 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
         f,
         descale,
         bound: 0.0,
+        policy: opts.weights,
+        reports: Vec::new(),
     };
     let layer = |i: usize| {
         model.layers.get(i).ok_or_else(|| {
@@ -181,14 +171,11 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
         Projection::Qkv(i) => {
             let a = attention(layer(i)?, i)?;
             let ls = [&a.q, &a.k, &a.v];
-            let ws = stacked(&ls.map(|l| &l.weight))?;
-            let rows = ls.iter().map(|l| l.out_features()).sum();
+            let ws = stacked(&ls.map(|l| &l.weight), b.policy)?;
             outputs.push(b.input_linear(
                 &spec.outputs[0].name,
                 x,
                 ws,
-                rows,
-                a.q.in_features(),
                 bias_data(linear_biases(&ls)),
             )?);
         }
@@ -220,21 +207,16 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
         Projection::Head => {
             let head = &model.lm_head;
             for p in &spec.outputs {
-                outputs.push(b.input_linear(
-                    &p.name,
-                    x,
-                    row_range(head, p.first, p.channels)?,
-                    p.channels,
-                    head.cols,
-                    None,
-                )?);
+                let w = row_range(head, p.first, p.channels, b.policy)?;
+                outputs.push(b.input_linear(&p.name, x, w, None)?);
             }
         }
     }
     for o in outputs {
         b.f.output(o)?;
     }
-    let unit = CompileUnit::new(&spec.name, Program::single(b.f.finish()?))?;
+    let unit = CompileUnit::new(&spec.name, Program::single(b.f.finish()?))?
+        .with_weight_reports(b.reports);
     Ok(Lowered {
         unit,
         input_bound: b.bound,

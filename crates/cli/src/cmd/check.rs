@@ -77,7 +77,7 @@ pub fn run(a: Args) -> Result<()> {
     let prompt = prompt_or_default(&a.prompt, &loaded)?;
     let opts = LoweringOptions {
         width: a.width,
-        ..LoweringOptions::default()
+        ..a.model.lowering()
     };
     let checks =
         crate::models::with_spinner("compiling and checking every program", || -> Result<_> {

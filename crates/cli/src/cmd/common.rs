@@ -33,6 +33,10 @@ pub struct ModelArgs {
     /// How the ANE path (--device sim|ane) lowers the model.
     #[arg(long, value_enum, default_value_t = super::compile::Strategy::Projection)]
     pub strategy: super::compile::Strategy,
+    /// How the ANE path holds weight matrices: auto (the file's own integer blocks where they
+    /// map, fp16 otherwise), fp16, int8 or int4 (float weights quantised per block of 32).
+    #[arg(long, default_value = "auto")]
+    pub weights: anelm_ane::lower::WeightPolicy,
 }
 
 /// The macOS driver that runs the ANE programs.
@@ -55,6 +59,14 @@ pub enum Device {
 }
 
 impl ModelArgs {
+    /// The lowering settings these arguments choose (the rest default).
+    pub fn lowering(&self) -> LoweringOptions {
+        LoweringOptions {
+            weights: self.weights,
+            ..LoweringOptions::default()
+        }
+    }
+
     /// The executor for `--device`, for sequences of up to `context` positions.
     pub fn executor(&self, loaded: &LoadedModel, context: usize) -> Result<Box<dyn Executor>> {
         Ok(self.executor_and_dispatches(loaded, context)?.0)
@@ -74,7 +86,7 @@ impl ModelArgs {
         // Fused programs hold the whole cache: as many positions as asked, in whole tiles.
         let opts = LoweringOptions {
             context: context.next_multiple_of(64).max(64),
-            ..LoweringOptions::default()
+            ..self.lowering()
         };
         let path = self.device_path(loaded.model.clone(), &opts)?;
         let per_token = path.dispatches_per_token();

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use anelm_ane::lower::encode::summary;
 use anelm_ane::lower::fused::{build_chunk, fused_plan, KvForm};
 use anelm_ane::lower::{build_unit, projection_kernels};
 use anelm_ane::{CompileUnit, LoweringOptions};
@@ -116,11 +117,12 @@ pub fn run(a: Args) -> Result<()> {
     let opts = LoweringOptions {
         width: a.width,
         context: a.context,
-        ..LoweringOptions::default()
+        ..a.model.lowering()
     };
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("{}: cannot create", a.out.display()))?;
     let (mut total, mut warnings) = (0u64, 0usize);
+    let mut reports = Vec::new();
     println!(
         "{:<14} {:<24} {:>10}  cache key",
         "program", "computes", "weights MB"
@@ -139,6 +141,7 @@ pub fn run(a: Args) -> Result<()> {
                     &format!("{} -> {outputs}", spec.input.channels),
                 );
                 total += unit.weight_bytes();
+                reports.extend(unit.weight_reports.iter().cloned());
                 match a.format {
                     Format::Mil => unit.write_mil_dir(&a.out.join(&spec.name))?,
                     Format::Mlpackage => {
@@ -175,6 +178,7 @@ pub fn run(a: Args) -> Result<()> {
                 );
                 warnings += report(&unit, Some(spec.layers.len()), &what);
                 total += unit.weight_bytes();
+                reports.extend(unit.weight_reports.iter().cloned());
                 match a.format {
                     Format::Mil => unit.write_mil_dir(&a.out.join(&spec.name))?,
                     Format::Mlpackage => write(
@@ -194,9 +198,18 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
     }
+    print!(
+        "\nweights (--weights {}):\n{}",
+        opts.weights,
+        summary::table(&reports)
+    );
+    let t = summary::totals(&reports);
     println!(
-        "{:.1} MB of fp16 weights; {warnings} lint warnings",
-        total as f64 / 1e6
+        "{:.1} MB of weight files ({:.1} MB of matrices, {:.3}x their fp16 {:.1} MB; read once per decoded token); {warnings} lint warnings",
+        total as f64 / 1e6,
+        t.bytes as f64 / 1e6,
+        t.ratio(),
+        t.fp16_bytes as f64 / 1e6
     );
     Ok(())
 }

@@ -55,7 +55,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let opts = LoweringOptions {
         width: a.width,
-        ..LoweringOptions::default()
+        ..a.model.lowering()
     };
     let rows = crate::models::with_spinner("compiling and running both paths", || -> Result<_> {
         Ok(compare_layers(

@@ -179,7 +179,7 @@ pub fn run(a: Args) -> Result<()> {
     let opts = LoweringOptions {
         width: a.width,
         context: longest.next_multiple_of(64).max(64),
-        ..LoweringOptions::default()
+        ..a.model.lowering()
     };
     let t = Instant::now();
     let mut exec = a.model.device_path(loaded.model.clone(), &opts)?;

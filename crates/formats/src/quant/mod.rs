@@ -15,9 +15,11 @@
 //! - [`codebook`]: IQ4_NL, IQ4_XS, MXFP4 (4-bit indices into a 16-entry table)
 //! - [`iq`]: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (lattice codebooks)
 //! - [`ternary`]: TQ1_0, TQ2_0
+//! - [`blockwise`]: the integer-block types as integers, scales and biases (for blockwise back ends)
 //! - [`activation`]: Q8_0, Q8_1 and Q8_K quantisers (ggml's `quantize_row_*_ref`)
 
 pub mod activation;
+pub mod blockwise;
 pub mod codebook;
 pub mod iq;
 mod iq_tables;

@@ -1,4 +1,4 @@
-//! A chunk's weights as fp16 constants, prepared once and shared by its two functions: the
+//! A chunk's weights as constants (fp16 or blockwise), prepared once and shared by its two functions: the
 //! stacked QKV and gate/up matrices, biases, norm weights with the residual shift folded in,
 //! and GGUF llama's Q/K rows reordered for half-split RoPE.
 
@@ -8,7 +8,7 @@ use anelm_mil::WeightData;
 use anelm_model::plan::{Ffn, Layer, Norm, NormKind, RopePairing};
 use anelm_model::Weight;
 
-use super::super::graph::max_row_l1;
+use super::super::encode::{Encoded, WeightPolicy};
 use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
 use crate::error::Result;
 use crate::support::{attention, unsupported};
@@ -48,32 +48,27 @@ impl NormConst {
     }
 }
 
-/// A linear as fp16 data shared by both functions.
+/// A linear's weights (in the policy's encoding) shared by both functions.
 pub(super) struct LinearConst {
-    pub(super) w: Arc<WeightData>,
-    pub(super) rows: usize,
-    pub(super) cols: usize,
+    pub(super) w: Encoded,
     pub(super) bias: Option<Arc<WeightData>>,
+    /// The largest row L1 norm of the weights.
     pub(super) l1: f32,
 }
 
 impl LinearConst {
-    pub(super) fn new(ws: &[&Weight], bias: Option<Vec<f32>>) -> Result<LinearConst> {
-        let (rows, cols) = (ws.iter().map(|w| w.rows).sum(), ws[0].cols);
-        Ok(Self::of(stacked(ws)?, rows, cols, bias))
+    pub(super) fn new(
+        ws: &[&Weight],
+        bias: Option<Vec<f32>>,
+        policy: WeightPolicy,
+    ) -> Result<LinearConst> {
+        Ok(Self::of(stacked(ws, policy)?, bias))
     }
 
-    pub(super) fn of(
-        w: Arc<WeightData>,
-        rows: usize,
-        cols: usize,
-        bias: Option<Vec<f32>>,
-    ) -> LinearConst {
+    pub(super) fn of(w: Encoded, bias: Option<Vec<f32>>) -> LinearConst {
         LinearConst {
-            l1: max_row_l1(&w, cols),
+            l1: w.max_row_l1(),
             w,
-            rows,
-            cols,
             bias: bias_data(bias),
         }
     }
@@ -115,7 +110,12 @@ pub(super) fn half_split_order(heads: usize, head_dim: usize, dims: usize) -> Ve
 }
 
 impl LayerConsts {
-    pub(super) fn new(l: &Layer, index: usize, shift: f32) -> Result<LayerConsts> {
+    pub(super) fn new(
+        l: &Layer,
+        index: usize,
+        shift: f32,
+        policy: WeightPolicy,
+    ) -> Result<LayerConsts> {
         let a = attention(l, index)?;
         // Adjacent pairs become half-split pairs by permuting Q/K rows (and their biases and
         // QK-norm weights); the attention scores are unchanged.
@@ -150,16 +150,21 @@ impl LayerConsts {
                 (kb.as_deref(), kvd),
                 (a.v.bias.as_deref(), kvd),
             ]),
+            policy,
         )?;
         let head_order = orders.as_ref().map(|o| o.2.as_slice());
         let (gate_up, gated, down) = match &l.ffn {
             Ffn::Gated { gate, up, down, .. } => (
-                LinearConst::new(&[&gate.weight, &up.weight], linear_biases(&[gate, up]))?,
+                LinearConst::new(
+                    &[&gate.weight, &up.weight],
+                    linear_biases(&[gate, up]),
+                    policy,
+                )?,
                 true,
                 down,
             ),
             Ffn::Plain { up, down, .. } => (
-                LinearConst::new(&[&up.weight], linear_biases(&[up]))?,
+                LinearConst::new(&[&up.weight], linear_biases(&[up]), policy)?,
                 false,
                 down,
             ),
@@ -183,7 +188,7 @@ impl LayerConsts {
                 .k_norm
                 .as_ref()
                 .map(|n| NormConst::new(n, 1.0, 1.0, head_order)),
-            o: LinearConst::new(&[&a.o.weight], scaled_bias(&a.o.bias, o_scale))?,
+            o: LinearConst::new(&[&a.o.weight], scaled_bias(&a.o.bias, o_scale), policy)?,
             post_attn_norm: l
                 .post_attn_norm
                 .as_ref()
@@ -191,7 +196,7 @@ impl LayerConsts {
             ffn_norm: NormConst::new(&l.ffn_norm, 1.0, shift, None),
             gate_up,
             gated,
-            down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale))?,
+            down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
             post_ffn_norm: l
                 .post_ffn_norm
                 .as_ref()

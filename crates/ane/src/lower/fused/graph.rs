@@ -126,16 +126,7 @@ impl ChunkGraph<'_> {
         out_scale: f32,
     ) -> Result<ValueId> {
         let (xs, back) = normalize(&mut self.f, name, x, &[1], c.l1, out_scale)?;
-        linear(
-            &mut self.f,
-            name,
-            xs,
-            Some(back),
-            c.w.clone(),
-            c.rows,
-            c.cols,
-            c.bias.clone(),
-        )
+        linear(&mut self.f, name, xs, Some(back), &c.w, c.bias.clone())
     }
 
     /// Half-split RoPE of `t` (`[1, heads, hd, W]`) over its first `dims` dimensions.
@@ -380,7 +371,7 @@ impl ChunkGraph<'_> {
         )?;
         let gu = self.linear(&format!("{p}_gate_up"), xn, &c.gate_up, 1.0)?;
         let hidden = if c.gated {
-            let half = (c.gate_up.rows / 2) as i32;
+            let half = (c.gate_up.w.rows / 2) as i32;
             let parts = self
                 .f
                 .name_next(&format!("{p}_gu"))

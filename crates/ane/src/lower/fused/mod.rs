@@ -31,7 +31,7 @@ use anelm_model::Model;
 
 use super::graph::{linear, normalize};
 use super::weights::row_range;
-use super::LoweringOptions;
+use super::{LoweringOptions, WeightPolicy};
 use crate::error::{AneError, Result};
 use crate::support::{attention, ensure_lowerable, unsupported};
 use crate::unit::CompileUnit;
@@ -83,6 +83,8 @@ pub struct FusedPlan {
     pub residual_shift: i32,
     /// Vocabulary tiles of the head: (first row, rows).
     pub head_tiles: Vec<(usize, usize)>,
+    /// How weight matrices are held.
+    pub weights: WeightPolicy,
 }
 
 impl FusedPlan {
@@ -202,6 +204,7 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         width: opts.width,
         residual_shift: opts.residual_shift,
         head_tiles,
+        weights: opts.weights,
     })
 }
 
@@ -209,6 +212,21 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
 struct ChunkConsts {
     layers: Vec<(usize, LayerConsts)>,
     head: Option<(NormConst, Vec<LinearConst>)>,
+}
+
+impl ChunkConsts {
+    /// What became of each weight tensor, in program order.
+    fn reports(&self) -> Vec<super::TensorReport> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|(_, c)| [&c.qkv, &c.o, &c.gate_up, &c.down]);
+        let head = self.head.iter().flat_map(|(_, tiles)| tiles.iter());
+        layers
+            .chain(head)
+            .flat_map(|c| c.w.reports.iter().cloned())
+            .collect()
+    }
 }
 
 fn build_function(
@@ -282,16 +300,7 @@ fn build_function(
             let l1 = tiles.iter().map(|t| t.l1).fold(0.0, f32::max);
             let (xs, back) = normalize(&mut g.f, "head", xf, &[1], l1, 1.0)?;
             for (t, c) in tiles.iter().enumerate() {
-                let y = linear(
-                    &mut g.f,
-                    &format!("logits{t}"),
-                    xs,
-                    Some(back),
-                    c.w.clone(),
-                    c.rows,
-                    c.cols,
-                    None,
-                )?;
+                let y = linear(&mut g.f, &format!("logits{t}"), xs, Some(back), &c.w, None)?;
                 g.f.output(y)?;
             }
         }
@@ -314,18 +323,20 @@ pub fn build_chunk(
     let layers = spec
         .layers
         .clone()
-        .map(|i| Ok((i, LayerConsts::new(&model.layers[i], i, shift)?)))
+        .map(|i| {
+            Ok((
+                i,
+                LayerConsts::new(&model.layers[i], i, shift, plan.weights)?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let head = if spec.head {
-        let cols = model.lm_head.cols;
         let tiles = plan
             .head_tiles
             .iter()
             .map(|&(first, rows)| {
                 Ok(LinearConst::of(
-                    row_range(&model.lm_head, first, rows)?,
-                    rows,
-                    cols,
+                    row_range(&model.lm_head, first, rows, plan.weights)?,
                     None,
                 ))
             })
@@ -339,5 +350,5 @@ pub fn build_chunk(
     for (name, w) in [(PREFILL, plan.width), (DECODE, 1)] {
         program.add_function(build_function(model, plan, &consts, name, w, form)?)?;
     }
-    Ok(CompileUnit::new(&spec.name, program)?)
+    Ok(CompileUnit::new(&spec.name, program)?.with_weight_reports(consts.reports()))
 }

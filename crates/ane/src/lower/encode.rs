@@ -1,0 +1,590 @@
+//! How each weight matrix is held in a program: fp16, or the file's own integers as blockwise
+//! weights (`constexpr_blockwise_shift_scale`: `w = scale * (data - offset)` per block of a row).
+//!
+//! Decode streams every weight byte once per token, so holding a Q4 file as fp16 reads 3-4x the
+//! bytes the file needs. The integer-block GGUF types are integers times a per-block scale (plus
+//! a bias): their integers go into the program as they are ([`anelm_formats::quant::blockwise`]),
+//! only the scales (and offsets `-bias / scale`) are rounded to fp16. Q8_0, Q4_0 and Q5_0 (fp16
+//! scales, no bias) map exactly; for the others the rounding of `d * sc` and of the offset is
+//! the whole difference, measured per tensor ([`TensorReport`]). Float weights stay fp16 unless
+//! a compressing policy asks for int8 or int4 (symmetric per block of 32, round to nearest).
+
+use std::sync::Arc;
+
+use anelm_mil::{DType, FunctionBuilder, TensorType, ValueId, WeightData};
+use anelm_model::Weight;
+use half::f16;
+use rayon::prelude::*;
+
+use crate::error::{AneError, Result};
+
+/// What `--weights` asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightPolicy {
+    /// The file's own precision: integer blocks as they are, float weights as fp16.
+    #[default]
+    Auto,
+    /// Every weight dequantised to fp16 (the form proven on hardware).
+    Fp16,
+    /// At most 8-bit integers: the file's integer blocks as they are, float weights quantised to
+    /// int8 per block of 32.
+    Int8,
+    /// 4-bit integers: blocks of up to 4 bits as they are, everything else quantised to int4 per
+    /// block of 32.
+    Int4,
+}
+
+impl std::str::FromStr for WeightPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s {
+            "auto" => WeightPolicy::Auto,
+            "fp16" => WeightPolicy::Fp16,
+            "int8" => WeightPolicy::Int8,
+            "int4" => WeightPolicy::Int4,
+            _ => {
+                return Err(format!(
+                    "unknown weight policy {s:?} (auto, fp16, int8, int4)"
+                ))
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for WeightPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightPolicy::Auto => "auto",
+            WeightPolicy::Fp16 => "fp16",
+            WeightPolicy::Int8 => "int8",
+            WeightPolicy::Int4 => "int4",
+        })
+    }
+}
+
+impl WeightPolicy {
+    /// Whether the policy re-quantises float weights (its error is then measured against the
+    /// uncompressed model, not only against the file).
+    pub fn compresses(self) -> bool {
+        matches!(self, WeightPolicy::Int8 | WeightPolicy::Int4)
+    }
+}
+
+/// A `[rows, cols]` matrix as integers with a scale and an optional bias per block of a row:
+/// `w = scale * q + bias` (f32).
+#[derive(Clone, Debug, PartialEq)]
+struct IntMatrix {
+    block: usize,
+    ints: Vec<i8>,
+    scales: Vec<f32>,
+    biases: Option<Vec<f32>>,
+}
+
+impl IntMatrix {
+    /// Repeats each scale (and bias) so that blocks are `block` long (`block` divides ours).
+    fn reblock(mut self, block: usize) -> IntMatrix {
+        if block != self.block {
+            let k = self.block / block;
+            let spread = |v: Vec<f32>| {
+                v.into_iter()
+                    .flat_map(|s| std::iter::repeat_n(s, k))
+                    .collect()
+            };
+            self.scales = spread(self.scales);
+            self.biases = self.biases.map(spread);
+            self.block = block;
+        }
+        self
+    }
+
+    fn with_biases(mut self) -> IntMatrix {
+        if self.biases.is_none() {
+            self.biases = Some(vec![0.0; self.scales.len()]);
+        }
+        self
+    }
+
+    fn int_range(&self) -> (i8, i8) {
+        self.ints
+            .iter()
+            .fold((i8::MAX, i8::MIN), |(lo, hi), &q| (lo.min(q), hi.max(q)))
+    }
+}
+
+/// Symmetric round-to-nearest quantisation of `values` (rows of whole blocks of 32) to integers
+/// in `-limit..=limit`, one scale per block (fp16-representable, so the stored scale is exact).
+fn quantize_f32(values: &[f32], limit: i8) -> IntMatrix {
+    const BLOCK: usize = 32;
+    let mut ints = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(values.len() / BLOCK);
+    for b in values.chunks(BLOCK) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = f16::from_f32(amax / f32::from(limit)).to_f32();
+        scales.push(s);
+        ints.extend(b.iter().map(|&v| {
+            if s == 0.0 {
+                0
+            } else {
+                (v / s)
+                    .round()
+                    .clamp(-f32::from(limit) - 1.0, f32::from(limit)) as i8
+            }
+        }));
+    }
+    IntMatrix {
+        block: BLOCK,
+        ints,
+        scales,
+        biases: None,
+    }
+}
+
+/// The encoding of one matrix (or of several stacked row-wise) in a program.
+#[derive(Clone, Debug)]
+pub enum Encoding {
+    /// fp16 values `[rows, cols]`.
+    Fp16(Arc<WeightData>),
+    /// `w = scale * (data - offset)`: `data` `[rows, cols]` (int4, uint4 or int8), `scale` and
+    /// `offset` (fp16) `[rows, cols / block]`.
+    Blockwise {
+        data: Arc<WeightData>,
+        scale: Arc<WeightData>,
+        offset: Option<Arc<WeightData>>,
+        block: usize,
+    },
+}
+
+/// What became of one source tensor (a row range of it, for head tiles).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorReport {
+    pub name: String,
+    /// The file's type of the tensor (`Q4_K`).
+    pub source: String,
+    /// `fp16`, `int8/32`, `uint4/32+offset`, … (data type / block, with fp16 offsets).
+    pub encoding: String,
+    /// Weights the program holds for it.
+    pub weights: u64,
+    /// Bytes it takes in the program (its share of data, scales and offsets).
+    pub bytes: u64,
+    /// Whether every weight the program defines equals the file's (its dequantised f32 value)
+    /// bit for bit.
+    pub exact: bool,
+    /// Largest |program weight - file weight| (before the final fp16 rounding both share).
+    pub max_abs_err: f32,
+    /// Largest |file weight|, to read the error against.
+    pub max_abs: f32,
+    /// Why the tensor is held as fp16 when the policy asked for integers.
+    pub kept_fp16: Option<String>,
+}
+
+/// A lowered matrix: its encoding and the report of each tensor in it.
+#[derive(Clone, Debug)]
+pub struct Encoded {
+    pub encoding: Encoding,
+    pub rows: usize,
+    pub cols: usize,
+    pub reports: Vec<TensorReport>,
+}
+
+/// One source part: rows `first..first + rows` of `weight`.
+#[derive(Clone, Copy)]
+pub struct Part<'a> {
+    pub weight: &'a Weight,
+    pub first: usize,
+    pub rows: usize,
+}
+
+impl<'a> Part<'a> {
+    pub fn whole(weight: &'a Weight) -> Part<'a> {
+        Part {
+            weight,
+            first: 0,
+            rows: weight.rows,
+        }
+    }
+
+    fn name(&self) -> String {
+        if self.first == 0 && self.rows == self.weight.rows {
+            self.weight.name.clone()
+        } else {
+            format!(
+                "{}[{}..{}]",
+                self.weight.name,
+                self.first,
+                self.first + self.rows
+            )
+        }
+    }
+
+    /// The part's values as the file defines them (f32).
+    fn values(&self) -> Result<Vec<f32>> {
+        let cols = self.weight.cols;
+        let mut out = vec![0f32; self.rows * cols];
+        out.par_chunks_mut(cols)
+            .enumerate()
+            .try_for_each(|(r, dst)| self.weight.dequantize_row(self.first + r, dst))?;
+        Ok(out)
+    }
+
+    /// The file's integer blocks, when its type is one.
+    fn file_ints(&self) -> Option<Result<IntMatrix>> {
+        let w = self.weight;
+        anelm_formats::quant::blockwise::int_form(w.dtype)?;
+        let rows: Result<Vec<_>> = (self.first..self.first + self.rows)
+            .into_par_iter()
+            .map(|r| {
+                anelm_formats::quant::blockwise::decompose_row(w.dtype, w.row(r), w.cols)
+                    .expect("int_form says the type decomposes")
+                    .map_err(|e| AneError::Unsupported(format!("{}: {e}", w.name)))
+            })
+            .collect();
+        Some(rows.map(|rows| {
+            let block = rows.first().map_or(32, |r| r.block);
+            let biased = rows.iter().any(|r| r.biases.is_some());
+            let mut m = IntMatrix {
+                block,
+                ints: Vec::with_capacity(self.rows * w.cols),
+                scales: Vec::new(),
+                biases: biased.then(Vec::new),
+            };
+            for r in rows {
+                m.ints.extend(r.ints);
+                m.scales.extend(r.scales);
+                if let (Some(b), Some(rb)) = (&mut m.biases, r.biases) {
+                    b.extend(rb);
+                }
+            }
+            m
+        }))
+    }
+}
+
+/// How a part enters a blockwise stack, or why it stays fp16.
+enum Plan {
+    Ints(IntMatrix),
+    Fp16(String),
+}
+
+/// The integers `policy` gives `part`.
+fn plan(part: &Part, policy: WeightPolicy) -> Result<Plan> {
+    let dtype = part.weight.dtype;
+    let file = part.file_ints().transpose()?;
+    Ok(match (policy, file) {
+        (WeightPolicy::Fp16, _) => Plan::Fp16("--weights fp16".into()),
+        (WeightPolicy::Int4, Some(m))
+            if {
+                let (lo, hi) = m.int_range();
+                !(lo >= -8 && hi <= 7 || lo >= 0 && hi <= 15)
+            } =>
+        {
+            Plan::Ints(quantize_f32(&part.values()?, 7))
+        }
+        (_, Some(m)) => Plan::Ints(m),
+        (WeightPolicy::Auto, None) => Plan::Fp16(format!(
+            "{dtype} is not integers times a block scale: the file's precision is kept as fp16"
+        )),
+        (WeightPolicy::Int8, None) => Plan::Ints(quantize_f32(&part.values()?, 127)),
+        (WeightPolicy::Int4, None) => Plan::Ints(quantize_f32(&part.values()?, 7)),
+    })
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The fp16 scale and offset of a block of `scale * q + bias`, as `scale' * (q - offset)`. A
+/// block whose bias the scale cannot carry (a zero scale, or an offset beyond fp16) holds the
+/// bias in its scale and `q = 1`: its integers' share, `scale * q`, is then below an fp16 step
+/// of the bias (and measured).
+fn fp16_block(scale: f32, bias: f32) -> (f16, f16, bool) {
+    let offset = if bias == 0.0 { 0.0 } else { -bias / scale };
+    let (s, o) = (f16::from_f32(scale), f16::from_f32(offset));
+    if bias != 0.0 && (s.to_f32() == 0.0 || !o.is_finite()) {
+        return (f16::from_f32(bias), f16::ZERO, true);
+    }
+    (s, o, false)
+}
+
+/// `parts` stacked row-wise (all with the same columns) in the form `policy` gives them.
+pub fn encode(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
+    let cols = parts[0].weight.cols;
+    if let Some(p) = parts.iter().find(|p| p.weight.cols != cols) {
+        return Err(AneError::Unsupported(format!(
+            "{} has {} columns, {} has {cols}",
+            p.weight.name, p.weight.cols, parts[0].weight.name
+        )));
+    }
+    let rows: usize = parts.iter().map(|p| p.rows).sum();
+    let plans = parts
+        .iter()
+        .map(|p| plan(p, policy))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(i) = plans.iter().position(|p| matches!(p, Plan::Fp16(_))) {
+        return fp16_stack(parts, &plans, i, rows, cols);
+    }
+    let mats: Vec<IntMatrix> = plans
+        .into_iter()
+        .map(|p| match p {
+            Plan::Ints(m) => m,
+            Plan::Fp16(_) => unreachable!("handled above"),
+        })
+        .collect();
+    blockwise_stack(parts, mats, rows, cols)
+}
+
+/// The stack as fp16; `first_fp16` names the part that forced it (all parts are listed).
+fn fp16_stack(
+    parts: &[Part],
+    plans: &[Plan],
+    first_fp16: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Encoded> {
+    let mut bytes = Vec::with_capacity(rows * cols * 2);
+    let mut reports = Vec::new();
+    for (p, plan) in parts.iter().zip(plans) {
+        let v = p.values()?;
+        let mut max_abs = 0f32;
+        for (r, row) in v.chunks(cols).enumerate() {
+            for &x in row {
+                if x.abs() > 65504.0 || x.is_nan() {
+                    return Err(AneError::Unsupported(format!(
+                        "{}: row {} holds {x}, outside the fp16 range",
+                        p.weight.name,
+                        p.first + r
+                    )));
+                }
+                max_abs = max_abs.max(x.abs());
+                bytes.extend_from_slice(&f16::from_f32(x).to_le_bytes());
+            }
+        }
+        let kept_fp16 = match plan {
+            Plan::Fp16(why) => Some(why.clone()),
+            Plan::Ints(_) => Some(format!(
+                "stacked with {}, which is held as fp16",
+                parts[first_fp16].weight.name
+            )),
+        };
+        reports.push(TensorReport {
+            name: p.name(),
+            source: p.weight.dtype.to_string(),
+            encoding: "fp16".into(),
+            weights: (p.rows * cols) as u64,
+            bytes: (p.rows * cols * 2) as u64,
+            exact: true,
+            max_abs_err: 0.0,
+            max_abs,
+            kept_fp16: kept_fp16.filter(|w| w != "--weights fp16"),
+        });
+    }
+    Ok(Encoded {
+        encoding: Encoding::Fp16(Arc::new(WeightData::from_bytes(
+            DType::Fp16,
+            rows * cols,
+            bytes,
+        )?)),
+        rows,
+        cols,
+        reports,
+    })
+}
+
+fn blockwise_stack(
+    parts: &[Part],
+    mats: Vec<IntMatrix>,
+    rows: usize,
+    cols: usize,
+) -> Result<Encoded> {
+    let block = mats.iter().fold(0, |g, m| gcd(g, m.block));
+    let biased = mats.iter().any(|m| m.biases.is_some());
+    let mats: Vec<IntMatrix> = mats
+        .into_iter()
+        .map(|m| {
+            let m = m.reblock(block);
+            if biased {
+                m.with_biases()
+            } else {
+                m
+            }
+        })
+        .collect();
+    let (lo, hi) = mats.iter().fold((i8::MAX, i8::MIN), |(lo, hi), m| {
+        let (a, b) = m.int_range();
+        (lo.min(a), hi.max(b))
+    });
+    // A block whose scale is 0 but bias is not stores q = 1: keep 1 representable.
+    let (lo, hi) = (lo.min(0), hi.max(1));
+    let data_type = if lo >= -8 && hi <= 7 {
+        DType::Int4
+    } else if lo >= 0 && hi <= 15 {
+        DType::Uint4
+    } else {
+        DType::Int8
+    };
+    let n_blocks = rows * cols / block;
+    let mut ints: Vec<i8> = Vec::with_capacity(rows * cols);
+    let mut scales: Vec<f16> = Vec::with_capacity(n_blocks);
+    let mut offsets: Vec<f16> = Vec::with_capacity(if biased { n_blocks } else { 0 });
+    let mut reports = Vec::new();
+    let per_weight_bytes = |n: usize| {
+        let data = n as f64 * f64::from(data_type.bits()) / 8.0;
+        let meta = (n / block) as f64 * if biased { 4.0 } else { 2.0 };
+        (data + meta).round() as u64
+    };
+    let mut file = vec![0f32; cols];
+    for (p, m) in parts.iter().zip(&mats) {
+        let (mut max_err, mut max_abs, mut exact) = (0f32, 0f32, true);
+        let per_row = cols / block;
+        for (r, row) in m.ints.chunks(cols).enumerate() {
+            // The reference is the file's value (re-quantised parts differ from their integers).
+            p.weight.dequantize_row(p.first + r, &mut file)?;
+            for (j, q) in row.chunks(block).enumerate() {
+                let b = r * per_row + j;
+                let bias = m.biases.as_ref().map_or(0.0, |v| v[b]);
+                let (s, o, constant) = fp16_block(m.scales[b], bias);
+                if !s.is_finite() {
+                    return Err(AneError::Unsupported(format!(
+                        "{}: row {} has a block scale of {}, outside the fp16 range",
+                        p.weight.name,
+                        p.first + r,
+                        m.scales[b]
+                    )));
+                }
+                scales.push(s);
+                if biased {
+                    offsets.push(o);
+                }
+                let (sf, of) = (s.to_f32(), o.to_f32());
+                for (k, &qi) in q.iter().enumerate() {
+                    let qi = if constant { 1 } else { qi };
+                    ints.push(qi);
+                    let want = file[j * block + k];
+                    let ours = sf * (f32::from(qi) - of);
+                    if ours.to_bits() != want.to_bits() && !(ours == 0.0 && want == 0.0) {
+                        exact = false;
+                    }
+                    max_err = max_err.max((ours - want).abs());
+                    max_abs = max_abs.max(want.abs());
+                }
+            }
+        }
+        reports.push(TensorReport {
+            name: p.name(),
+            source: p.weight.dtype.to_string(),
+            encoding: format!(
+                "{}/{block}{}",
+                data_type.name(),
+                if biased { "+offset" } else { "" }
+            ),
+            weights: (p.rows * cols) as u64,
+            bytes: per_weight_bytes(p.rows * cols),
+            exact,
+            max_abs_err: max_err,
+            max_abs,
+            kept_fp16: None,
+        });
+    }
+    let data = match data_type {
+        DType::Int4 => WeightData::int4(&ints)?,
+        DType::Uint4 => WeightData::uint4(&ints.iter().map(|&q| q as u8).collect::<Vec<_>>())?,
+        _ => WeightData::i8(&ints),
+    };
+    Ok(Encoded {
+        encoding: Encoding::Blockwise {
+            data: Arc::new(data),
+            scale: Arc::new(WeightData::f16(&scales)),
+            offset: biased.then(|| Arc::new(WeightData::f16(&offsets))),
+            block,
+        },
+        rows,
+        cols,
+        reports,
+    })
+}
+
+impl Encoded {
+    /// The weights the program defines, in f32 (the op's definition before its fp16 result).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match &self.encoding {
+            Encoding::Fp16(w) => w.to_f32(),
+            Encoding::Blockwise {
+                data,
+                scale,
+                offset,
+                block,
+            } => {
+                let (d, s) = (data.to_f32(), scale.to_f32());
+                let o = offset.as_ref().map(|o| o.to_f32());
+                d.iter()
+                    .enumerate()
+                    .map(|(i, &q)| {
+                        let b = i / block;
+                        s[b] * (q - o.as_ref().map_or(0.0, |o| o[b]))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Bytes the program holds for this matrix (data, scales and offsets).
+    pub fn bytes(&self) -> u64 {
+        match &self.encoding {
+            Encoding::Fp16(w) => w.as_bytes().len() as u64,
+            Encoding::Blockwise {
+                data,
+                scale,
+                offset,
+                ..
+            } => {
+                (data.as_bytes().len()
+                    + scale.as_bytes().len()
+                    + offset.as_ref().map_or(0, |o| o.as_bytes().len())) as u64
+            }
+        }
+    }
+
+    /// The largest row L1 norm of the weights.
+    pub fn max_row_l1(&self) -> f32 {
+        self.to_f32()
+            .chunks_exact(self.cols)
+            .map(|r| r.iter().map(|v| v.abs() as f64).sum::<f64>())
+            .fold(0.0, f64::max) as f32
+    }
+
+    /// The weight as a `[rows, cols, 1, 1]` fp16 value of `f`: a const, or the constexpr op over
+    /// the blockwise consts.
+    pub fn emit(&self, f: &mut FunctionBuilder, name: &str) -> Result<ValueId> {
+        let (rows, cols) = (self.rows, self.cols);
+        Ok(match &self.encoding {
+            Encoding::Fp16(w) => f.weight(name, TensorType::fp16([rows, cols, 1, 1]), w.clone())?,
+            Encoding::Blockwise {
+                data,
+                scale,
+                offset,
+                block,
+            } => {
+                let d = f.weight(
+                    &format!("{name}_q"),
+                    TensorType::new(data.dtype(), [rows, cols, 1, 1]),
+                    data.clone(),
+                )?;
+                let meta = TensorType::fp16([rows, cols / block, 1, 1]);
+                let s = f.weight(&format!("{name}_s"), meta.clone(), scale.clone())?;
+                let o = match offset {
+                    Some(o) => Some(f.weight(&format!("{name}_o"), meta, o.clone())?),
+                    None => None,
+                };
+                f.name_next(name).blockwise_shift_scale(d, s, o)?
+            }
+        })
+    }
+}
+
+pub mod summary;
+
+#[cfg(test)]
+mod tests;
