@@ -46,7 +46,8 @@ pub struct GgufPy {
 
 impl GgufPy {
     pub fn spawn<S: AsRef<OsStr>>(args: &[S]) -> GgufPy {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gguf_py_quant.py");
+        // From the workspace root: the ANE lowering's tests include this module too.
+        let script = workspace_root().join("crates/formats/tests/gguf_py_quant.py");
         let mut child = Command::new(python())
             .arg(script)
             .args(args)
