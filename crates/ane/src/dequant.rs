@@ -2,24 +2,39 @@
 //! activations and an f32 KV cache instead of 8-bit activations and an f16 cache: exact
 //! arithmetic on the very weights the kernels were lowered from — the reference the device path
 //! is verified against (the quantised engine's own rounding moves logits by a few percent).
+//! Under an integer weight policy the matrices are the weights the programs define (the file's
+//! where they map exactly, the re-quantised ones where the policy compresses), so that the
+//! only difference left is the device's fp16 arithmetic.
 
 use anelm_model::plan::{Attention, Ffn, Layer, Linear, Mixer, Norm};
 use anelm_model::{Model, ModelSource, Weight};
 
 use crate::error::Result;
+use crate::lower::encode::{encode, Encoding, Part, WeightPolicy};
 use crate::support::{attention, unsupported};
 
-fn f32_weight(w: &Weight) -> Result<Weight> {
-    Ok(Weight::from_f32(&w.name, w.rows, w.cols, &w.to_f32()?))
+fn f32_weight(w: &Weight, policy: WeightPolicy) -> Result<Weight> {
+    let values = match policy {
+        WeightPolicy::Fp16 => w.to_f32()?,
+        _ => {
+            let e = encode(&[Part::whole(w)], policy)?;
+            match e.encoding {
+                // fp16 programs are compared with the file's values (as they always were).
+                Encoding::Fp16(_) => w.to_f32()?,
+                Encoding::Blockwise { .. } => e.to_f32(),
+            }
+        }
+    };
+    Ok(Weight::from_f32(&w.name, w.rows, w.cols, &values))
 }
 
 fn copy(w: &Weight) -> Weight {
     Weight::from_bytes(&w.name, w.dtype, w.rows, w.cols, w.bytes().to_vec())
 }
 
-fn linear(l: &Linear) -> Result<Linear> {
+fn linear(l: &Linear, p: WeightPolicy) -> Result<Linear> {
     Ok(Linear {
-        weight: f32_weight(&l.weight)?,
+        weight: f32_weight(&l.weight, p)?,
         bias: l.bias.clone(),
     })
 }
@@ -33,7 +48,7 @@ fn norm(n: &Norm) -> Norm {
     }
 }
 
-fn layer(l: &Layer, index: usize) -> Result<Layer> {
+fn layer(l: &Layer, index: usize, p: WeightPolicy) -> Result<Layer> {
     let a = attention(l, index)?;
     let attention = Attention {
         n_heads: a.n_heads,
@@ -43,10 +58,10 @@ fn layer(l: &Layer, index: usize) -> Result<Layer> {
         window: a.window,
         softcap: a.softcap,
         rope: a.rope.clone(),
-        q: linear(&a.q)?,
-        k: linear(&a.k)?,
-        v: linear(&a.v)?,
-        o: linear(&a.o)?,
+        q: linear(&a.q, p)?,
+        k: linear(&a.k, p)?,
+        v: linear(&a.v, p)?,
+        o: linear(&a.o, p)?,
         q_norm: a.q_norm.as_ref().map(norm),
         k_norm: a.k_norm.as_ref().map(norm),
         output_gate: None,
@@ -59,14 +74,14 @@ fn layer(l: &Layer, index: usize) -> Result<Layer> {
             down,
         } => Ffn::Gated {
             act: *act,
-            gate: linear(gate)?,
-            up: linear(up)?,
-            down: linear(down)?,
+            gate: linear(gate, p)?,
+            up: linear(up, p)?,
+            down: linear(down, p)?,
         },
         Ffn::Plain { act, up, down } => Ffn::Plain {
             act: *act,
-            up: linear(up)?,
-            down: linear(down)?,
+            up: linear(up, p)?,
+            down: linear(down, p)?,
         },
         Ffn::Moe(_) => return Err(unsupported(index, "a mixture-of-experts FFN")),
     };
@@ -83,6 +98,11 @@ fn layer(l: &Layer, index: usize) -> Result<Layer> {
 /// A copy of `m` whose layer matrices and output head are f32 (embeddings, read a row at a
 /// time and dequantised exactly by every executor, keep their type).
 pub fn dequantized(m: &Model) -> Result<Model> {
+    dequantized_as(m, WeightPolicy::Fp16)
+}
+
+/// [`dequantized`], with the matrices the programs hold under `policy`.
+pub fn dequantized_as(m: &Model, policy: WeightPolicy) -> Result<Model> {
     let source = match &m.source {
         ModelSource::Gguf { path, metadata } => ModelSource::Gguf {
             path: path.clone(),
@@ -97,10 +117,10 @@ pub fn dequantized(m: &Model) -> Result<Model> {
         embed_scale: m.embed_scale,
         pos_embedding: m.pos_embedding.as_ref().map(copy),
         layers: (m.layers.iter().enumerate())
-            .map(|(i, l)| layer(l, i))
+            .map(|(i, l)| layer(l, i, policy))
             .collect::<Result<_>>()?,
         final_norm: norm(&m.final_norm),
-        lm_head: f32_weight(&m.lm_head)?,
+        lm_head: f32_weight(&m.lm_head, policy)?,
         final_softcap: m.final_softcap,
     })
 }

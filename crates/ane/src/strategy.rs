@@ -66,6 +66,8 @@ pub trait DevicePath: Executor {
     fn dispatches(&self) -> u64;
     /// Programs compiled.
     fn programs(&self) -> usize;
+    /// What the lowering made of each weight tensor the programs hold.
+    fn weight_reports(&self) -> Vec<crate::lower::TensorReport>;
 }
 
 impl<D: Device> DevicePath for AneExecutor<D> {
@@ -94,6 +96,13 @@ impl<D: Device> DevicePath for AneExecutor<D> {
         match self {
             AneExecutor::Projection(e) => e.projections().n_kernels(),
             AneExecutor::Fused(e) => e.plan().chunks.len(),
+        }
+    }
+
+    fn weight_reports(&self) -> Vec<crate::lower::TensorReport> {
+        match self {
+            AneExecutor::Projection(e) => e.projections().weight_reports().to_vec(),
+            AneExecutor::Fused(e) => e.weight_reports().to_vec(),
         }
     }
 }

@@ -7,8 +7,9 @@ use anelm_cpu::CpuExecutor;
 use anelm_model::{Executor, Model};
 
 use crate::compare::{compare_greedy, PromptCase, PromptComparison};
-use crate::dequant::dequantized;
+use crate::dequant::{dequantized, dequantized_as};
 use crate::error::Result;
+use crate::lower::WeightPolicy;
 
 /// What the device path is compared with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +33,9 @@ impl Reference {
 pub struct VerifyReport {
     pub reference: Reference,
     pub prompts: Vec<PromptComparison>,
+    /// Under a compressing weight policy: the same prompts against the uncompressed model
+    /// (the file's weights in f32), to see what the compression costs.
+    pub uncompressed: Option<Vec<PromptComparison>>,
     pub device_seconds: f64,
     pub reference_seconds: f64,
 }
@@ -58,10 +62,17 @@ impl VerifyReport {
     pub fn same_but_near_ties(&self) -> bool {
         self.prompts.iter().all(|p| p.same_but_near_ties())
     }
+
+    /// The largest relative error against the uncompressed model, when it was measured.
+    pub fn uncompressed_rel_err(&self) -> Option<f32> {
+        (self.uncompressed.as_ref()).map(|ps| ps.iter().map(|p| p.max_rel_err).fold(0.0, f32::max))
+    }
 }
 
-/// Runs `prompts` (and `n_greedy` greedy tokens each) through `device` and the CPU engine on
-/// `threads` threads (0: one per core).
+/// Runs `prompts` (and `n_greedy` greedy tokens each) through `device` (lowered with `weights`)
+/// and the CPU engine on `threads` threads (0: one per core). The f32 reference holds the
+/// weights the programs define under `weights`; a compressing policy is also compared with the
+/// uncompressed model.
 pub fn verify(
     model: &Arc<Model>,
     device: &mut dyn Executor,
@@ -69,16 +80,25 @@ pub fn verify(
     n_greedy: usize,
     reference: Reference,
     threads: usize,
+    weights: WeightPolicy,
 ) -> Result<VerifyReport> {
     let mut cpu = match reference {
-        Reference::CpuF32 => CpuExecutor::new(Arc::new(dequantized(model)?), threads),
+        Reference::CpuF32 => CpuExecutor::new(Arc::new(dequantized_as(model, weights)?), threads),
         Reference::Cpu => CpuExecutor::new(model.clone(), threads),
     };
-    let (prompts, device_seconds, reference_seconds) =
+    let (cases, device_seconds, reference_seconds) =
         compare_greedy(device, &mut cpu, prompts, n_greedy)?;
+    let uncompressed = if weights.compresses() && reference == Reference::CpuF32 {
+        drop(cpu);
+        let mut plain = CpuExecutor::new(Arc::new(dequantized(model)?), threads);
+        Some(compare_greedy(device, &mut plain, prompts, n_greedy)?.0)
+    } else {
+        None
+    };
     Ok(VerifyReport {
         reference,
-        prompts,
+        prompts: cases,
+        uncompressed,
         device_seconds,
         reference_seconds,
     })

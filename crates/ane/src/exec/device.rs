@@ -34,6 +34,8 @@ pub struct DeviceProjections<D: Device> {
     kernels: BTreeMap<Projection, Vec<Bound<D>>>,
     /// Device evaluations so far.
     dispatches: u64,
+    /// What the lowering made of each weight tensor.
+    weight_reports: Vec<crate::lower::TensorReport>,
 }
 
 impl<D: Device> DeviceProjections<D> {
@@ -46,11 +48,13 @@ impl<D: Device> DeviceProjections<D> {
         mut on_kernel: impl FnMut(&KernelSpec),
     ) -> Result<Self> {
         let mut kernels: BTreeMap<Projection, Vec<Bound<D>>> = BTreeMap::new();
+        let mut weight_reports = Vec::new();
         for spec in projection_kernels(model, opts)? {
             on_kernel(&spec);
             let lowered = build_unit(model, &spec, opts)?;
             let kernel =
                 crate::cache::compile(&mut device, &lowered.unit, opts.cache_dir.as_deref())?;
+            weight_reports.extend(lowered.unit.weight_reports.iter().cloned());
             drop(lowered.unit);
             let io = device
                 .io(&kernel, "main")
@@ -105,6 +109,7 @@ impl<D: Device> DeviceProjections<D> {
             width: opts.width,
             kernels,
             dispatches: 0,
+            weight_reports,
         })
     }
 
@@ -120,6 +125,11 @@ impl<D: Device> DeviceProjections<D> {
     /// Device evaluations so far.
     pub fn dispatches(&self) -> u64 {
         self.dispatches
+    }
+
+    /// What the lowering made of each weight tensor.
+    pub fn weight_reports(&self) -> &[crate::lower::TensorReport] {
+        &self.weight_reports
     }
 }
 

@@ -84,6 +84,8 @@ pub struct FusedExecutor<D: Device> {
     /// The sequence whose cache the bound buffers hold.
     resident: Option<usize>,
     dispatches: u64,
+    /// What the lowering made of each weight tensor.
+    weight_reports: Vec<crate::lower::TensorReport>,
 }
 
 fn io_error(chunk: &str, what: &str) -> AneError {
@@ -104,10 +106,12 @@ impl<D: Device> FusedExecutor<D> {
             .map(|(i, l)| attention(l, i).map(|a| a.n_kv_heads * a.head_dim))
             .collect::<Result<Vec<usize>>>()?;
         let mut chunks = Vec::new();
+        let mut weight_reports = Vec::new();
         for (i, spec) in plan.chunks.iter().enumerate() {
             on_chunk(spec);
             let unit = build_chunk(&model, &plan, i, KvForm::Inputs)?;
             let kernel = crate::cache::compile(&mut device, &unit, opts.cache_dir.as_deref())?;
+            weight_reports.extend(unit.weight_reports.iter().cloned());
             drop(unit);
             let mut bind = |name: &str, width: usize| -> Result<Bound<D>> {
                 let io = device
@@ -137,6 +141,7 @@ impl<D: Device> FusedExecutor<D> {
             id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
             resident: None,
             dispatches: 0,
+            weight_reports,
         })
     }
 
@@ -147,6 +152,11 @@ impl<D: Device> FusedExecutor<D> {
     /// Device evaluations so far.
     pub fn dispatches(&self) -> u64 {
         self.dispatches
+    }
+
+    /// What the lowering made of each weight tensor.
+    pub fn weight_reports(&self) -> &[crate::lower::TensorReport] {
+        &self.weight_reports
     }
 
     /// Writes columns `cols` of the cache input `name` of every bound function that has it:

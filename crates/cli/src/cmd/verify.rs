@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anelm_ane::compare::PromptCase;
+use anelm_ane::lower::encode::summary;
 use anelm_ane::verify::{verify, Reference};
 use anelm_ane::LoweringOptions;
 use anelm_engine::LoadedModel;
@@ -196,6 +197,7 @@ pub fn run(a: Args) -> Result<()> {
         a.greedy,
         reference,
         a.model.threads,
+        a.model.weights,
     )?;
     let tokens: usize = cases
         .iter()
@@ -224,6 +226,7 @@ pub fn run(a: Args) -> Result<()> {
             "seconds": {"total": started.elapsed().as_secs_f64(), "compile": compile_seconds, "device": report.device_seconds, "reference": report.reference_seconds},
             "tokens": tokens,
             "prompts": prompts,
+            "weights": weight_json(&a.model.weights, &report, &exec.weight_reports()),
         });
         println!("{out}");
     } else {
@@ -268,6 +271,40 @@ pub fn run(a: Args) -> Result<()> {
             report.device_seconds,
             report.reference_seconds
         );
+        let t = summary::totals(&exec.weight_reports());
+        println!(
+            "weights --weights {}: {:.1} MB held ({:.3}x fp16), largest weight error {:.1e} of the tensor's largest{}",
+            a.model.weights,
+            t.bytes as f64 / 1e6,
+            t.ratio(),
+            t.max_rel_err,
+            match report.uncompressed_rel_err() {
+                Some(e) => format!("; against the uncompressed model: max relative error {e:.2e}"),
+                None => String::new(),
+            }
+        );
     }
     Ok(())
+}
+
+/// The weight policy's figures: bytes, error of the weights, error against the uncompressed
+/// model (compressing policies).
+fn weight_json(
+    policy: &anelm_ane::lower::WeightPolicy,
+    report: &anelm_ane::verify::VerifyReport,
+    reports: &[anelm_ane::lower::TensorReport],
+) -> serde_json::Value {
+    let t = summary::totals(reports);
+    json!({
+        "policy": policy.to_string(),
+        "bytes": t.bytes,
+        "fp16_bytes": t.fp16_bytes,
+        "ratio_to_fp16": t.ratio(),
+        "tensors": t.tensors,
+        "exact_tensors": t.exact,
+        "max_weight_rel_err": t.max_rel_err,
+        "kept_fp16": reports.iter().filter(|r| r.kept_fp16.is_some()).map(|r| json!({"tensor": r.name, "reason": r.kept_fp16})).collect::<Vec<_>>(),
+        "uncompressed_max_rel_err": report.uncompressed_rel_err(),
+        "uncompressed_greedy_same": report.uncompressed.as_ref().map(|ps| ps.iter().all(|p| p.greedy_same())),
+    })
 }
