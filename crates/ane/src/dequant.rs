@@ -21,7 +21,7 @@ fn f32_weight(w: &Weight, policy: WeightPolicy) -> Result<Weight> {
             match e.encoding {
                 // fp16 programs are compared with the file's values (as they always were).
                 Encoding::Fp16(_) => w.to_f32()?,
-                Encoding::Blockwise { .. } => e.to_f32(),
+                Encoding::Blockwise { .. } | Encoding::Lut { .. } => e.to_f32(),
             }
         }
     };

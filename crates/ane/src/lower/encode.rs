@@ -7,7 +7,8 @@
 //! only the scales (and offsets `-bias / scale`) are rounded to fp16. Q8_0, Q4_0 and Q5_0 (fp16
 //! scales, no bias) map exactly; for the others the rounding of `d * sc` and of the offset is
 //! the whole difference, measured per tensor ([`TensorReport`]). Float weights stay fp16 unless
-//! a compressing policy asks for int8 or int4 (symmetric per block of 32, round to nearest).
+//! a compressing policy asks: int8 (symmetric per block of 32, round to nearest) or int4 (a
+//! 16-entry k-means palette per 16 rows, [`palette`]).
 
 use std::sync::Arc;
 
@@ -29,8 +30,8 @@ pub enum WeightPolicy {
     /// At most 8-bit integers: the file's integer blocks as they are, float weights quantised to
     /// int8 per block of 32.
     Int8,
-    /// 4-bit integers: blocks of up to 4 bits as they are, everything else quantised to int4 per
-    /// block of 32.
+    /// 4-bit weights: integer blocks of up to 4 bits as they are, wider integer blocks quantised
+    /// to int4 per block of 32, float weights palettised (16 k-means fp16 entries per 16 rows).
     Int4,
 }
 
@@ -152,7 +153,19 @@ pub enum Encoding {
         offset: Option<Arc<WeightData>>,
         block: usize,
     },
+    /// `w = lut[row / group][indices]` (`constexpr_lut_to_dense`): uint4 `indices`
+    /// `[rows, cols]`, one 16-entry fp16 palette per `group` rows.
+    Lut {
+        indices: Arc<WeightData>,
+        lut: Arc<WeightData>,
+        group: usize,
+    },
 }
+
+/// Rows per palette of the int4 palettisation (Core ML's `per_grouped_channel` granularity).
+pub const LUT_GROUP: usize = 16;
+/// Seed of the k-means palettiser: the same weights give the same palettes.
+pub const LUT_SEED: u64 = 0x616e_656c_6d;
 
 /// What became of one source tensor (a row range of it, for head tiles).
 #[derive(Clone, Debug, PartialEq)]
@@ -319,6 +332,9 @@ pub fn encode(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
         )));
     }
     let rows: usize = parts.iter().map(|p| p.rows).sum();
+    if policy == WeightPolicy::Int4 && parts.iter().all(|p| p.file_ints().is_none()) {
+        return lut_stack(parts, rows, cols);
+    }
     let plans = parts
         .iter()
         .map(|p| plan(p, policy))
@@ -506,6 +522,52 @@ fn blockwise_stack(
     })
 }
 
+/// Float parts palettised with 4-bit indices: one k-means palette per group of rows.
+fn lut_stack(parts: &[Part], rows: usize, cols: usize) -> Result<Encoded> {
+    let group = parts.iter().fold(LUT_GROUP, |g, p| gcd(g, p.rows));
+    let mut indices = Vec::with_capacity(rows * cols);
+    let mut lut: Vec<f16> = Vec::with_capacity(rows / group * 16);
+    let mut reports = Vec::new();
+    for p in parts {
+        let v = p.values()?;
+        let groups: Vec<(Vec<f32>, Vec<u8>)> = v
+            .par_chunks(group * cols)
+            .map(|g| palette::kmeans(g, 16, LUT_SEED, 30))
+            .collect();
+        let (mut max_err, mut max_abs) = (0f32, 0f32);
+        for ((c, idx), g) in groups.iter().zip(v.chunks(group * cols)) {
+            lut.extend(c.iter().map(|&x| f16::from_f32(x)));
+            for (&i, &x) in idx.iter().zip(g) {
+                max_err = max_err.max((c[i as usize] - x).abs());
+                max_abs = max_abs.max(x.abs());
+            }
+            indices.extend_from_slice(idx);
+        }
+        let n = p.rows * cols;
+        reports.push(TensorReport {
+            name: p.name(),
+            source: p.weight.dtype.to_string(),
+            encoding: format!("lut4/{group}rows"),
+            weights: n as u64,
+            bytes: (n / 2 + p.rows / group * 32) as u64,
+            exact: max_err == 0.0,
+            max_abs_err: max_err,
+            max_abs,
+            kept_fp16: None,
+        });
+    }
+    Ok(Encoded {
+        encoding: Encoding::Lut {
+            indices: Arc::new(WeightData::uint4(&indices)?),
+            lut: Arc::new(WeightData::f16(&lut)),
+            group,
+        },
+        rows,
+        cols,
+        reports,
+    })
+}
+
 impl Encoded {
     /// The weights the program defines, in f32 (the op's definition before its fp16 result).
     pub fn to_f32(&self) -> Vec<f32> {
@@ -527,6 +589,18 @@ impl Encoded {
                     })
                     .collect()
             }
+            Encoding::Lut {
+                indices,
+                lut,
+                group,
+            } => {
+                let (i, l) = (indices.to_f32(), lut.to_f32());
+                let per_group = group * self.cols;
+                i.iter()
+                    .enumerate()
+                    .map(|(n, &j)| l[n / per_group * 16 + j as usize])
+                    .collect()
+            }
         }
     }
 
@@ -543,6 +617,9 @@ impl Encoded {
                 (data.as_bytes().len()
                     + scale.as_bytes().len()
                     + offset.as_ref().map_or(0, |o| o.as_bytes().len())) as u64
+            }
+            Encoding::Lut { indices, lut, .. } => {
+                (indices.as_bytes().len() + lut.as_bytes().len()) as u64
             }
         }
     }
@@ -580,10 +657,31 @@ impl Encoded {
                 };
                 f.name_next(name).blockwise_shift_scale(d, s, o)?
             }
+            Encoding::Lut {
+                indices,
+                lut,
+                group,
+            } => {
+                let i = f.weight(
+                    &format!("{name}_i"),
+                    TensorType::new(DType::Uint4, [rows, cols, 1, 1]),
+                    indices.clone(),
+                )?;
+                let l = f.weight(
+                    &format!("{name}_lut"),
+                    TensorType::fp16([rows / group, 1, 1, 1, 16, 1]),
+                    lut.clone(),
+                )?;
+                f.name_next(name).op(
+                    "constexpr_lut_to_dense",
+                    vec![("indices", i.into()), ("lut", l.into())],
+                )?[0]
+            }
         })
     }
 }
 
+pub mod palette;
 pub mod summary;
 
 #[cfg(test)]

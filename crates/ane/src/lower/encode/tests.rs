@@ -157,6 +157,22 @@ fn policies() {
             assert!((g - f).abs() <= step * 0.5001, "{g} vs {f}");
         }
     }
+    // int4 palettises float weights: 16 fp16 entries per group of rows, each weight its
+    // nearest entry.
+    let e = encode(&[Part::whole(&f)], WeightPolicy::Int4).unwrap();
+    assert_eq!(e.reports[0].encoding, "lut4/4rows");
+    let Encoding::Lut { lut, group, .. } = &e.encoding else {
+        panic!("lut expected")
+    };
+    assert_eq!(*group, 4);
+    let palette = lut.to_f32();
+    let got = e.to_f32();
+    for (g, x) in got.iter().zip(&vals) {
+        let best = palette.iter().fold(f32::MAX, |m, p| m.min((p - x).abs()));
+        assert!((g - x).abs() <= best + 1e-6, "{g} for {x}");
+        assert!(palette.contains(g));
+    }
+    assert_eq!(e.bytes(), 256 / 2 + 32);
     // A float part stacked with an integer one: all fp16, the reason names the float part.
     let e = encode(&[Part::whole(&w), Part::whole(&f)], WeightPolicy::Auto).unwrap();
     assert!(matches!(e.encoding, Encoding::Fp16(_)));
