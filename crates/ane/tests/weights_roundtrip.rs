@@ -61,8 +61,12 @@ fn check_model(file: &str) {
             );
         }
         // Nothing silently wider than the file: 4-bit types stay 4-bit, 8-bit stay 8-bit.
-        let (_, lo, hi) = int_form(t.dtype).unwrap();
-        let bits = if lo >= -8 && hi <= 15 { "int4" } else { "int8" };
+        let f = int_form(t.dtype).unwrap();
+        let bits = if f.lo >= -8 && f.hi <= 15 {
+            "int4"
+        } else {
+            "int8"
+        };
         assert!(
             r.encoding.contains(bits),
             "{name} ({}): {}",

@@ -241,34 +241,42 @@ impl<'a> Part<'a> {
 
     /// The file's integer blocks, when its type is one.
     fn file_ints(&self) -> Option<Result<IntMatrix>> {
+        use anelm_formats::quant::blockwise::{decompose_row, int_form};
         let w = self.weight;
-        anelm_formats::quant::blockwise::int_form(w.dtype)?;
-        let rows: Result<Vec<_>> = (self.first..self.first + self.rows)
-            .into_par_iter()
-            .map(|r| {
-                anelm_formats::quant::blockwise::decompose_row(w.dtype, w.row(r), w.cols)
+        let form = int_form(w.dtype)?;
+        let (block, biased) = (form.block, form.biased);
+        let (cols, per_row) = (w.cols, w.cols / block);
+        let mut m = IntMatrix {
+            block,
+            ints: vec![0; self.rows * cols],
+            scales: vec![0.0; self.rows * per_row],
+            biases: biased.then(|| vec![0.0; self.rows * per_row]),
+        };
+        // Each row decomposed straight into its slots (no second copy of the matrix); rows of
+        // a type without biases fill a scratch vector that is dropped.
+        let mut biases = m
+            .biases
+            .take()
+            .unwrap_or_else(|| vec![0.0; self.rows * per_row]);
+        let done = (m.ints.par_chunks_mut(cols))
+            .zip(m.scales.par_chunks_mut(per_row))
+            .zip(biases.par_chunks_mut(per_row))
+            .enumerate()
+            .try_for_each(|(r, ((q, sc), bi))| {
+                let row = decompose_row(w.dtype, w.row(self.first + r), cols)
                     .expect("int_form says the type decomposes")
-                    .map_err(|e| AneError::Unsupported(format!("{}: {e}", w.name)))
-            })
-            .collect();
-        Some(rows.map(|rows| {
-            let block = rows.first().map_or(32, |r| r.block);
-            let biased = rows.iter().any(|r| r.biases.is_some());
-            let mut m = IntMatrix {
-                block,
-                ints: Vec::with_capacity(self.rows * w.cols),
-                scales: Vec::new(),
-                biases: biased.then(Vec::new),
-            };
-            for r in rows {
-                m.ints.extend(r.ints);
-                m.scales.extend(r.scales);
-                if let (Some(b), Some(rb)) = (&mut m.biases, r.biases) {
-                    b.extend(rb);
+                    .map_err(|e| AneError::Unsupported(format!("{}: {e}", w.name)))?;
+                q.copy_from_slice(&row.ints);
+                sc.copy_from_slice(&row.scales);
+                if let Some(rb) = row.biases {
+                    bi.copy_from_slice(&rb);
                 }
-            }
-            m
-        }))
+                Ok(())
+            });
+        if biased {
+            m.biases = Some(biases);
+        }
+        Some(done.map(|()| m))
     }
 }
 
@@ -332,7 +340,8 @@ pub fn encode(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
         )));
     }
     let rows: usize = parts.iter().map(|p| p.rows).sum();
-    if policy == WeightPolicy::Int4 && parts.iter().all(|p| p.file_ints().is_none()) {
+    let is_float = |p: &Part| anelm_formats::quant::blockwise::int_form(p.weight.dtype).is_none();
+    if policy == WeightPolicy::Int4 && parts.iter().all(is_float) {
         return lut_stack(parts, rows, cols);
     }
     let plans = parts
@@ -442,7 +451,7 @@ fn blockwise_stack(
         DType::Int8
     };
     let n_blocks = rows * cols / block;
-    let mut ints: Vec<i8> = Vec::with_capacity(rows * cols);
+    let mut ints: Vec<i8> = Vec::new();
     let mut scales: Vec<f16> = Vec::with_capacity(n_blocks);
     let mut offsets: Vec<f16> = Vec::with_capacity(if biased { n_blocks } else { 0 });
     let mut reports = Vec::new();
@@ -452,13 +461,13 @@ fn blockwise_stack(
         (data + meta).round() as u64
     };
     let mut file = vec![0f32; cols];
-    for (p, m) in parts.iter().zip(&mats) {
+    for (p, mut m) in parts.iter().zip(mats) {
         let (mut max_err, mut max_abs, mut exact) = (0f32, 0f32, true);
         let per_row = cols / block;
-        for (r, row) in m.ints.chunks(cols).enumerate() {
+        for (r, row) in m.ints.chunks_mut(cols).enumerate() {
             // The reference is the file's value (re-quantised parts differ from their integers).
             p.weight.dequantize_row(p.first + r, &mut file)?;
-            for (j, q) in row.chunks(block).enumerate() {
+            for (j, q) in row.chunks_mut(block).enumerate() {
                 let b = r * per_row + j;
                 let bias = m.biases.as_ref().map_or(0.0, |v| v[b]);
                 let (s, o, constant) = fp16_block(m.scales[b], bias);
@@ -475,9 +484,11 @@ fn blockwise_stack(
                     offsets.push(o);
                 }
                 let (sf, of) = (s.to_f32(), o.to_f32());
-                for (k, &qi) in q.iter().enumerate() {
-                    let qi = if constant { 1 } else { qi };
-                    ints.push(qi);
+                for (k, qi) in q.iter_mut().enumerate() {
+                    if constant {
+                        *qi = 1;
+                    }
+                    let qi = *qi;
                     let want = file[j * block + k];
                     let ours = sf * (f32::from(qi) - of);
                     if ours.to_bits() != want.to_bits() && !(ours == 0.0 && want == 0.0) {
@@ -487,6 +498,12 @@ fn blockwise_stack(
                     max_abs = max_abs.max(want.abs());
                 }
             }
+        }
+        // The first part's integers become the data in place (a head tile is one part).
+        if ints.is_empty() {
+            ints = std::mem::take(&mut m.ints);
+        } else {
+            ints.extend_from_slice(&m.ints);
         }
         reports.push(TensorReport {
             name: p.name(),
@@ -506,8 +523,15 @@ fn blockwise_stack(
     }
     let data = match data_type {
         DType::Int4 => WeightData::int4(&ints)?,
-        DType::Uint4 => WeightData::uint4(&ints.iter().map(|&q| q as u8).collect::<Vec<_>>())?,
-        _ => WeightData::i8(&ints),
+        DType::Uint4 => {
+            // The same allocation, reinterpreted (in-place collect): values are 0..=15.
+            let u: Vec<u8> = ints.into_iter().map(|q| q as u8).collect();
+            WeightData::uint4(&u)?
+        }
+        _ => {
+            let n = ints.len();
+            WeightData::from_bytes(DType::Int8, n, ints.into_iter().map(|q| q as u8).collect())?
+        }
     };
     Ok(Encoded {
         encoding: Encoding::Blockwise {

@@ -48,21 +48,39 @@ impl IntRow {
     }
 }
 
-/// Sub-block size and the range its integers take, for the types [`decompose_row`] handles.
-pub fn int_form(dtype: GgmlType) -> Option<(usize, i8, i8)> {
+/// What a type's integer blocks look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntForm {
+    /// Weights per sub-block.
+    pub block: usize,
+    /// The smallest and largest integer it can hold.
+    pub lo: i8,
+    pub hi: i8,
+    /// Whether its sub-blocks add a bias (`_1` types, Q2_K, Q4_K, Q5_K).
+    pub biased: bool,
+}
+
+/// The integer form of the types [`decompose_row`] handles.
+pub fn int_form(dtype: GgmlType) -> Option<IntForm> {
     use GgmlType::*;
-    Some(match dtype {
-        Q4_0 => (32, -8, 7),
-        Q4_1 => (32, 0, 15),
-        Q5_0 => (32, -16, 15),
-        Q5_1 => (32, 0, 31),
-        Q8_0 | Q8_1 => (32, -128, 127),
-        Q2K => (16, 0, 3),
-        Q3K => (16, -4, 3),
-        Q4K => (32, 0, 15),
-        Q5K => (32, 0, 31),
-        Q6K => (16, -32, 31),
+    let (block, lo, hi, biased) = match dtype {
+        Q4_0 => (32, -8, 7, false),
+        Q4_1 => (32, 0, 15, true),
+        Q5_0 => (32, -16, 15, false),
+        Q5_1 => (32, 0, 31, true),
+        Q8_0 | Q8_1 => (32, -128, 127, false),
+        Q2K => (16, 0, 3, true),
+        Q3K => (16, -4, 3, false),
+        Q4K => (32, 0, 15, true),
+        Q5K => (32, 0, 31, true),
+        Q6K => (16, -32, 31, false),
         _ => return None,
+    };
+    Some(IntForm {
+        block,
+        lo,
+        hi,
+        biased,
     })
 }
 
@@ -107,7 +125,7 @@ fn five_bits(qs: &[u8], qh: u32) -> impl Iterator<Item = u8> + '_ {
 /// Row `src` (whole blocks of `dtype`, `n` weights) as integers with scales and biases; None for
 /// the types that are not integers times a per-block scale (floats, codebooks, lattices).
 pub fn decompose_row(dtype: GgmlType, src: &[u8], n: usize) -> Option<Result<IntRow>> {
-    let (block, _, _) = int_form(dtype)?;
+    let form = int_form(dtype)?;
     if dtype.bytes_for(n) != Some(src.len()) {
         return Some(Err(crate::error::FormatError::BadQuantLength {
             dtype,
@@ -116,8 +134,7 @@ pub fn decompose_row(dtype: GgmlType, src: &[u8], n: usize) -> Option<Result<Int
         }));
     }
     use GgmlType::*;
-    let biased = matches!(dtype, Q4_1 | Q5_1 | Q2K | Q4K | Q5K);
-    let mut out = Out::new(block, n, biased);
+    let mut out = Out::new(form.block, n, form.biased);
     for b in src.chunks_exact(dtype.block_bytes()) {
         match dtype {
             Q4_0 => out.push(f16_at(b, 0), 0.0, nibbles(&b[2..18]).map(|q| q as i8 - 8)),
@@ -252,12 +269,18 @@ mod tests {
     fn values_are_the_dequantised_weights_bit_for_bit() {
         use GgmlType::*;
         for dtype in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2K, Q3K, Q4K, Q5K, Q6K] {
-            let (block, lo, hi) = int_form(dtype).unwrap();
+            let IntForm {
+                block,
+                lo,
+                hi,
+                biased,
+            } = int_form(dtype).unwrap();
             for seed in 0..4 {
                 let src = sample_blocks(dtype, 3, seed);
                 let n = 3 * dtype.block_elems();
                 let row = decompose_row(dtype, &src, n).unwrap().unwrap();
                 assert_eq!(row.block, block);
+                assert_eq!(row.biases.is_some(), biased);
                 assert_eq!(row.ints.len(), n);
                 let (a, b) = row.int_range();
                 assert!(a >= lo && b <= hi, "{dtype}: {a}..{b} outside {lo}..{hi}");
