@@ -9,11 +9,53 @@ use anelm_mil::{MilError, Program};
 use sha2::{Digest, Sha256};
 
 /// One weight blob file: its path as the MIL text names it (`@model_path/weights/w.bin`) and
-/// its bytes (storage v2).
+/// its content (storage v2), made from the program's weights when it is read — a unit does not
+/// hold its weights twice.
 #[derive(Clone, Debug)]
 pub struct WeightFile {
     pub path: String,
-    pub bytes: Vec<u8>,
+    content: Content,
+}
+
+#[derive(Clone, Debug)]
+enum Content {
+    Planned(anelm_mil::blob::PlannedFile),
+    Bytes(Vec<u8>),
+}
+
+impl WeightFile {
+    /// The file's bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        match &self.content {
+            Content::Planned(f) => f.to_bytes(),
+            Content::Bytes(b) => b.clone(),
+        }
+    }
+
+    /// Writes the file's bytes to `out`.
+    pub fn write_to<W: std::io::Write>(&self, out: &mut W) -> std::io::Result<()> {
+        match &self.content {
+            Content::Planned(f) => f.write_to(out),
+            Content::Bytes(b) => out.write_all(b),
+        }
+    }
+
+    /// The file's size in bytes.
+    pub fn len(&self) -> u64 {
+        match &self.content {
+            Content::Planned(f) => f.size,
+            Content::Bytes(b) => b.len() as u64,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces the content with `bytes` (tests use it to corrupt a file).
+    pub fn set_bytes(&mut self, bytes: Vec<u8>) {
+        self.content = Content::Bytes(bytes);
+    }
 }
 
 #[derive(Debug)]
@@ -38,7 +80,7 @@ impl CompileUnit {
             .iter()
             .map(|f| WeightFile {
                 path: f.mil_path(),
-                bytes: f.to_bytes(),
+                content: Content::Planned(f.clone()),
             })
             .collect();
         Ok(CompileUnit {
@@ -60,22 +102,24 @@ impl CompileUnit {
     /// (path and bytes), hex. Equal keys mean byte-identical compiler input.
     pub fn cache_key(&self) -> String {
         let mut h = Sha256::new();
-        let mut field = |b: &[u8]| {
+        let field = |h: &mut Sha256, b: &[u8]| {
             h.update((b.len() as u64).to_le_bytes());
             h.update(b);
         };
-        field(b"anelm-compile-unit-1");
-        field(self.text.as_bytes());
+        field(&mut h, b"anelm-compile-unit-1");
+        field(&mut h, self.text.as_bytes());
         for w in &self.weights {
-            field(w.path.as_bytes());
-            field(&w.bytes);
+            field(&mut h, w.path.as_bytes());
+            h.update(w.len().to_le_bytes());
+            // Hashing cannot fail; the file streams through without being held.
+            let _ = w.write_to(&mut h);
         }
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Bytes of weight files.
     pub fn weight_bytes(&self) -> u64 {
-        self.weights.iter().map(|w| w.bytes.len() as u64).sum()
+        self.weights.iter().map(WeightFile::len).sum()
     }
 
     /// Writes `dir/model.mil` and the weight files beside it (`dir` is what `@model_path`
@@ -96,7 +140,11 @@ impl CompileUnit {
             if let Some(parent) = p.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
             }
-            std::fs::write(&p, &w.bytes).map_err(|e| io(&p, e))?;
+            let mut out =
+                std::io::BufWriter::new(std::fs::File::create(&p).map_err(|e| io(&p, e))?);
+            w.write_to(&mut out)
+                .and_then(|()| std::io::Write::flush(&mut out))
+                .map_err(|e| io(&p, e))?;
         }
         Ok(())
     }

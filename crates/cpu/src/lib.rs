@@ -8,7 +8,7 @@ mod forward;
 pub mod kernels;
 mod kv;
 pub mod matmul;
-mod mem;
+pub mod mem;
 pub mod membw;
 mod moe;
 pub mod ops;

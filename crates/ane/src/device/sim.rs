@@ -52,7 +52,7 @@ fn load(unit: &CompileUnit) -> Result<anelm_mil::Program, MilError> {
     let mut program = anelm_mil::text::parse_program(&unit.text)?;
     let mut files: HashMap<&str, BlobFile> = HashMap::new();
     for w in &unit.weights {
-        files.insert(&w.path, BlobFile::parse(w.path.clone(), w.bytes.clone())?);
+        files.insert(&w.path, BlobFile::parse(w.path.clone(), w.bytes())?);
     }
     program.resolve_blobs(|path, offset, ty| {
         files
@@ -327,7 +327,9 @@ mod tests {
     fn errors_name_the_kernel_and_the_problem() {
         let mut d = SimDevice::new();
         let mut u = unit();
-        u.weights[0].bytes[64] = 0; // break a sentinel
+        let mut b = u.weights[0].bytes();
+        b[64] = 0; // break a sentinel
+        u.weights[0].set_bytes(b);
         let e = d.compile(&u).err().unwrap().to_string();
         assert!(
             e.starts_with("sim: compiling affine:") && e.contains("sentinel"),

@@ -197,6 +197,8 @@ pub struct Encoded {
     pub rows: usize,
     pub cols: usize,
     pub reports: Vec<TensorReport>,
+    /// The largest row L1 norm of the weights (measured as they are encoded).
+    max_row_l1: f32,
 }
 
 /// One source part: rows `first..first + rows` of `weight`.
@@ -330,8 +332,21 @@ fn fp16_block(scale: f32, bias: f32) -> (f16, f16, bool) {
     (s, o, false)
 }
 
-/// `parts` stacked row-wise (all with the same columns) in the form `policy` gives them.
+/// `parts` stacked row-wise (all with the same columns) in the form `policy` gives them. The
+/// parts' pages of a memory-mapped file are given back afterwards (they are read once here;
+/// lowering a model then holds the programs' weights, not the file's too).
 pub fn encode(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
+    let e = encode_parts(parts, policy);
+    let maps = anelm_cpu::mem::file_mappings();
+    for p in parts {
+        let rb = p.weight.row_bytes();
+        let bytes = p.weight.bytes();
+        anelm_cpu::mem::release(&bytes[p.first * rb..(p.first + p.rows) * rb], &maps);
+    }
+    e
+}
+
+fn encode_parts(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
     let cols = parts[0].weight.cols;
     if let Some(p) = parts.iter().find(|p| p.weight.cols != cols) {
         return Err(AneError::Unsupported(format!(
@@ -371,11 +386,14 @@ fn fp16_stack(
 ) -> Result<Encoded> {
     let mut bytes = Vec::with_capacity(rows * cols * 2);
     let mut reports = Vec::new();
+    let mut max_l1 = 0f64;
     for (p, plan) in parts.iter().zip(plans) {
         let v = p.values()?;
         let mut max_abs = 0f32;
         for (r, row) in v.chunks(cols).enumerate() {
+            let mut l1 = 0f64;
             for &x in row {
+                l1 += f64::from(f16::from_f32(x).to_f32().abs());
                 if x.abs() > 65504.0 || x.is_nan() {
                     return Err(AneError::Unsupported(format!(
                         "{}: row {} holds {x}, outside the fp16 range",
@@ -386,6 +404,7 @@ fn fp16_stack(
                 max_abs = max_abs.max(x.abs());
                 bytes.extend_from_slice(&f16::from_f32(x).to_le_bytes());
             }
+            max_l1 = max_l1.max(l1);
         }
         let kept_fp16 = match plan {
             Plan::Fp16(why) => Some(why.clone()),
@@ -415,6 +434,7 @@ fn fp16_stack(
         rows,
         cols,
         reports,
+        max_row_l1: max_l1 as f32,
     })
 }
 
@@ -461,12 +481,14 @@ fn blockwise_stack(
         (data + meta).round() as u64
     };
     let mut file = vec![0f32; cols];
+    let mut max_l1 = 0f64;
     for (p, mut m) in parts.iter().zip(mats) {
         let (mut max_err, mut max_abs, mut exact) = (0f32, 0f32, true);
         let per_row = cols / block;
         for (r, row) in m.ints.chunks_mut(cols).enumerate() {
             // The reference is the file's value (re-quantised parts differ from their integers).
             p.weight.dequantize_row(p.first + r, &mut file)?;
+            let mut l1 = 0f64;
             for (j, q) in row.chunks_mut(block).enumerate() {
                 let b = r * per_row + j;
                 let bias = m.biases.as_ref().map_or(0.0, |v| v[b]);
@@ -491,6 +513,7 @@ fn blockwise_stack(
                     let qi = *qi;
                     let want = file[j * block + k];
                     let ours = sf * (f32::from(qi) - of);
+                    l1 += f64::from(ours.abs());
                     if ours.to_bits() != want.to_bits() && !(ours == 0.0 && want == 0.0) {
                         exact = false;
                     }
@@ -498,6 +521,7 @@ fn blockwise_stack(
                     max_abs = max_abs.max(want.abs());
                 }
             }
+            max_l1 = max_l1.max(l1);
         }
         // The first part's integers become the data in place (a head tile is one part).
         if ints.is_empty() {
@@ -543,6 +567,7 @@ fn blockwise_stack(
         rows,
         cols,
         reports,
+        max_row_l1: max_l1 as f32,
     })
 }
 
@@ -552,6 +577,7 @@ fn lut_stack(parts: &[Part], rows: usize, cols: usize) -> Result<Encoded> {
     let mut indices = Vec::with_capacity(rows * cols);
     let mut lut: Vec<f16> = Vec::with_capacity(rows / group * 16);
     let mut reports = Vec::new();
+    let mut max_l1 = 0f64;
     for p in parts {
         let v = p.values()?;
         let groups: Vec<(Vec<f32>, Vec<u8>)> = v
@@ -561,9 +587,14 @@ fn lut_stack(parts: &[Part], rows: usize, cols: usize) -> Result<Encoded> {
         let (mut max_err, mut max_abs) = (0f32, 0f32);
         for ((c, idx), g) in groups.iter().zip(v.chunks(group * cols)) {
             lut.extend(c.iter().map(|&x| f16::from_f32(x)));
-            for (&i, &x) in idx.iter().zip(g) {
-                max_err = max_err.max((c[i as usize] - x).abs());
-                max_abs = max_abs.max(x.abs());
+            for (ir, xr) in idx.chunks(cols).zip(g.chunks(cols)) {
+                let mut l1 = 0f64;
+                for (&i, &x) in ir.iter().zip(xr) {
+                    max_err = max_err.max((c[i as usize] - x).abs());
+                    max_abs = max_abs.max(x.abs());
+                    l1 += f64::from(c[i as usize].abs());
+                }
+                max_l1 = max_l1.max(l1);
             }
             indices.extend_from_slice(idx);
         }
@@ -589,6 +620,7 @@ fn lut_stack(parts: &[Part], rows: usize, cols: usize) -> Result<Encoded> {
         rows,
         cols,
         reports,
+        max_row_l1: max_l1 as f32,
     })
 }
 
@@ -650,10 +682,7 @@ impl Encoded {
 
     /// The largest row L1 norm of the weights.
     pub fn max_row_l1(&self) -> f32 {
-        self.to_f32()
-            .chunks_exact(self.cols)
-            .map(|r| r.iter().map(|v| v.abs() as f64).sum::<f64>())
-            .fold(0.0, f64::max) as f32
+        self.max_row_l1
     }
 
     /// The weight as a `[rows, cols, 1, 1]` fp16 value of `f`: a const, or the constexpr op over

@@ -65,6 +65,10 @@ pub struct Args {
     /// Fused strategy: KV-cache positions every chunk holds.
     #[arg(long, default_value_t = 1024)]
     pub context: usize,
+    /// Print the weights' report as JSON (every tensor: its encoding, bytes and error) after the
+    /// table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Prints one program's line and its lint warnings; returns the warnings. (Padded I/O rows are
@@ -204,6 +208,16 @@ pub fn run(a: Args) -> Result<()> {
         summary::table(&reports)
     );
     let t = summary::totals(&reports);
+    if a.json {
+        let tensors: Vec<_> = reports
+            .iter()
+            .map(|r| serde_json::json!({"name": r.name, "file_type": r.source, "encoding": r.encoding, "weights": r.weights, "bytes": r.bytes, "exact": r.exact, "max_abs_err": r.max_abs_err, "max_abs": r.max_abs, "kept_fp16": r.kept_fp16}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"policy": opts.weights.to_string(), "weight_bytes": t.bytes, "fp16_bytes": t.fp16_bytes, "ratio_to_fp16": t.ratio(), "weight_file_bytes": total, "tensors": tensors})
+        );
+    }
     println!(
         "{:.1} MB of weight files ({:.1} MB of matrices, {:.3}x their fp16 {:.1} MB; read once per decoded token); {warnings} lint warnings",
         total as f64 / 1e6,

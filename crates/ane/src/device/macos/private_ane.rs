@@ -92,10 +92,9 @@ impl Device for PrivateAneDevice {
 
     fn compile(&mut self, unit: &CompileUnit) -> Result<PrivateAneKernel, DeviceError> {
         let fail = |m: String| error(NAME, Stage::Compile, &unit.name, m);
-        let weights: Vec<(&str, &[u8])> = unit
-            .weights
-            .iter()
-            .map(|w| (w.path.as_str(), w.bytes.as_slice()))
+        let bytes: Vec<Vec<u8>> = unit.weights.iter().map(|w| w.bytes()).collect();
+        let weights: Vec<(&str, &[u8])> = (unit.weights.iter().zip(&bytes))
+            .map(|(w, b)| (w.path.as_str(), b.as_slice()))
             .collect();
         let files = anelm_macos::staging::ModelFiles {
             mil_text: &unit.text,

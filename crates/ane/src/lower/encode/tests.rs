@@ -99,6 +99,33 @@ fn stacks_promote_to_a_common_form() {
     assert_eq!(block, 16);
 }
 
+/// The row L1 bound measured while encoding equals the one computed from the weights.
+fn check_l1(e: &Encoded) {
+    let want = e
+        .to_f32()
+        .chunks(e.cols)
+        .map(|r| r.iter().map(|v| v.abs() as f64).sum::<f64>())
+        .fold(0.0, f64::max) as f32;
+    assert!(
+        (e.max_row_l1() - want).abs() <= want * 1e-6,
+        "{} vs {want}",
+        e.max_row_l1()
+    );
+}
+
+#[test]
+fn row_l1_bounds() {
+    let w = weight("w", GgmlType::Q4_1, 8, 64, 3);
+    for p in [WeightPolicy::Auto, WeightPolicy::Fp16, WeightPolicy::Int4] {
+        check_l1(&encode(&[Part::whole(&w)], p).unwrap());
+    }
+    let vals: Vec<f32> = (0..1024)
+        .map(|i| ((i * 13 % 29) as f32 - 14.0) / 8.0)
+        .collect();
+    let f = Weight::from_f32("f", 16, 64, &vals);
+    check_l1(&encode(&[Part::whole(&f)], WeightPolicy::Int4).unwrap());
+}
+
 #[test]
 fn head_tiles_take_row_ranges() {
     let w = weight("head", GgmlType::Q8_0, 10, 64, 9);
