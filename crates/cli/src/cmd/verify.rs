@@ -64,6 +64,13 @@ pub struct Args {
     pub width: usize,
     #[arg(long)]
     pub json: bool,
+    /// Under --weights int8|int4: the largest relative logit error against the uncompressed
+    /// model that the compression may cost; verify fails beyond it.
+    #[arg(long, default_value_t = 0.1)]
+    pub max_compression_error: f32,
+    /// Accept a compression whose error exceeds --max-compression-error.
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn ids_of(v: &Value, file: &Path, what: &str) -> Result<Vec<u32>> {
@@ -199,6 +206,9 @@ pub fn run(a: Args) -> Result<()> {
         a.model.threads,
         a.model.weights,
     )?;
+    let refused = report
+        .uncompressed_rel_err()
+        .filter(|&e| e > a.max_compression_error && !a.force);
     let tokens: usize = cases
         .iter()
         .map(|c| c.ids.len() + a.greedy.saturating_sub(1))
@@ -227,6 +237,7 @@ pub fn run(a: Args) -> Result<()> {
             "tokens": tokens,
             "prompts": prompts,
             "weights": weight_json(&a.model.weights, &report, &exec.weight_reports()),
+            "compression_refused": refused.is_some(),
         });
         println!("{out}");
     } else {
@@ -282,6 +293,13 @@ pub fn run(a: Args) -> Result<()> {
                 Some(e) => format!("; against the uncompressed model: max relative error {e:.2e}"),
                 None => String::new(),
             }
+        );
+    }
+    if let Some(e) = refused {
+        bail!(
+            "--weights {}: the compression moves logits by {e:.2e} relative to the uncompressed model, more than --max-compression-error {}; refused (--force accepts it)",
+            a.model.weights,
+            a.max_compression_error
         );
     }
     Ok(())
