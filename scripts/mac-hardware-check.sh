@@ -62,7 +62,7 @@ with_limit() {
         sleep 1
         waited=$((waited + 1))
         if [ $((waited % 10)) -eq 0 ]; then
-            printf '.' >/dev/tty 2>/dev/null || true
+            printf '.' >&2
         fi
     done
     wait "$pid"
@@ -76,7 +76,7 @@ run() {
     local file
     file="$out/logs/$(printf '%02d' "$step")-$(printf '%s' "$title" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-60).txt"
     local start end status
-    printf '[%02d] %s ' "$step" "$title" >/dev/tty 2>/dev/null || true
+    printf '[%02d] %s ' "$step" "$title" >&2
     {
         echo "### $title"
         echo "\$ $*"
@@ -90,11 +90,11 @@ run() {
         timeouts=$((timeouts + 1))
         failures=$((failures + 1))
         echo "-> stopped after the ${limit} s limit" >>"$report"
-        printf ' TIMED OUT after %s s\n' "$limit" >/dev/tty 2>/dev/null || true
+        printf ' TIMED OUT after %s s\n' "$limit" >&2
     else
         echo "-> exit $status in $((end - start)) s" >>"$report"
         [ "$status" -ne 0 ] && failures=$((failures + 1))
-        printf ' exit %s (%s s)\n' "$status" "$((end - start))" >/dev/tty 2>/dev/null || true
+        printf ' exit %s (%s s)\n' "$status" "$((end - start))" >&2
     fi
     echo "" >>"$report"
     return 0
