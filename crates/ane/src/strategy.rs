@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anelm_model::{ExecError, Executor, KvState, Logits, Model};
 
+use crate::cache::CacheReport;
 use crate::device::Device;
 use crate::error::Result;
 use crate::exec::{DeviceProjections, FusedExecutor, ProjectionExecutor};
@@ -66,6 +67,8 @@ pub trait DevicePath: Executor {
     fn dispatches(&self) -> u64;
     /// Programs compiled.
     fn programs(&self) -> usize;
+    /// Which programs were compiled and which loaded from the program cache.
+    fn cache_report(&self) -> &CacheReport;
 }
 
 impl<D: Device> DevicePath for AneExecutor<D> {
@@ -94,6 +97,13 @@ impl<D: Device> DevicePath for AneExecutor<D> {
         match self {
             AneExecutor::Projection(e) => e.projections().n_kernels(),
             AneExecutor::Fused(e) => e.plan().chunks.len(),
+        }
+    }
+
+    fn cache_report(&self) -> &CacheReport {
+        match self {
+            AneExecutor::Projection(e) => e.projections().cache_report(),
+            AneExecutor::Fused(e) => e.cache_report(),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use anelm_model::Model;
 
 use super::Projections;
+use crate::cache::CacheReport;
 use crate::device::{Device, KernelIo};
 use crate::error::{AneError, Result};
 use crate::lower::{
@@ -34,6 +35,7 @@ pub struct DeviceProjections<D: Device> {
     kernels: BTreeMap<Projection, Vec<Bound<D>>>,
     /// Device evaluations so far.
     dispatches: u64,
+    cache: CacheReport,
 }
 
 impl<D: Device> DeviceProjections<D> {
@@ -46,11 +48,13 @@ impl<D: Device> DeviceProjections<D> {
         mut on_kernel: impl FnMut(&KernelSpec),
     ) -> Result<Self> {
         let mut kernels: BTreeMap<Projection, Vec<Bound<D>>> = BTreeMap::new();
+        let mut cache = CacheReport::default();
         for spec in projection_kernels(model, opts)? {
             on_kernel(&spec);
             let lowered = build_unit(model, &spec, opts)?;
-            let kernel =
+            let (kernel, outcome) =
                 crate::cache::compile(&mut device, &lowered.unit, opts.cache_dir.as_deref())?;
+            cache.push(&spec.name, outcome);
             drop(lowered.unit);
             let io = device
                 .io(&kernel, "main")
@@ -105,7 +109,13 @@ impl<D: Device> DeviceProjections<D> {
             width: opts.width,
             kernels,
             dispatches: 0,
+            cache,
         })
+    }
+
+    /// Which kernels were compiled and which loaded from the program cache.
+    pub fn cache_report(&self) -> &CacheReport {
+        &self.cache
     }
 
     pub fn device(&self) -> &D {

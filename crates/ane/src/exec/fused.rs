@@ -13,6 +13,7 @@ use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, Ow
 use half::f16;
 
 use super::{embed, settle_near_ties};
+use crate::cache::CacheReport;
 use crate::device::{Device, IoLayout, KernelIo};
 use crate::error::{AneError, Result};
 use crate::lower::fused::{
@@ -84,6 +85,7 @@ pub struct FusedExecutor<D: Device> {
     /// The sequence whose cache the bound buffers hold.
     resident: Option<usize>,
     dispatches: u64,
+    cache: CacheReport,
 }
 
 fn io_error(chunk: &str, what: &str) -> AneError {
@@ -104,10 +106,13 @@ impl<D: Device> FusedExecutor<D> {
             .map(|(i, l)| attention(l, i).map(|a| a.n_kv_heads * a.head_dim))
             .collect::<Result<Vec<usize>>>()?;
         let mut chunks = Vec::new();
+        let mut cache = CacheReport::default();
         for (i, spec) in plan.chunks.iter().enumerate() {
             on_chunk(spec);
             let unit = build_chunk(&model, &plan, i, KvForm::Inputs)?;
-            let kernel = crate::cache::compile(&mut device, &unit, opts.cache_dir.as_deref())?;
+            let (kernel, outcome) =
+                crate::cache::compile(&mut device, &unit, opts.cache_dir.as_deref())?;
+            cache.push(&spec.name, outcome);
             drop(unit);
             let mut bind = |name: &str, width: usize| -> Result<Bound<D>> {
                 let io = device
@@ -137,7 +142,13 @@ impl<D: Device> FusedExecutor<D> {
             id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
             resident: None,
             dispatches: 0,
+            cache,
         })
+    }
+
+    /// Which chunks were compiled and which loaded from the program cache.
+    pub fn cache_report(&self) -> &CacheReport {
+        &self.cache
     }
 
     pub fn plan(&self) -> &FusedPlan {

@@ -85,12 +85,7 @@ fn declared(f: &Function) -> Result<(DeclaredFunction, Vec<String>), String> {
 }
 
 fn error(device: &str, stage: Stage, kernel: &str, message: impl ToString) -> DeviceError {
-    DeviceError {
-        device: device.into(),
-        stage,
-        kernel: kernel.into(),
-        message: message.to_string(),
-    }
+    DeviceError::new(device, stage, kernel, message)
 }
 
 #[cfg(test)]
