@@ -1,6 +1,6 @@
 //! `anelm verify`: prompts through the device path and through the CPU engine, the logits after
 //! each prompt and along 16 greedy tokens compared (`--json` → `{"max_rel_err", "greedy_same",
-//! "prompts"}`).
+//! "cache": {"compiled", "loaded", "units"}, "prompts"}`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -219,6 +219,7 @@ pub fn run(a: Args) -> Result<()> {
             "n_greedy": a.greedy,
             "strategy": strategy.name(),
             "programs": exec.programs(),
+            "cache": exec.cache_report().to_json(),
             "dispatches": dispatches,
             "dispatches_per_token": exec.dispatches_per_token(),
             "seconds": {"total": started.elapsed().as_secs_f64(), "compile": compile_seconds, "device": report.device_seconds, "reference": report.reference_seconds},
@@ -252,7 +253,7 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         println!(
-            "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs compiled in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
+            "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs ({} compiled, {} from the cache) ready in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
             report.max_rel_err(),
             reference.name(),
             if report.greedy_same() {
@@ -264,6 +265,8 @@ pub fn run(a: Args) -> Result<()> {
             },
             strategy.name(),
             exec.programs(),
+            exec.cache_report().compiled(),
+            exec.cache_report().loaded(),
             exec.dispatches_per_token(),
             report.device_seconds,
             report.reference_seconds
