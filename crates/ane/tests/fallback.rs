@@ -40,14 +40,16 @@ impl Executor for Flaky {
 fn greedy(e: &mut dyn Executor, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut s = e.new_state(64).unwrap();
     let mut out = Vec::new();
-    e.forward(s.as_mut(), prompt, Logits::Last, &mut out).unwrap();
+    e.forward(s.as_mut(), prompt, Logits::Last, &mut out)
+        .unwrap();
     let mut ids = Vec::new();
     for _ in 0..n {
         let next = (0..out.len())
             .max_by(|&a, &b| out[a].total_cmp(&out[b]))
             .unwrap() as u32;
         ids.push(next);
-        e.forward(s.as_mut(), &[next], Logits::Last, &mut out).unwrap();
+        e.forward(s.as_mut(), &[next], Logits::Last, &mut out)
+            .unwrap();
     }
     ids
 }
@@ -75,7 +77,11 @@ fn a_failing_device_hands_over_to_the_cpu_mid_sequence() {
         );
         // A second sequence made before the failure moves over too.
         let mut other = e.new_state(64).unwrap();
-        assert_eq!(greedy(&mut e, &prompt, 8), want, "fail at forward {fail_at}");
+        assert_eq!(
+            greedy(&mut e, &prompt, 8),
+            want,
+            "fail at forward {fail_at}"
+        );
         assert!(e.on_cpu());
         assert_eq!(warnings.load(Ordering::Relaxed), 1, "one warning");
         let mut out = Vec::new();
@@ -84,6 +90,9 @@ fn a_failing_device_hands_over_to_the_cpu_mid_sequence() {
         assert_eq!(other.len(), 4);
         // Errors that are not the device's still reach the caller.
         let e2 = e.forward(other.as_mut(), &[u32::MAX], Logits::Last, &mut out);
-        assert!(matches!(e2, Err(ExecError::TokenOutOfRange { .. })), "{e2:?}");
+        assert!(
+            matches!(e2, Err(ExecError::TokenOutOfRange { .. })),
+            "{e2:?}"
+        );
     }
 }

@@ -136,8 +136,7 @@ impl Executor for FallbackExecutor {
             st.inner = inner;
             st.on_cpu = true;
         }
-        self.cpu()
-            .forward(st.inner.as_mut(), tokens, logits, out)?;
+        self.cpu().forward(st.inner.as_mut(), tokens, logits, out)?;
         st.tokens.extend_from_slice(tokens);
         Ok(())
     }
