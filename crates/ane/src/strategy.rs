@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anelm_model::{ExecError, Executor, KvState, Logits, Model};
 
+use crate::cache::CacheReport;
 use crate::device::Device;
 use crate::error::Result;
 use crate::exec::{DeviceProjections, FusedExecutor, ProjectionExecutor};
@@ -68,6 +69,8 @@ pub trait DevicePath: Executor {
     fn programs(&self) -> usize;
     /// What the lowering made of each weight tensor the programs hold.
     fn weight_reports(&self) -> Vec<crate::lower::TensorReport>;
+    /// Which programs were compiled and which loaded from the program cache.
+    fn cache_report(&self) -> &CacheReport;
 }
 
 impl<D: Device> DevicePath for AneExecutor<D> {
@@ -103,6 +106,13 @@ impl<D: Device> DevicePath for AneExecutor<D> {
         match self {
             AneExecutor::Projection(e) => e.projections().weight_reports().to_vec(),
             AneExecutor::Fused(e) => e.weight_reports().to_vec(),
+        }
+    }
+
+    fn cache_report(&self) -> &CacheReport {
+        match self {
+            AneExecutor::Projection(e) => e.projections().cache_report(),
+            AneExecutor::Fused(e) => e.cache_report(),
         }
     }
 }

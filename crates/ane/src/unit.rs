@@ -170,6 +170,40 @@ impl CompileUnit {
     }
 }
 
+impl CompileUnit {
+    /// The unit `name` from a directory [`CompileUnit::write_mil_dir`] wrote: the text as it was
+    /// (the program parsed from it, weights not loaded into it: what a device needs of it is
+    /// the I/O) and the weight files it names, byte for byte.
+    pub fn read_mil_dir(dir: &Path, name: &str) -> Result<CompileUnit, MilError> {
+        let model = dir.join(anelm_mil::text::MODEL_FILE);
+        let text = std::fs::read_to_string(&model).map_err(|e| MilError::io(&model, e))?;
+        let program = anelm_mil::text::parse_program(&text).map_err(|e| match e {
+            MilError::Parse { line, col, msg } => {
+                MilError::format(&model, format!("{line}:{col}: {msg}"))
+            }
+            other => other,
+        })?;
+        let mut weights = Vec::new();
+        for path in anelm_macos::staging::blobfile_paths(&text) {
+            let rel = anelm_macos::staging::relative_path(path)
+                .map_err(|e| MilError::format(&model, e.to_string()))?;
+            let p = dir.join(rel);
+            let bytes = std::fs::read(&p).map_err(|e| MilError::io(&p, e))?;
+            weights.push(WeightFile {
+                path: path.to_string(),
+                content: Content::Bytes(bytes),
+            });
+        }
+        Ok(CompileUnit {
+            name: name.to_string(),
+            program,
+            text,
+            weights,
+            weight_reports: Vec::new(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,5 +277,13 @@ mod tests {
             p.functions[0].ops().len(),
             u.program.functions[0].ops().len()
         );
+        let back = CompileUnit::read_mil_dir(d.path(), "t").unwrap();
+        assert_eq!(back.cache_key(), u.cache_key(), "the same compiler input");
+        assert_eq!(back.program.functions[0].inputs().len(), 1);
+        std::fs::remove_file(d.path().join("weights/w.bin")).unwrap();
+        let e = CompileUnit::read_mil_dir(d.path(), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("w.bin"), "{e}");
     }
 }

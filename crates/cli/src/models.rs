@@ -25,9 +25,12 @@ pub fn cache_dir() -> PathBuf {
     cache_subdir("ANELM_MODELS", "models")
 }
 
+/// The variable that names the compiled-program cache.
+pub const PROGRAMS_ENV: &str = "ANELM_PROGRAMS";
+
 /// Compiled ANE programs: `$ANELM_PROGRAMS`, else `~/.cache/anelm/programs`.
 pub fn programs_dir() -> PathBuf {
-    cache_subdir("ANELM_PROGRAMS", "programs")
+    cache_subdir(PROGRAMS_ENV, "programs")
 }
 
 /// `--model` if given, else the default model from the cache (with a hint when it is missing).

@@ -150,6 +150,10 @@ pub enum MacError {
     /// This process has compiled as many programs as the ANE takes (FACTS §4).
     #[error("compile budget exhausted: {used} ANE compiles in this process, the limit is {limit} (FACTS §4: compiles fail past ~119; set ANELM_ANE_COMPILE_BUDGET to change it)")]
     BudgetExhausted { used: u32, limit: u32 },
+    /// A load that must not compile found no compiled program for it (the daemon's cache was
+    /// purged, or this OS cannot say: no `compiledModelExists`).
+    #[error("the ANE daemon holds no compiled program {identifier} (compiledModelExists is NO or missing); it must be compiled again")]
+    NotCompiled { identifier: String },
     /// `modelAttributes` do not describe the I/O the program declares.
     #[error("modelAttributes: {0}")]
     Layout(String),

@@ -15,7 +15,7 @@ pub use macos::{
     CoreMlBinding, CoreMlDevice, CoreMlKernel, PrivateAneBinding, PrivateAneDevice,
     PrivateAneKernel,
 };
-pub use sim::{SimBinding, SimDevice, SimKernel};
+pub use sim::{SimBinding, SimDevice, SimKernel, SimRefusal, SIM_FAIL_ENV};
 
 use crate::unit::CompileUnit;
 
@@ -109,14 +109,49 @@ impl std::fmt::Display for Stage {
 }
 
 /// A device call that failed, with the device's own message (an `NSError` description on the
-/// ANE, the interpreter's error in the simulator).
+/// ANE, the interpreter's error in the simulator) and the files saved for a report (the staged
+/// program, its `modelAttributes`), which the message lists.
 #[derive(Debug, thiserror::Error)]
-#[error("{device}: {stage} {kernel}: {message}")]
 pub struct DeviceError {
     pub device: String,
     pub stage: Stage,
     pub kernel: String,
     pub message: String,
+    /// Files kept for whoever reads the error (empty when none were saved).
+    pub files: Vec<std::path::PathBuf>,
+}
+
+impl DeviceError {
+    pub fn new(device: &str, stage: Stage, kernel: &str, message: impl ToString) -> DeviceError {
+        DeviceError {
+            device: device.to_string(),
+            stage,
+            kernel: kernel.to_string(),
+            message: message.to_string(),
+            files: Vec::new(),
+        }
+    }
+
+    /// The same error, naming `files` as saved for it.
+    pub fn with_files(mut self, files: impl IntoIterator<Item = std::path::PathBuf>) -> Self {
+        self.files.extend(files);
+        self
+    }
+}
+
+impl std::fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} {}: {}",
+            self.device, self.stage, self.kernel, self.message
+        )?;
+        if !self.files.is_empty() {
+            let files: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
+            write!(f, " (saved: {})", files.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 /// A device that runs compiled MIL programs.
@@ -188,11 +223,11 @@ pub trait Device: Send {
         _dir: &std::path::Path,
         unit_name: &str,
     ) -> Result<Self::Kernel, DeviceError> {
-        Err(DeviceError {
-            device: self.name().to_string(),
-            stage: Stage::Compile,
-            kernel: unit_name.to_string(),
-            message: "this device has no cached form".into(),
-        })
+        Err(DeviceError::new(
+            self.name(),
+            Stage::Compile,
+            unit_name,
+            "this device has no cached form",
+        ))
     }
 }

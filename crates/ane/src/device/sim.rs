@@ -1,6 +1,7 @@
 //! The simulator device: compiles a unit the way the private path receives it — the MIL text
 //! is parsed and every `BLOBFILE` is read from the unit's weight files — and runs it with
-//! [`anelm_mil::sim`], through buffers laid out like the ANE's IOSurfaces.
+//! [`anelm_mil::sim`], through buffers laid out like the ANE's IOSurfaces. For tests it can be
+//! told to refuse a unit the way a hardware driver might ([`SimRefusal`], `ANELM_SIM_FAIL`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,11 +16,74 @@ use crate::unit::CompileUnit;
 
 /// Runs MIL programs on the CPU with the ANE's fp16 numerics.
 #[derive(Debug, Default)]
-pub struct SimDevice;
+pub struct SimDevice {
+    refusal: Option<SimRefusal>,
+}
+
+/// The testing hook's environment variable: `[compile:|bind:|evaluate:]<unit-name substring>`.
+pub const SIM_FAIL_ENV: &str = "ANELM_SIM_FAIL";
+
+/// A testing hook: the simulator refuses, at `stage`, every unit whose name contains `unit` —
+/// so the paths that handle a device refusing a unit (messages, `--fallback`) run without a Mac.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimRefusal {
+    pub stage: Stage,
+    pub unit: String,
+}
+
+impl SimRefusal {
+    /// `compile:NAME`, `bind:NAME`, `evaluate:NAME`, or `NAME` (compile).
+    pub fn parse(spec: &str) -> Result<SimRefusal, String> {
+        let (stage, unit) = match spec.split_once(':') {
+            Some(("compile", u)) => (Stage::Compile, u),
+            Some(("bind", u)) => (Stage::Bind, u),
+            Some(("evaluate", u)) => (Stage::Evaluate, u),
+            Some((s, _)) => {
+                return Err(format!(
+                    "{SIM_FAIL_ENV}={spec}: stage {s} is not compile, bind or evaluate"
+                ))
+            }
+            None => (Stage::Compile, spec),
+        };
+        if unit.is_empty() {
+            return Err(format!("{SIM_FAIL_ENV}={spec}: no unit name to refuse"));
+        }
+        Ok(SimRefusal {
+            stage,
+            unit: unit.to_string(),
+        })
+    }
+}
 
 impl SimDevice {
     pub fn new() -> SimDevice {
-        SimDevice
+        SimDevice::default()
+    }
+
+    /// A simulator that refuses what `refusal` names.
+    pub fn refusing(refusal: SimRefusal) -> SimDevice {
+        SimDevice {
+            refusal: Some(refusal),
+        }
+    }
+
+    /// A simulator with the refusal `ANELM_SIM_FAIL` names, if it is set (the testing hook).
+    pub fn from_env() -> Result<SimDevice, String> {
+        match std::env::var(SIM_FAIL_ENV) {
+            Ok(spec) if !spec.is_empty() => Ok(SimDevice::refusing(SimRefusal::parse(&spec)?)),
+            _ => Ok(SimDevice::new()),
+        }
+    }
+
+    fn check(&self, stage: Stage, unit: &str) -> Result<(), DeviceError> {
+        match &self.refusal {
+            Some(r) if r.stage == stage && unit.contains(&r.unit) => Err(Self::error(
+                stage,
+                unit,
+                format!("refused on request ({SIM_FAIL_ENV}, a testing hook)"),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -100,12 +164,7 @@ fn kernel(name: &str, program: &anelm_mil::Program) -> Result<SimKernel, DeviceE
 
 impl SimDevice {
     fn error(stage: Stage, kernel: &str, message: impl ToString) -> DeviceError {
-        DeviceError {
-            device: "sim".into(),
-            stage,
-            kernel: kernel.to_string(),
-            message: message.to_string(),
-        }
+        DeviceError::new("sim", stage, kernel, message)
     }
 }
 
@@ -118,6 +177,7 @@ impl Device for SimDevice {
     }
 
     fn compile(&mut self, unit: &CompileUnit) -> Result<SimKernel, DeviceError> {
+        self.check(Stage::Compile, &unit.name)?;
         let program = load(unit).map_err(|e| Self::error(Stage::Compile, &unit.name, e))?;
         kernel(&unit.name, &program)
     }
@@ -135,6 +195,7 @@ impl Device for SimDevice {
     }
 
     fn load_compiled(&mut self, dir: &Path, unit_name: &str) -> Result<SimKernel, DeviceError> {
+        self.check(Stage::Compile, unit_name)?;
         let program = anelm_mil::text::read_model_dir(dir)
             .map_err(|e| Self::error(Stage::Compile, unit_name, e))?;
         kernel(unit_name, &program)
@@ -149,6 +210,7 @@ impl Device for SimDevice {
     }
 
     fn bind(&mut self, kernel: &SimKernel, function: &str) -> Result<SimBinding, DeviceError> {
+        self.check(Stage::Bind, &kernel.name)?;
         let index = kernel
             .functions
             .iter()
@@ -184,6 +246,7 @@ impl Device for SimDevice {
         binding: &mut SimBinding,
         live_columns: usize,
     ) -> Result<(), DeviceError> {
+        self.check(Stage::Evaluate, &kernel.name)?;
         let (sim, io) = &kernel.functions[binding.function];
         let fail = |m: String| Self::error(Stage::Evaluate, &kernel.name, m);
         // Column-independent programs run on the live columns only; others on all of them.
@@ -321,6 +384,34 @@ mod tests {
                 "dead columns are zeroed"
             )
         });
+    }
+
+    #[test]
+    fn refuses_what_the_testing_hook_names() {
+        let r = SimRefusal::parse("evaluate:aff").unwrap();
+        assert_eq!((r.stage, r.unit.as_str()), (Stage::Evaluate, "aff"));
+        assert_eq!(SimRefusal::parse("ffn").unwrap().stage, Stage::Compile);
+        assert!(SimRefusal::parse("load:x")
+            .unwrap_err()
+            .contains("stage load"));
+        assert!(SimRefusal::parse("bind:").is_err());
+        let mut d = SimDevice::refusing(r);
+        let k = d.compile(&unit()).unwrap();
+        let mut b = d.bind(&k, "main").unwrap();
+        let e = d.evaluate(&k, &mut b, 1).unwrap_err();
+        assert_eq!(e.stage, Stage::Evaluate);
+        assert!(
+            e.to_string().starts_with("sim: evaluating affine: refused"),
+            "{e}"
+        );
+        let mut d = SimDevice::refusing(SimRefusal::parse("compile:other").unwrap());
+        assert!(d.compile(&unit()).is_ok(), "other units compile");
+        let e = DeviceError::new("ane", Stage::Bind, "u", "no")
+            .with_files(["/t/a.json".into(), "/t/model.mil".into()]);
+        assert_eq!(
+            e.to_string(),
+            "ane: binding u: no (saved: /t/a.json, /t/model.mil)"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use anelm_model::Model;
 
 use super::Projections;
+use crate::cache::CacheReport;
 use crate::device::{Device, KernelIo};
 use crate::error::{AneError, Result};
 use crate::lower::{
@@ -36,6 +37,7 @@ pub struct DeviceProjections<D: Device> {
     dispatches: u64,
     /// What the lowering made of each weight tensor.
     weight_reports: Vec<crate::lower::TensorReport>,
+    cache: CacheReport,
 }
 
 impl<D: Device> DeviceProjections<D> {
@@ -49,12 +51,14 @@ impl<D: Device> DeviceProjections<D> {
     ) -> Result<Self> {
         let mut kernels: BTreeMap<Projection, Vec<Bound<D>>> = BTreeMap::new();
         let mut weight_reports = Vec::new();
+        let mut cache = CacheReport::default();
         for spec in projection_kernels(model, opts)? {
             on_kernel(&spec);
             let lowered = build_unit(model, &spec, opts)?;
-            let kernel =
+            let (kernel, outcome) =
                 crate::cache::compile(&mut device, &lowered.unit, opts.cache_dir.as_deref())?;
             weight_reports.extend(lowered.unit.weight_reports.iter().cloned());
+            cache.push(&spec.name, outcome);
             drop(lowered.unit);
             let io = device
                 .io(&kernel, "main")
@@ -110,7 +114,13 @@ impl<D: Device> DeviceProjections<D> {
             kernels,
             dispatches: 0,
             weight_reports,
+            cache,
         })
+    }
+
+    /// Which kernels were compiled and which loaded from the program cache.
+    pub fn cache_report(&self) -> &CacheReport {
+        &self.cache
     }
 
     pub fn device(&self) -> &D {

@@ -13,6 +13,7 @@ use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, Ow
 use half::f16;
 
 use super::{embed, settle_near_ties};
+use crate::cache::CacheReport;
 use crate::device::{Device, IoLayout, KernelIo};
 use crate::error::{AneError, Result};
 use crate::lower::fused::{
@@ -86,6 +87,7 @@ pub struct FusedExecutor<D: Device> {
     dispatches: u64,
     /// What the lowering made of each weight tensor.
     weight_reports: Vec<crate::lower::TensorReport>,
+    cache: CacheReport,
 }
 
 fn io_error(chunk: &str, what: &str) -> AneError {
@@ -107,10 +109,13 @@ impl<D: Device> FusedExecutor<D> {
             .collect::<Result<Vec<usize>>>()?;
         let mut chunks = Vec::new();
         let mut weight_reports = Vec::new();
+        let mut cache = CacheReport::default();
         for (i, spec) in plan.chunks.iter().enumerate() {
             on_chunk(spec);
             let unit = build_chunk(&model, &plan, i, KvForm::Inputs)?;
-            let kernel = crate::cache::compile(&mut device, &unit, opts.cache_dir.as_deref())?;
+            let (kernel, outcome) =
+                crate::cache::compile(&mut device, &unit, opts.cache_dir.as_deref())?;
+            cache.push(&spec.name, outcome);
             weight_reports.extend(unit.weight_reports.iter().cloned());
             drop(unit);
             let mut bind = |name: &str, width: usize| -> Result<Bound<D>> {
@@ -142,7 +147,13 @@ impl<D: Device> FusedExecutor<D> {
             resident: None,
             dispatches: 0,
             weight_reports,
+            cache,
         })
+    }
+
+    /// Which chunks were compiled and which loaded from the program cache.
+    pub fn cache_report(&self) -> &CacheReport {
+        &self.cache
     }
 
     pub fn plan(&self) -> &FusedPlan {

@@ -3,11 +3,13 @@
 //! QK-norm, RoPE, the KV cache, attention, residuals, soft-caps.
 
 mod device;
+mod fallback;
 mod fused;
 mod kv;
 mod reference;
 
 pub use device::DeviceProjections;
+pub use fallback::FallbackExecutor;
 pub use fused::{FusedExecutor, FusedKv};
 pub use kv::{attend, ProjectionKv};
 pub use reference::{activation, ReferenceProjections};

@@ -10,13 +10,15 @@ use anelm_engine::{
 };
 use anyhow::Result;
 
-use super::common::ModelArgs;
+use super::common::{FallbackArgs, ModelArgs};
 use super::run::SamplingArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub fallback: FallbackArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// A system message to start with.
@@ -69,7 +71,8 @@ pub fn run(a: Args) -> Result<()> {
         .ctx
         .unwrap_or(DEFAULT_CTX)
         .min(loaded.model.max_positions());
-    let mut exec = a.model.executor(&loaded, ctx)?;
+    let fallback = a.fallback.resolve(a.model.device);
+    let mut exec = a.model.executor_with_fallback(&loaded, ctx, fallback)?.0;
     let mut session = Session::new(exec.as_ref(), ctx)?;
     let mut chat = Chat {
         system: a.system.clone(),

@@ -75,10 +75,10 @@ fn worst_per_kernel(checks: &[KernelCheck]) -> Vec<&KernelCheck> {
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let prompt = prompt_or_default(&a.prompt, &loaded)?;
-    let opts = LoweringOptions {
+    let opts = a.model.lowering(LoweringOptions {
         width: a.width,
-        ..a.model.lowering()
-    };
+        ..LoweringOptions::default()
+    })?;
     let checks =
         crate::models::with_spinner("compiling and checking every program", || -> Result<_> {
             let device = diagnostic_device(a.model.device)?;

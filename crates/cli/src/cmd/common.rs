@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anelm_ane::device::{CoreMlDevice, PrivateAneDevice};
+use anelm_ane::exec::FallbackExecutor;
 use anelm_ane::{
     AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
 };
@@ -37,6 +38,51 @@ pub struct ModelArgs {
     /// map, fp16 otherwise), fp16, int8 or int4 (float weights quantised per block of 32).
     #[arg(long, default_value = "auto")]
     pub weights: anelm_ane::lower::WeightPolicy,
+    /// Fused strategy: most layers per program (default 24; a first run on new hardware can
+    /// start at 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub layers_per_chunk: Option<u16>,
+}
+
+/// What `run`, `chat` and `serve` do when the device refuses a program.
+#[derive(clap::Args, Clone, Debug)]
+pub struct FallbackArgs {
+    /// When the device refuses a program (compile, load or evaluate): continue on the CPU
+    /// engine with one warning, or fail [default: cpu on --device ane, else none].
+    #[arg(long, value_enum)]
+    pub fallback: Option<Fallback>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Continue on the CPU engine.
+    Cpu,
+    /// Fail with the device's reason.
+    None,
+}
+
+impl FallbackArgs {
+    pub fn resolve(&self, device: Device) -> Fallback {
+        self.fallback.unwrap_or(if device == Device::Ane {
+            Fallback::Cpu
+        } else {
+            Fallback::None
+        })
+    }
+}
+
+/// The one line printed when the device path gives way to the CPU engine.
+fn fallback_warning(why: &str) {
+    eprintln!("warning: {why}; continuing on the CPU engine (--fallback none to fail instead)");
+}
+
+/// Whether an error of the device path is the device (or its compiler) refusing a program, as
+/// opposed to bad input or no ANE at all.
+fn refused(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<anelm_ane::AneError>(),
+        Some(anelm_ane::AneError::Device(_) | anelm_ane::AneError::Unsupported(_))
+    )
 }
 
 /// The macOS driver that runs the ANE programs.
@@ -59,14 +105,6 @@ pub enum Device {
 }
 
 impl ModelArgs {
-    /// The lowering settings these arguments choose (the rest default).
-    pub fn lowering(&self) -> LoweringOptions {
-        LoweringOptions {
-            weights: self.weights,
-            ..LoweringOptions::default()
-        }
-    }
-
     /// The executor for `--device`, for sequences of up to `context` positions.
     pub fn executor(&self, loaded: &LoadedModel, context: usize) -> Result<Box<dyn Executor>> {
         Ok(self.executor_and_dispatches(loaded, context)?.0)
@@ -79,18 +117,43 @@ impl ModelArgs {
         loaded: &LoadedModel,
         context: usize,
     ) -> Result<(Box<dyn Executor>, Option<usize>)> {
+        self.executor_with_fallback(loaded, context, Fallback::None)
+    }
+
+    /// [`ModelArgs::executor_and_dispatches`], and with [`Fallback::Cpu`] the CPU engine when
+    /// the device refuses a program — while compiling (then `None` dispatches) or later.
+    pub fn executor_with_fallback(
+        &self,
+        loaded: &LoadedModel,
+        context: usize,
+        fallback: Fallback,
+    ) -> Result<(Box<dyn Executor>, Option<usize>)> {
+        let (model, threads) = (loaded.model.clone(), self.threads);
+        let cpu = move || -> Box<dyn Executor> { Box::new(CpuExecutor::new(model, threads)) };
         if self.device == Device::Cpu {
-            let cpu = CpuExecutor::new(loaded.model.clone(), self.threads);
-            return Ok((Box::new(cpu), None));
+            return Ok((cpu(), None));
         }
         // Fused programs hold the whole cache: as many positions as asked, in whole tiles.
         let opts = LoweringOptions {
             context: context.next_multiple_of(64).max(64),
-            ..self.lowering()
+            ..LoweringOptions::default()
         };
-        let path = self.device_path(loaded.model.clone(), &opts)?;
-        let per_token = path.dispatches_per_token();
-        Ok((path, Some(per_token)))
+        match (self.device_path(loaded.model.clone(), &opts), fallback) {
+            (Ok(path), Fallback::None) => {
+                let per_token = path.dispatches_per_token();
+                Ok((path, Some(per_token)))
+            }
+            (Ok(path), Fallback::Cpu) => {
+                let per_token = path.dispatches_per_token();
+                let exec = FallbackExecutor::new(path, cpu, fallback_warning);
+                Ok((Box::new(exec), Some(per_token)))
+            }
+            (Err(e), Fallback::Cpu) if refused(&e) => {
+                fallback_warning(&format!("{e:#}"));
+                Ok((cpu(), None))
+            }
+            (Err(e), _) => Err(e),
+        }
     }
 
     /// The model lowered by `--strategy` and compiled for `--device` (sim, or ane through
@@ -101,16 +164,20 @@ impl ModelArgs {
         opts: &LoweringOptions,
     ) -> Result<Box<dyn DevicePath>> {
         let strategy = self.strategy.into();
-        // Hardware compiles are slow and budgeted per process: keep what they produce.
-        let mut cached = opts.clone();
-        if self.device == Device::Ane && cached.cache_dir.is_none() {
+        let mut cached = self.lowering(opts.clone())?;
+        // Hardware compiles are slow and budgeted per process: keep what they produce. The
+        // simulator keeps its programs only where ANELM_PROGRAMS says.
+        if cached.cache_dir.is_none()
+            && (self.device == Device::Ane || std::env::var_os(models::PROGRAMS_ENV).is_some())
+        {
             cached.cache_dir = Some(models::programs_dir());
         }
         let opts = &cached;
         match (self.device, self.driver) {
             (Device::Cpu, _) => bail!("--device cpu runs the CPU engine, not ANE programs"),
             (Device::Sim, _) => {
-                compile_on("the simulator", model, SimDevice::new(), strategy, opts)
+                let sim = SimDevice::from_env().map_err(anyhow::Error::msg)?;
+                compile_on("the simulator", model, sim, strategy, opts)
             }
             (Device::Ane, Driver::Private) => {
                 let device = PrivateAneDevice::open(anelm_macos::LoadOptions::default())?;
@@ -120,6 +187,24 @@ impl ModelArgs {
                 let device = CoreMlDevice::open()?;
                 compile_on("the ANE (Core ML)", model, device, strategy, opts)
             }
+        }
+    }
+
+    /// `opts` with the lowering flags applied (`--weights`, `--layers-per-chunk`).
+    pub fn lowering(&self, opts: LoweringOptions) -> Result<LoweringOptions> {
+        let opts = LoweringOptions {
+            weights: self.weights,
+            ..opts
+        };
+        match self.layers_per_chunk {
+            None => Ok(opts),
+            Some(_) if self.strategy != super::compile::Strategy::Fused => {
+                bail!("--layers-per-chunk applies to --strategy fused")
+            }
+            Some(n) => Ok(LoweringOptions {
+                chunk_layers: n as usize,
+                ..opts
+            }),
         }
     }
 

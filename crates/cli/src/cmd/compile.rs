@@ -118,11 +118,11 @@ fn write(program: &Program, path: &Path) -> Result<()> {
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     let m = &loaded.model;
-    let opts = LoweringOptions {
+    let opts = a.model.lowering(LoweringOptions {
         width: a.width,
         context: a.context,
-        ..a.model.lowering()
-    };
+        ..LoweringOptions::default()
+    })?;
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("{}: cannot create", a.out.display()))?;
     let (mut total, mut warnings) = (0u64, 0usize);

@@ -53,10 +53,10 @@ pub fn run(a: Args) -> Result<()> {
             last - 1
         );
     }
-    let opts = LoweringOptions {
+    let opts = a.model.lowering(LoweringOptions {
         width: a.width,
-        ..a.model.lowering()
-    };
+        ..LoweringOptions::default()
+    })?;
     let rows = crate::models::with_spinner("compiling and running both paths", || -> Result<_> {
         Ok(compare_layers(
             &loaded.model,

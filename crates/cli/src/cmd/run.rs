@@ -12,7 +12,7 @@ use anelm_model::Executor;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::common::{ModelArgs, PromptArgs};
+use super::common::{FallbackArgs, ModelArgs, PromptArgs};
 
 /// The sampling flags, shared by `run` and `chat`.
 #[derive(clap::Args, Clone, Debug)]
@@ -88,6 +88,8 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
+    pub fallback: FallbackArgs,
+    #[command(flatten)]
     pub prompt: PromptArgs,
     /// Send --prompt as a user message through the model's chat template.
     #[arg(long)]
@@ -160,7 +162,9 @@ pub fn run(a: Args) -> Result<()> {
         a.prompt.ids(&loaded)?
     };
     let capacity = (prompt.len() + a.max_tokens).min(loaded.model.max_positions());
-    let (mut exec, dispatches_per_token) = a.model.executor_and_dispatches(&loaded, capacity)?;
+    let (mut exec, dispatches_per_token) =
+        a.model
+            .executor_with_fallback(&loaded, capacity, a.fallback.resolve(a.model.device))?;
     if let Some(n) = dispatches_per_token {
         tracing::info!("{n} device dispatches per decoded token");
     }

@@ -3,12 +3,14 @@
 use anelm_server::{SchedulerConfig, Server, ServerConfig};
 use anyhow::Result;
 
-use super::common::ModelArgs;
+use super::common::{FallbackArgs, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub fallback: FallbackArgs,
     /// Address to listen on (loopback by default; 0.0.0.0 opens the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -41,9 +43,9 @@ pub fn run(a: Args) -> Result<()> {
     let loaded = a.model.load()?;
     // An impossible --ctx is refused when the server starts; the executor never needs more.
     let max = loaded.model.max_positions();
-    let exec = a
-        .model
-        .executor(&loaded, anelm_server::context_size(a.ctx, max).min(max))?;
+    let ctx = anelm_server::context_size(a.ctx, max).min(max);
+    let fallback = a.fallback.resolve(a.model.device);
+    let exec = a.model.executor_with_fallback(&loaded, ctx, fallback)?.0;
     let config = ServerConfig {
         host: a.host,
         port: a.port,

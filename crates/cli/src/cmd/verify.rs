@@ -1,6 +1,6 @@
 //! `anelm verify`: prompts through the device path and through the CPU engine, the logits after
 //! each prompt and along 16 greedy tokens compared (`--json` → `{"max_rel_err", "greedy_same",
-//! "prompts"}`).
+//! "cache": {"compiled", "loaded", "units"}, "prompts"}`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -187,7 +187,7 @@ pub fn run(a: Args) -> Result<()> {
     let opts = LoweringOptions {
         width: a.width,
         context: longest.next_multiple_of(64).max(64),
-        ..a.model.lowering()
+        ..LoweringOptions::default()
     };
     let t = Instant::now();
     let mut exec = a.model.device_path(loaded.model.clone(), &opts)?;
@@ -231,6 +231,7 @@ pub fn run(a: Args) -> Result<()> {
             "n_greedy": a.greedy,
             "strategy": strategy.name(),
             "programs": exec.programs(),
+            "cache": exec.cache_report().to_json(),
             "dispatches": dispatches,
             "dispatches_per_token": exec.dispatches_per_token(),
             "seconds": {"total": started.elapsed().as_secs_f64(), "compile": compile_seconds, "device": report.device_seconds, "reference": report.reference_seconds},
@@ -266,7 +267,7 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         println!(
-            "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs compiled in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
+            "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs ({} compiled, {} from the cache) ready in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
             report.max_rel_err(),
             reference.name(),
             if report.greedy_same() {
@@ -278,6 +279,8 @@ pub fn run(a: Args) -> Result<()> {
             },
             strategy.name(),
             exec.programs(),
+            exec.cache_report().compiled(),
+            exec.cache_report().loaded(),
             exec.dispatches_per_token(),
             report.device_seconds,
             report.reference_seconds

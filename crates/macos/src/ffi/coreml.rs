@@ -145,7 +145,7 @@ impl CoreMl {
         let path = fnd
             .url_path(out)
             .ok_or_else(|| fw.error(Step::Compile, "compileModelAtURL:error:", &err))?;
-        Ok(CompiledModel { path })
+        Ok(CompiledModel { path, owned: true })
     }
 
     /// Loads a compiled model for CPU_AND_NE; `function` selects one function of a
@@ -206,13 +206,24 @@ impl CoreMl {
     }
 }
 
-/// A compiled model directory (`.mlmodelc`), removed on drop.
+/// A compiled model directory (`.mlmodelc`): the compiler's output, removed on drop, or one kept
+/// elsewhere (the program cache), left in place.
 #[derive(Debug)]
 pub struct CompiledModel {
     path: PathBuf,
+    owned: bool,
 }
 
 impl CompiledModel {
+    /// The `.mlmodelc` directory at `path`, which stays when the result drops; loading it with
+    /// `modelWithContentsOfURL:configuration:error:` compiles nothing.
+    pub fn at(path: &Path) -> CompiledModel {
+        CompiledModel {
+            path: path.to_path_buf(),
+            owned: false,
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -220,7 +231,9 @@ impl CompiledModel {
 
 impl Drop for CompiledModel {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        if self.owned {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
     }
 }
 

@@ -167,6 +167,18 @@ impl PrivateAne {
 
     /// Compiles (unless the daemon has it cached) and loads one program.
     pub fn load(&self, files: &ModelFiles) -> Result<AneModel> {
+        self.open_model(files, true)
+    }
+
+    /// Loads one program the daemon holds compiled, compiling nothing: the same MIL text and
+    /// weight bytes give the same `hexStringIdentifier`, and `compiledModelExists` says whether
+    /// `loadWithQoS:` can skip the compiler (FACTS §3.3; the daemon's cache is keyed by that
+    /// identifier, which covers the weight bytes). [`MacError::NotCompiled`] when it cannot.
+    pub fn load_compiled(&self, files: &ModelFiles) -> Result<AneModel> {
+        self.open_model(files, false)
+    }
+
+    fn open_model(&self, files: &ModelFiles, may_compile: bool) -> Result<AneModel> {
         staging::check(files)?;
         let (fw, fnd) = (self.fw, self.fw.fnd);
         let rt = fnd.rt;
@@ -228,6 +240,11 @@ impl PrivateAne {
         };
         staging::stage(&m.staging, files)?;
         let cached = fw.has_cache_query && m.compiled_model_exists();
+        if !cached && !may_compile {
+            return Err(MacError::NotCompiled {
+                identifier: m.hex.clone(),
+            });
+        }
         if !cached {
             self.compile(&m)?;
             m.compiled = true;
@@ -235,7 +252,7 @@ impl PrivateAne {
         match self.load_with_retry(&m) {
             Ok(()) => {}
             // OMX: a restored (cached) program that fails to load is recompiled once.
-            Err(e) if cached && !e.is_unavailable() => {
+            Err(e) if cached && may_compile && !e.is_unavailable() => {
                 self.compile(&m)?;
                 m.compiled = true;
                 self.load_with_retry(&m)?;

@@ -3,7 +3,7 @@
 //! `MLState` per binding for stateful functions (COREML.md §8). Buffers are ours, laid out like
 //! the ANE's; input arrays wrap them without a copy, outputs are copied back.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anelm_macos::{CompiledModel, CoreMl, Input, MacError, MlModel, MlState, Planar};
@@ -20,14 +20,78 @@ const NAME: &str = "coreml";
 #[derive(Debug)]
 pub struct CoreMlDevice {
     driver: CoreMl,
+    /// The program cache's tag: this driver, the chip, the OS build.
+    tag: String,
 }
+
+/// In a program-cache entry: the compiled model.
+const COMPILED_DIR: &str = "model.mlmodelc";
+/// In a program-cache entry: the program's MIL text (weights not kept), for its declared I/O.
+const PROGRAM_FILE: &str = "program.mil";
 
 impl CoreMlDevice {
     pub fn open() -> Result<CoreMlDevice, MacError> {
+        let driver = CoreMl::open()?;
         Ok(CoreMlDevice {
-            driver: CoreMl::open()?,
+            driver,
+            tag: super::machine_tag(NAME),
         })
     }
+
+    /// Loads every function of a compiled model, with the I/O the program declares.
+    fn load_functions(
+        &self,
+        name: &str,
+        program: &anelm_mil::Program,
+        compiled: CompiledModel,
+    ) -> Result<CoreMlKernel, DeviceError> {
+        let fail = |m: String| error(NAME, Stage::Compile, name, m);
+        let mut decls = Vec::new();
+        for f in &program.functions {
+            decls.push(declared(f).map_err(&fail)?);
+        }
+        let several = decls.len() > 1;
+        let mut functions = Vec::with_capacity(decls.len());
+        for (decl, states) in decls {
+            let model = self
+                .driver
+                .load(&compiled, several.then_some(decl.name.as_str()))
+                .map_err(|e| fail(e.to_string()))?;
+            let layout = |t: &anelm_macos::DeclaredTensor| {
+                IoLayout::ane(&t.name, io_type(t.dtype), t.channels, t.width)
+            };
+            let io = KernelIo {
+                function: decl.name.clone(),
+                inputs: decl.inputs.iter().map(layout).collect(),
+                outputs: decl.outputs.iter().map(layout).collect(),
+            };
+            functions.push(Function {
+                io,
+                stateful: !states.is_empty(),
+                model,
+            });
+        }
+        Ok(CoreMlKernel {
+            name: name.to_string(),
+            functions,
+            compiled,
+        })
+    }
+}
+
+/// Copies the directory tree `from` to `to` (which must not exist).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let dst = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &dst)?;
+        } else {
+            std::fs::copy(e.path(), dst)?;
+        }
+    }
+    Ok(())
 }
 
 struct Function {
@@ -40,7 +104,7 @@ pub struct CoreMlKernel {
     name: String,
     functions: Vec<Function>,
     /// Kept until the models are gone (declared last: dropped last).
-    _compiled: CompiledModel,
+    compiled: CompiledModel,
 }
 
 pub struct CoreMlBinding {
@@ -79,9 +143,9 @@ impl Device for CoreMlDevice {
 
     fn compile(&mut self, unit: &CompileUnit) -> Result<CoreMlKernel, DeviceError> {
         let fail = |m: String| error(NAME, Stage::Compile, &unit.name, m);
-        let mut decls = Vec::new();
+        // Refuse I/O the driver cannot bind before compiling anything.
         for f in &unit.program.functions {
-            decls.push(declared(f).map_err(&fail)?);
+            declared(f).map_err(&fail)?;
         }
         let dir = scratch_dir(&unit.name);
         let package = dir.join(format!("{}.mlpackage", unit.name));
@@ -99,32 +163,41 @@ impl Device for CoreMlDevice {
         });
         let _ = std::fs::remove_dir_all(&dir);
         let compiled = compiled?;
-        let several = decls.len() > 1;
-        let mut functions = Vec::with_capacity(decls.len());
-        for (decl, states) in decls {
-            let model = self
-                .driver
-                .load(&compiled, several.then_some(decl.name.as_str()))
-                .map_err(|e| fail(e.to_string()))?;
-            let layout = |t: &anelm_macos::DeclaredTensor| {
-                IoLayout::ane(&t.name, io_type(t.dtype), t.channels, t.width)
-            };
-            let io = KernelIo {
-                function: decl.name.clone(),
-                inputs: decl.inputs.iter().map(layout).collect(),
-                outputs: decl.outputs.iter().map(layout).collect(),
-            };
-            functions.push(Function {
-                io,
-                stateful: !states.is_empty(),
-                model,
-            });
-        }
-        Ok(CoreMlKernel {
-            name: unit.name.clone(),
-            functions,
-            _compiled: compiled,
-        })
+        self.load_functions(&unit.name, &unit.program, compiled)
+    }
+
+    fn cache_tag(&self) -> String {
+        self.tag.clone()
+    }
+
+    /// The compiled `.mlmodelc` (what `modelWithContentsOfURL:` loads without compiling) and
+    /// the program's text for its declared I/O.
+    fn save_compiled(
+        &self,
+        kernel: &CoreMlKernel,
+        unit: &CompileUnit,
+        dir: &Path,
+    ) -> Result<bool, DeviceError> {
+        let fail = |m: String| error(NAME, Stage::Compile, &unit.name, m);
+        copy_tree(kernel.compiled.path(), &dir.join(COMPILED_DIR)).map_err(|e| {
+            fail(format!(
+                "copying {} into the program cache: {e}",
+                kernel.compiled.path().display()
+            ))
+        })?;
+        std::fs::write(dir.join(PROGRAM_FILE), &unit.text)
+            .map_err(|e| fail(format!("{PROGRAM_FILE}: {e}")))?;
+        Ok(true)
+    }
+
+    fn load_compiled(&mut self, dir: &Path, unit_name: &str) -> Result<CoreMlKernel, DeviceError> {
+        let fail = |m: String| error(NAME, Stage::Compile, unit_name, m);
+        let text = std::fs::read_to_string(dir.join(PROGRAM_FILE))
+            .map_err(|e| fail(format!("{PROGRAM_FILE}: {e}")))?;
+        let program = anelm_mil::text::parse_program(&text)
+            .map_err(|e| fail(format!("{PROGRAM_FILE}: {e}")))?;
+        let compiled = CompiledModel::at(&dir.join(COMPILED_DIR));
+        self.load_functions(unit_name, &program, compiled)
     }
 
     fn io<'k>(&self, kernel: &'k CoreMlKernel, function: &str) -> Option<&'k KernelIo> {
@@ -207,5 +280,30 @@ impl Device for CoreMlDevice {
                 .map_err(|e| fail(e.to_string()))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compiled_model_tree_is_copied_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let from = d.path().join("m.mlmodelc");
+        std::fs::create_dir_all(from.join("weights")).unwrap();
+        std::fs::write(from.join("coremldata.bin"), b"abc").unwrap();
+        std::fs::write(from.join("weights/weight.bin"), b"0123").unwrap();
+        let to = d.path().join("entry").join(COMPILED_DIR);
+        copy_tree(&from, &to).unwrap();
+        assert_eq!(std::fs::read(to.join("coremldata.bin")).unwrap(), b"abc");
+        assert_eq!(
+            std::fs::read(to.join("weights/weight.bin")).unwrap(),
+            b"0123"
+        );
+        // A model kept elsewhere stays when its handle drops.
+        drop(CompiledModel::at(&to));
+        assert!(to.join("weights/weight.bin").exists());
+        assert!(copy_tree(&d.path().join("missing"), &d.path().join("x")).is_err());
     }
 }

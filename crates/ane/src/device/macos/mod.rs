@@ -84,13 +84,15 @@ fn declared(f: &Function) -> Result<(DeclaredFunction, Vec<String>), String> {
     ))
 }
 
+/// The program-cache tag of driver `kind` on this machine: chip and OS build from sysctl, so
+/// programs compiled under another chip or OS build are never reused.
+fn machine_tag(kind: &str) -> String {
+    let info = anelm_macos::machine_info().unwrap_or_default();
+    crate::cache::machine_tag(kind, info.chip.as_deref(), info.os_build.as_deref())
+}
+
 fn error(device: &str, stage: Stage, kernel: &str, message: impl ToString) -> DeviceError {
-    DeviceError {
-        device: device.into(),
-        stage,
-        kernel: kernel.into(),
-        message: message.to_string(),
-    }
+    DeviceError::new(device, stage, kernel, message)
 }
 
 #[cfg(test)]

@@ -11,17 +11,25 @@ use crate::device::{Device, DeviceError, IoLayout, KernelIo, Stage};
 use crate::unit::CompileUnit;
 
 const NAME: &str = "ane";
+/// In a program-cache entry: the framework's `hexStringIdentifier` of the program.
+const IDENTIFIER_FILE: &str = "identifier.txt";
+/// In a program-cache entry: `modelAttributes` when it was compiled.
+const ATTRIBUTES_FILE: &str = "attributes.json";
 
 /// The private driver. Opening it off a Mac is [`MacError::Unavailable`].
 #[derive(Debug)]
 pub struct PrivateAneDevice {
     driver: PrivateAne,
+    /// The program cache's tag: this driver, the chip, the OS build.
+    tag: String,
 }
 
 impl PrivateAneDevice {
     pub fn open(options: LoadOptions) -> Result<PrivateAneDevice, MacError> {
+        let driver = PrivateAne::open(options)?;
         Ok(PrivateAneDevice {
-            driver: PrivateAne::open(options)?,
+            driver,
+            tag: super::machine_tag(NAME),
         })
     }
 
@@ -82,15 +90,14 @@ fn kernel_io(p: &ProcedureIo) -> KernelIo {
     }
 }
 
-impl Device for PrivateAneDevice {
-    type Kernel = PrivateAneKernel;
-    type Binding = PrivateAneBinding;
-
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn compile(&mut self, unit: &CompileUnit) -> Result<PrivateAneKernel, DeviceError> {
+impl PrivateAneDevice {
+    /// Opens `unit` through `load` (compile-or-load, or load only) and resolves each function's
+    /// I/O from `modelAttributes`.
+    fn open_unit(
+        &mut self,
+        unit: &CompileUnit,
+        load: fn(&PrivateAne, &anelm_macos::staging::ModelFiles) -> Result<AneModel, MacError>,
+    ) -> Result<PrivateAneKernel, DeviceError> {
         let fail = |m: String| error(NAME, Stage::Compile, &unit.name, m);
         let bytes: Vec<Vec<u8>> = unit.weights.iter().map(|w| w.bytes()).collect();
         let weights: Vec<(&str, &[u8])> = (unit.weights.iter().zip(&bytes))
@@ -100,7 +107,7 @@ impl Device for PrivateAneDevice {
             mil_text: &unit.text,
             weights: &weights,
         };
-        let model = self.driver.load(&files).map_err(|e| fail(e.to_string()))?;
+        let model = load(&self.driver, &files).map_err(|e| fail(e.to_string()))?;
         let n = unit.program.functions.len();
         let mut functions = Vec::with_capacity(n);
         for f in &unit.program.functions {
@@ -120,6 +127,57 @@ impl Device for PrivateAneDevice {
             functions,
             model,
         })
+    }
+}
+
+impl Device for PrivateAneDevice {
+    type Kernel = PrivateAneKernel;
+    type Binding = PrivateAneBinding;
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn compile(&mut self, unit: &CompileUnit) -> Result<PrivateAneKernel, DeviceError> {
+        self.open_unit(unit, PrivateAne::load)
+    }
+
+    fn cache_tag(&self) -> String {
+        self.tag.clone()
+    }
+
+    /// What the framework needs to reload the program without compiling: the same MIL text and
+    /// weight files (their bytes give the same `hexStringIdentifier`, under which the daemon
+    /// keeps the compiled program; FACTS §3.3), with the identifier and `modelAttributes` for
+    /// reports.
+    fn save_compiled(
+        &self,
+        kernel: &PrivateAneKernel,
+        unit: &CompileUnit,
+        dir: &std::path::Path,
+    ) -> Result<bool, DeviceError> {
+        let fail = |m: String| error(NAME, Stage::Compile, &unit.name, m);
+        unit.write_mil_dir(dir).map_err(|e| fail(e.to_string()))?;
+        let attributes = format!("{:#}\n", kernel.attributes());
+        for (file, text) in [
+            (IDENTIFIER_FILE, kernel.model.identifier()),
+            (ATTRIBUTES_FILE, attributes.as_str()),
+        ] {
+            std::fs::write(dir.join(file), text).map_err(|e| fail(format!("{file}: {e}")))?;
+        }
+        Ok(true)
+    }
+
+    /// Loads the saved program from the daemon's cache; fails (and the program cache compiles
+    /// it again) when the daemon no longer holds it.
+    fn load_compiled(
+        &mut self,
+        dir: &std::path::Path,
+        unit_name: &str,
+    ) -> Result<PrivateAneKernel, DeviceError> {
+        let unit = CompileUnit::read_mil_dir(dir, unit_name)
+            .map_err(|e| error(NAME, Stage::Compile, unit_name, e))?;
+        self.open_unit(&unit, PrivateAne::load_compiled)
     }
 
     fn io<'k>(&self, kernel: &'k PrivateAneKernel, function: &str) -> Option<&'k KernelIo> {
