@@ -166,10 +166,35 @@ pub enum MacError {
     /// An IOSurface call failed.
     #[error("IOSurface {call} failed: {detail}")]
     Surface { call: &'static str, detail: String },
+    /// Any of the above, with the files saved for the person debugging it (`saved.rs`): the
+    /// program's MIL text and `modelAttributes`.
+    #[error("{error}{}", saved_note(files, unsaved))]
+    Saved {
+        error: Box<MacError>,
+        files: Vec<PathBuf>,
+        /// Files that could not be written, with the reason.
+        unsaved: Vec<String>,
+    },
     /// The caller asked for something the driver cannot express (a weight path outside
     /// `@model_path`, a tensor of an unsupported type, …).
     #[error("{0}")]
     Invalid(String),
+}
+
+fn saved_note(files: &[PathBuf], unsaved: &[String]) -> String {
+    let mut parts = Vec::new();
+    if !files.is_empty() {
+        let list: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+        parts.push(format!("saved {}", list.join(", ")));
+    }
+    if !unsaved.is_empty() {
+        parts.push(format!("could not save: {}", unsaved.join("; ")));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join("; "))
+    }
 }
 
 // Not `#[from]`: that would make the Unavailable the error's source too, and error chains
@@ -181,11 +206,29 @@ impl From<Unavailable> for MacError {
 }
 
 impl MacError {
+    /// The error itself, without the files saved for it.
+    pub fn inner(&self) -> &MacError {
+        match self {
+            MacError::Saved { error, .. } => error.inner(),
+            e => e,
+        }
+    }
+
+    /// The files saved for this error.
+    pub fn saved_files(&self) -> &[PathBuf] {
+        match self {
+            MacError::Saved { files, .. } => files,
+            _ => &[],
+        }
+    }
+
     /// True when the error means "no ANE here" rather than a failure of the ANE.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, MacError::Unavailable(_))
+        let e = self.inner();
+        matches!(e, MacError::Unavailable(_))
+            || matches!(self, MacError::Unavailable(_))
             || matches!(
-                self,
+                e,
                 MacError::Call {
                     kind: NsErrorKind::NoHardware,
                     ..
@@ -196,7 +239,7 @@ impl MacError {
     /// True for a load failure that a retry may fix.
     pub fn is_transient(&self) -> bool {
         matches!(
-            self,
+            self.inner(),
             MacError::Call {
                 kind: NsErrorKind::TransientLoad,
                 ..

@@ -12,7 +12,8 @@
 //! "no ANE here" path, never a panic.
 //!
 //! The logic that needs no Mac is apart and unit-tested: [`layout`] (I/O order and strides from
-//! `modelAttributes`), [`staging`] (weights dictionary keys, staging paths), [`error`] (NSError
+//! `modelAttributes`), [`saved`] (attributes and MIL text kept for failures), [`staging`]
+//! (weights dictionary keys, staging paths), [`error`] (NSError
 //! domains and codes), [`retry`], [`budget`], [`multiarray`], [`surface`].
 
 pub mod budget;
@@ -22,6 +23,7 @@ pub mod info;
 pub mod layout;
 pub mod multiarray;
 pub mod retry;
+pub mod saved;
 pub mod staging;
 pub mod surface;
 

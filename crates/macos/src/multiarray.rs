@@ -165,6 +165,43 @@ impl ArrayDesc {
     }
 }
 
+/// An array's buffer as `-[MLMultiArray getMutableBytesWithHandler:]` hands it over: its size
+/// and the strides the handler reports, which are the real ones (Apple: the `strides`
+/// property may differ from the buffer's layout until it is accessed through the handler).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockedArray {
+    pub array: ArrayDesc,
+    /// Bytes the handler says the buffer holds.
+    pub size: usize,
+}
+
+impl ArrayDesc {
+    /// The array of `shape` as the handler describes it: `strides` (in elements) and `size`
+    /// (bytes) from the handler; its elements must lie inside those bytes.
+    pub fn locked(
+        dtype: ArrayType,
+        shape: Vec<usize>,
+        strides: Vec<i64>,
+        size: isize,
+    ) -> Result<LockedArray> {
+        let size = usize::try_from(size)
+            .map_err(|_| MacError::Invalid(format!("the array handler reports {size} bytes")))?;
+        let array = ArrayDesc {
+            dtype,
+            shape,
+            strides,
+        };
+        let extent = array.extent()?;
+        if extent > size {
+            return Err(MacError::Invalid(format!(
+                "array of shape {:?} with strides {:?} spans {extent} bytes, but its buffer holds {size}",
+                array.shape, array.strides
+            )));
+        }
+        Ok(LockedArray { array, size })
+    }
+}
+
 /// Copies a `[1, C, 1, W]` array of `src` (its bytes from the data pointer on) into the planar
 /// buffer `out` laid out as `dst`, converting the element type.
 pub fn copy_into_planar(src: &ArrayDesc, bytes: &[u8], dst: &Planar, out: &mut [u8]) -> Result<()> {
@@ -250,6 +287,49 @@ mod tests {
             })
             .is_err(),
             "17 fp16 values do not fit 32 bytes"
+        );
+    }
+
+    #[test]
+    fn handler_strides_and_size_describe_the_buffer() {
+        // A [1, 2, 1, 3] fp16 output whose rows the device padded to 32 elements: the handler's
+        // strides say so (the strides property might still say packed [6, 3, 3, 1]).
+        let mut bytes = [0u8; 2 * 32 * 2];
+        for (c, w, v) in [(0, 0, 1.0f32), (0, 2, 3.0), (1, 0, -1.0), (1, 2, 0.5)] {
+            bytes[(c * 32 + w) * 2..][..2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+        let l = ArrayDesc::locked(
+            ArrayType::Float16,
+            vec![1, 2, 1, 3],
+            vec![64, 32, 32, 1],
+            128,
+        )
+        .unwrap();
+        let dst = Planar {
+            dtype: ElemType::Fp32,
+            channels: 2,
+            width: 3,
+            channel_stride: 12,
+        };
+        let mut out = vec![0u8; 24];
+        copy_into_planar(&l.array, &bytes[..l.size], &dst, &mut out).unwrap();
+        assert_eq!(dst.read_f32(&out).unwrap(), [1.0, 0.0, 3.0, -1.0, 0.0, 0.5]);
+        // Strides that reach past the bytes the handler gave: an error, never a read past them.
+        let e = ArrayDesc::locked(
+            ArrayType::Float16,
+            vec![1, 2, 1, 3],
+            vec![64, 32, 32, 1],
+            64,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("spans 70 bytes, but its buffer holds 64"), "{e}");
+        assert!(
+            ArrayDesc::locked(ArrayType::Float16, vec![1, 1, 1, 1], vec![1, 1, 1, 1], -1).is_err()
+        );
+        assert!(
+            ArrayDesc::locked(ArrayType::Float16, vec![1, 2, 1, 3], vec![64, 32, 1], 128).is_err(),
+            "a stride per dimension"
         );
     }
 

@@ -22,6 +22,8 @@ pub const WEIGHT_OFFSET: i64 = 0;
 /// One program as the private path takes it.
 #[derive(Clone, Copy, Debug)]
 pub struct ModelFiles<'a> {
+    /// The unit's name, for the files saved next to the staged program (`saved.rs`).
+    pub name: &'a str,
     /// MIL text (dialect A or B, FACTS §1.1); passed as UTF-8 `NSData` (FACTS §3.2, ORI #9).
     pub mil_text: &'a str,
     /// Weight blob files: (`@model_path/weights/w.bin`, storage-v2 bytes).
@@ -145,6 +147,7 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
     fn weight_keys_must_match_the_text_exactly() {
         let (w, s) = (&b"w"[..], &b"s"[..]);
         check(&ModelFiles {
+            name: "t",
             mil_text: TEXT_A,
             weights: &[
                 ("@model_path/weights/w.bin", w),
@@ -153,6 +156,7 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
         })
         .unwrap();
         let e = check(&ModelFiles {
+            name: "t",
             mil_text: TEXT_A,
             weights: &[("@model_path/weights/w.bin", w)],
         })
@@ -160,6 +164,7 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
         .to_string();
         assert!(e.contains("names @model_path/weights/s.bin"), "{e}");
         let e = check(&ModelFiles {
+            name: "t",
             mil_text: TEXT_B,
             weights: &[
                 ("@model_path/masks/causal.bin", w),
@@ -170,6 +175,7 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
         .to_string();
         assert!(e.contains("x.bin is not named"), "{e}");
         let e = check(&ModelFiles {
+            name: "t",
             mil_text: TEXT_B,
             weights: &[
                 ("@model_path/masks/causal.bin", w),
@@ -215,6 +221,7 @@ tensor<fp16, [4, 4, 1, 1]> W2 = const()[name = string("W2"), val = tensor<fp16, 
         let tmp = tempfile::tempdir().unwrap();
         let dir = staging_dir(tmp.path(), "ABC123").unwrap();
         let files = ModelFiles {
+            name: "t",
             mil_text: TEXT_B,
             weights: &[("@model_path/masks/causal.bin", &[1, 2, 3])],
         };

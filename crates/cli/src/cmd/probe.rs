@@ -30,7 +30,8 @@ pub struct Args {
     /// Timed evaluations.
     #[arg(long, default_value_t = 10)]
     pub runs: usize,
-    /// Also print the model's modelAttributes (private driver).
+    /// Also print the model's modelAttributes (private driver), even when their layout cannot
+    /// be resolved; they are saved as JSON next to the staged program either way.
     #[arg(long)]
     pub attributes: bool,
     /// Print one JSON object instead of text.
@@ -125,6 +126,25 @@ impl Case {
     }
 }
 
+/// What `--attributes` prints when the layout cannot be resolved, before the error says why:
+/// the attributes and where they were saved, as text or (`json`) one JSON object.
+fn attributes_report(a: &serde_json::Value, saved: &std::path::Path, json: bool) -> Result<String> {
+    Ok(if json {
+        serde_json::to_string_pretty(&json!({
+            "pass": false,
+            "layout_resolved": false,
+            "attributes_file": saved,
+            "attributes": a,
+        }))?
+    } else {
+        format!(
+            "modelAttributes (saved at {}; their layout did not resolve):\n{}",
+            saved.display(),
+            serde_json::to_string_pretty(a)?
+        )
+    })
+}
+
 /// Largest absolute difference, and that over the largest reference magnitude.
 fn compare(got: &[f32], want: &[f64]) -> (f64, f64) {
     let max_abs = got
@@ -154,7 +174,12 @@ struct Outcome {
     attributes: Option<serde_json::Value>,
 }
 
-fn run_private(case: &Case, program: &Program, runs: usize) -> Result<Outcome> {
+fn run_private(
+    case: &Case,
+    program: &Program,
+    runs: usize,
+    show_attributes: Option<bool>,
+) -> Result<Outcome> {
     let driver = PrivateAne::open(LoadOptions::default())?;
     let art = anelm_mil::text::to_artifacts(program, &BlobPolicy::PerTensor)?;
     let files: Vec<(String, Vec<u8>)> = art
@@ -169,12 +194,30 @@ fn run_private(case: &Case, program: &Program, runs: usize) -> Result<Outcome> {
         .collect();
     let start = Instant::now();
     let model = driver.load(&ModelFiles {
+        name: "probe",
         mil_text: &art.text,
         weights: &weights,
     })?;
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
-    let io = model.io(&case.declared(), 1)?;
+    let io = match model.io(&case.declared(), 1) {
+        Ok(io) => io,
+        Err(e) => {
+            if let Some(json) = show_attributes {
+                let saved = model.saved_files().attributes_path();
+                println!(
+                    "{}",
+                    attributes_report(model.attributes_json(), &saved, json)?
+                );
+            }
+            return Err(model.saved_files().fail(e, &art.text).into());
+        }
+    };
     let mut notes = vec![format!(
+        "modelAttributes saved at {}",
+        model.saved_files().attributes_path().display()
+    )];
+    notes.extend(io.notes.iter().map(|n| format!("assumed: {n}")));
+    notes.push(format!(
         "hexStringIdentifier {} ({})",
         model.identifier(),
         if model.compiled() {
@@ -182,9 +225,12 @@ fn run_private(case: &Case, program: &Program, runs: usize) -> Result<Outcome> {
         } else {
             "loaded from the daemon's cache"
         }
-    )];
+    ));
     let (used, limit) = (driver.budget().used(), driver.budget().limit());
     notes.push(format!("compiles in this process: {used} of {limit}"));
+    for d in &io.unbound {
+        notes.push(format!("{}: unbound (the compiler dropped it)", d.name));
+    }
     for s in io.inputs.iter().chain(&io.outputs) {
         notes.push(format!(
             "{}: symbol {}, channel stride {} B, surface {} B",
@@ -271,7 +317,12 @@ pub fn run(args: Args) -> Result<()> {
     let case = Case::new(args.channels, args.width)?;
     let program = case.program()?;
     let outcome = match args.driver {
-        Driver::Private => run_private(&case, &program, args.runs),
+        Driver::Private => run_private(
+            &case,
+            &program,
+            args.runs,
+            args.attributes.then_some(args.json),
+        ),
         Driver::Coreml => run_coreml(&case, &program, args.runs),
     }
     .with_context(|| format!("anelm probe --driver {:?}", args.driver).to_lowercase())?;
@@ -357,6 +408,23 @@ mod tests {
             .chain(&case.w)
             .all(|v| (-0.5..0.5).contains(v)));
         assert!(Case::new(0, 4).is_err());
+    }
+
+    #[test]
+    fn unresolved_attributes_are_printed_with_their_file() {
+        let a = json!({"NetworkStatusList": [{"Name": "main"}]});
+        let p = std::path::Path::new("/tmp/anelm-probe-ABC.attributes.json");
+        let text = attributes_report(&a, p, false).unwrap();
+        assert!(
+            text.starts_with("modelAttributes (saved at /tmp/anelm-probe-ABC.attributes.json;")
+                && text.contains("\"Name\": \"main\""),
+            "{text}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&attributes_report(&a, p, true).unwrap()).unwrap();
+        assert_eq!(v["attributes"], a);
+        assert_eq!(v["attributes_file"], "/tmp/anelm-probe-ABC.attributes.json");
+        assert_eq!(v["layout_resolved"], false);
     }
 
     #[test]

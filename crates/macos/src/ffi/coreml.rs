@@ -1,7 +1,10 @@
 //! The Core ML path: compile a `.mlpackage` (`+[MLModel compileModelAtURL:error:]`), load it with
 //! compute units CPU_AND_NE (and a function name for multifunction packages, COREML.md §7), and
 //! predict with `MLMultiArray`s that wrap the caller's planar buffers — with an `MLState` for
-//! stateful packages (COREML.md §8).
+//! stateful packages (COREML.md §8). Outputs are read inside
+//! `-[MLMultiArray getMutableBytesWithHandler:]` (Apple, MLMultiArray, macOS 12.3+), with the
+//! strides that handler reports: Apple documents that the `strides` property and the deprecated
+//! `dataPointer` may not describe the real buffer (an ANE output is often IOSurface-backed).
 
 use std::ffi::{c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -9,8 +12,9 @@ use std::sync::OnceLock;
 
 use libloading::Library;
 
+use super::block::HandlerBlock;
 use super::foundation::{foundation, ErrorOut, Foundation};
-use super::loader::{self, CORE_ML};
+use super::loader::{self, CORE_ML, LIBSYSTEM};
 use super::objc::{alloc, msg, AutoreleasePool, Class, Id, NsInteger, Retained, Sel};
 use crate::error::{MacError, Result, Step, Unavailable};
 use crate::multiarray::{copy_into_planar, planar_view, ArrayDesc, ArrayType, Planar};
@@ -39,6 +43,11 @@ const INIT_PROVIDER: &CStr = c"initWithDictionary:error:";
 const PREDICT: &CStr = c"predictionFromFeatures:error:";
 const PREDICT_WITH_STATE: &CStr = c"predictionFromFeatures:usingState:error:";
 const NEW_STATE: &CStr = c"newState";
+/// `- (void)getMutableBytesWithHandler:(void (^)(void *mutableBytes, NSInteger size,
+/// NSArray<NSNumber *> *strides))handler` (Apple, MLMultiArray, macOS 12.3+).
+const GET_MUTABLE_BYTES: &CStr = c"getMutableBytesWithHandler:";
+/// The `isa` of stack blocks (Block ABI; exported by libSystem's libsystem_blocks).
+const STACK_BLOCK: &CStr = c"_NSConcreteStackBlock";
 
 /// `MLComputeUnitsCPUAndNeuralEngine`.
 pub const CPU_AND_NE: NsInteger = 3;
@@ -53,7 +62,10 @@ struct CoreMlFramework {
     /// macOS 15 / iOS 18 additions: multifunction loading and states.
     has_function_name: bool,
     has_state: bool,
+    /// `&_NSConcreteStackBlock`, as an address (for the handler blocks, `ffi/block.rs`).
+    stack_block: usize,
     _lib: Library,
+    _system: Library,
 }
 
 fn coreml_framework() -> Result<&'static CoreMlFramework, Unavailable> {
@@ -82,6 +94,11 @@ impl CoreMlFramework {
         rt.require_method(multi_array, MULTI_ARRAY_CLASS, INIT_ARRAY)?;
         rt.require_class_method(feature_value, FEATURE_VALUE_CLASS, FEATURE_WITH_ARRAY)?;
         rt.require_method(provider, PROVIDER_CLASS, INIT_PROVIDER)?;
+        rt.require_method(multi_array, MULTI_ARRAY_CLASS, GET_MUTABLE_BYTES)?;
+        let system = loader::open(LIBSYSTEM)?;
+        // SAFETY: a data symbol, read as its address (libloading: `Symbol<*const T>`).
+        let stack_block =
+            unsafe { loader::symbol::<*const c_void>(&system, LIBSYSTEM, STACK_BLOCK)? } as usize;
         let has_function_name = rt.responds(configuration, SET_FUNCTION_NAME);
         let has_state = rt.responds(model, NEW_STATE) && rt.responds(model, PREDICT_WITH_STATE);
         Ok(CoreMlFramework {
@@ -93,7 +110,9 @@ impl CoreMlFramework {
             provider,
             has_function_name,
             has_state,
+            stack_block,
             _lib: lib,
+            _system: system,
         })
     }
 
@@ -385,7 +404,11 @@ impl MlModel {
         // SAFETY: out is nil or a live autoreleased object.
         let result = unsafe { Retained::retain(rt, out) }
             .ok_or_else(|| fw.error(Step::Predict, "predictionFromFeatures:error:", &err))?;
-        Ok(Prediction { fnd, result })
+        Ok(Prediction {
+            fnd,
+            result,
+            stack_block: fw.stack_block,
+        })
     }
 }
 
@@ -393,6 +416,8 @@ impl MlModel {
 pub struct Prediction {
     fnd: &'static Foundation,
     result: Retained,
+    /// `&_NSConcreteStackBlock`, for the output handler.
+    stack_block: usize,
 }
 
 impl Prediction {
@@ -430,35 +455,53 @@ impl Prediction {
         let dtype = ArrayType::from_raw(raw_type as i64).ok_or_else(|| {
             MacError::Invalid(format!("output {name} has MLMultiArrayDataType {raw_type}"))
         })?;
-        // (id, SEL) -> id NSArray<NSNumber*>* — FACTS §3.8 (-[MLMultiArray shape], -strides)
+        // (id, SEL) -> id NSArray<NSNumber*>* — FACTS §3.8 (-[MLMultiArray shape])
         // SAFETY: as above.
-        let (shape, strides) = unsafe {
-            (
-                msg!(rt, fn(Id, Sel) -> Id)(array, rt.sel(c"shape")),
-                msg!(rt, fn(Id, Sel) -> Id)(array, rt.sel(c"strides")),
-            )
-        };
-        let desc = ArrayDesc {
-            dtype,
-            shape: fnd
-                .integers(shape)
-                .into_iter()
-                .map(|n| n.max(0) as usize)
-                .collect(),
-            strides: fnd.integers(strides),
-        };
-        let extent = desc.extent()?;
-        // (id, SEL) -> void* — FACTS §3.8 (-[MLMultiArray dataPointer])
-        // SAFETY: as above; the pointer is valid while the array lives (the prediction holds it).
-        let data = unsafe { msg!(rt, fn(Id, Sel) -> *mut c_void)(array, rt.sel(c"dataPointer")) };
-        if data.is_null() {
-            return Err(MacError::Invalid(format!(
-                "output {name} has no data pointer"
-            )));
+        let shape = unsafe { msg!(rt, fn(Id, Sel) -> Id)(array, rt.sel(c"shape")) };
+        let shape: Vec<usize> = fnd
+            .integers(shape)
+            .into_iter()
+            .map(|n| n.max(0) as usize)
+            .collect();
+        let mut copied: Option<Result<()>> = None;
+        {
+            let mut block = HandlerBlock::new(
+                self.stack_block as *const c_void,
+                |bytes: *mut c_void, size: NsInteger, strides: Id| {
+                    let strides = fnd.integers(strides);
+                    copied = Some(ArrayDesc::locked(dtype, shape, strides, size).and_then(
+                        |desc| {
+                            if bytes.is_null() {
+                                return Err(MacError::Invalid(format!(
+                                    "output {name}: the array handler gave no buffer"
+                                )));
+                            }
+                            // SAFETY: inside the handler the array's buffer is `size` bytes from
+                            // `bytes` and stays put (Apple: the pointer is valid only in the handler).
+                            let bytes = unsafe {
+                                std::slice::from_raw_parts(
+                                    bytes.cast::<u8>().cast_const(),
+                                    desc.size,
+                                )
+                            };
+                            copy_into_planar(&desc.array, bytes, layout, out)
+                        },
+                    ));
+                },
+            );
+            // (id, SEL, void (^)(void*, NSInteger, NSArray*)) -> void — Apple, MLMultiArray
+            // -getMutableBytesWithHandler: (checked at open)
+            // SAFETY: array is a live MLMultiArray; the block lives on this frame until the call
+            // returns, and the handler runs before it does (checked below).
+            unsafe {
+                msg!(rt, fn(Id, Sel, Id))(array, rt.sel(GET_MUTABLE_BYTES), block.as_block());
+            }
         }
-        // SAFETY: the array's elements span `extent` bytes from its data pointer (its own shape
-        // and strides), and nothing writes them while this pool is open.
-        let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>().cast_const(), extent) };
-        copy_into_planar(&desc, bytes, layout, out)
+        // Never garbage: a handler that did not run before the call returned copied nothing.
+        copied.unwrap_or_else(|| {
+            Err(MacError::Invalid(format!(
+                "output {name}: getMutableBytesWithHandler: returned without calling its handler"
+            )))
+        })
     }
 }

@@ -14,6 +14,7 @@ use super::objc::{
     alloc, msg, objc, Class, Id, NsInteger, NsUInteger, Objc, ObjcBool, Retained, Sel, NO,
 };
 use crate::error::{MacError, NsErrorInfo, Result, Unavailable};
+use crate::saved::Plain;
 
 /// `NSUTF8StringEncoding`.
 const UTF8: NsUInteger = 4;
@@ -281,47 +282,42 @@ impl Foundation {
     /// A property list (dictionaries, arrays, strings, numbers) as JSON: how `modelAttributes`
     /// reaches the pure layout code. Other objects become their `-description`.
     pub fn to_json(&self, obj: Id) -> serde_json::Value {
-        self.json_at(obj, 0)
+        self.plain_at(obj, 0).to_json()
     }
 
-    fn json_at(&self, obj: Id, depth: usize) -> serde_json::Value {
-        use serde_json::Value;
+    /// The object graph as plain data ([`Plain`], converted to JSON in `saved.rs`).
+    fn plain_at(&self, obj: Id, depth: usize) -> Plain {
         let rt = self.rt;
         if obj.is_nil() {
-            return Value::Null;
+            return Plain::Nil;
         }
         if depth >= MAX_DEPTH {
-            return Value::String(self.describe(obj).unwrap_or_default());
+            return Plain::Other(self.describe(obj).unwrap_or_default());
         }
         if self.is_kind(obj, self.dictionary) {
             // (id, SEL) -> id NSArray* — FACTS §3.8 (-[NSDictionary allKeys])
             // SAFETY: obj is a live NSDictionary; the array is autoreleased into the caller's pool.
             let keys = unsafe { msg!(rt, fn(Id, Sel) -> Id)(obj, rt.sel(c"allKeys")) };
-            let mut map = serde_json::Map::new();
+            let mut entries = Vec::new();
             for k in self.array_items(keys) {
                 // (id, SEL, id) -> id — FACTS §3.8 (-[NSDictionary objectForKey:])
                 // SAFETY: k is a key of obj.
                 let v =
                     unsafe { msg!(rt, fn(Id, Sel, Id) -> Id)(obj, rt.sel(c"objectForKey:"), k) };
-                let key = if self.is_kind(k, self.string) {
-                    self.read_string(k)
-                } else {
-                    self.describe(k)
-                };
-                map.insert(key.unwrap_or_default(), self.json_at(v, depth + 1));
+                entries.push((self.plain_at(k, depth + 1), self.plain_at(v, depth + 1)));
             }
-            return Value::Object(map);
+            return Plain::Dict(entries);
         }
         if self.is_kind(obj, self.array) {
-            return Value::Array(
+            return Plain::Array(
                 self.array_items(obj)
                     .into_iter()
-                    .map(|v| self.json_at(v, depth + 1))
+                    .map(|v| self.plain_at(v, depth + 1))
                     .collect(),
             );
         }
         if self.is_kind(obj, self.string) {
-            return self.read_string(obj).map_or(Value::Null, Value::String);
+            return self.read_string(obj).map_or(Plain::Nil, Plain::String);
         }
         if self.is_kind(obj, self.number) {
             // (id, SEL) -> const char* — FACTS §3.8 (-[NSNumber objCType])
@@ -337,14 +333,14 @@ impl Foundation {
                 // (id, SEL) -> double — FACTS §3.8 (-[NSNumber doubleValue])
                 // SAFETY: as above.
                 let v = unsafe { msg!(rt, fn(Id, Sel) -> f64)(obj, rt.sel(c"doubleValue")) };
-                return serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number);
+                return Plain::Float(v);
             }
             // (id, SEL) -> long long — FACTS §3.8 (-[NSNumber longLongValue])
             // SAFETY: as above.
             let v = unsafe { msg!(rt, fn(Id, Sel) -> c_longlong)(obj, rt.sel(c"longLongValue")) };
-            return Value::from(v);
+            return Plain::Integer(v);
         }
-        Value::String(self.describe(obj).unwrap_or_default())
+        Plain::Other(self.describe(obj).unwrap_or_default())
     }
 }
 

@@ -2,6 +2,7 @@
 //! the Linux build type-checks every call, and a library that does not open is the typed
 //! "no ANE here" error.
 
+pub mod block;
 pub mod coreml;
 pub mod foundation;
 pub mod iosurface;

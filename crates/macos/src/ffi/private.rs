@@ -4,7 +4,7 @@
 //! `modelAttributes` → requests over IOSurfaces → evaluate → unload.
 
 use std::ffi::{c_void, CStr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libloading::Library;
@@ -17,6 +17,7 @@ use crate::budget::{process_budget, CompileBudget};
 use crate::error::{MacError, Result, Step, Unavailable};
 use crate::layout::{resolve, DeclaredFunction, ModelAttributes, ProcedureIo};
 use crate::retry::RetryPolicy;
+use crate::saved::SavedFiles;
 use crate::staging::{self, ModelFiles, WEIGHT_DATA_KEY, WEIGHT_OFFSET, WEIGHT_OFFSET_KEY};
 
 pub const DESCRIPTOR_CLASS: &CStr = c"_ANEInMemoryModelDescriptor";
@@ -165,7 +166,9 @@ impl PrivateAne {
         fnd.dictionary(&entries)
     }
 
-    /// Compiles (unless the daemon has it cached) and loads one program.
+    /// Compiles (unless the daemon has it cached) and loads one program. Its `modelAttributes`
+    /// are saved as JSON next to the staged program ([`AneModel::saved_files`]); on any failure
+    /// the MIL text is saved too and the error names both files ([`MacError::Saved`]).
     pub fn load(&self, files: &ModelFiles) -> Result<AneModel> {
         self.open_model(files, true)
     }
@@ -179,6 +182,23 @@ impl PrivateAne {
     }
 
     fn open_model(&self, files: &ModelFiles, may_compile: bool) -> Result<AneModel> {
+        let tmp = self.fw.fnd.temporary_directory().ok_or(MacError::call(
+            Step::Describe,
+            "NSTemporaryDirectory",
+            None,
+        ))?;
+        let mut saved = SavedFiles::new(&tmp, files.name, None, files.mil_text);
+        self.load_in(files, &tmp, &mut saved, may_compile)
+            .map_err(|e| saved.fail(e, files.mil_text))
+    }
+
+    fn load_in(
+        &self,
+        files: &ModelFiles,
+        tmp: &Path,
+        saved: &mut SavedFiles,
+        may_compile: bool,
+    ) -> Result<AneModel> {
         staging::check(files)?;
         let (fw, fnd) = (self.fw, self.fw.fnd);
         let rt = fnd.rt;
@@ -221,12 +241,8 @@ impl PrivateAne {
             "hexStringIdentifier",
             None,
         ))?;
-        let tmp = fnd.temporary_directory().ok_or(MacError::call(
-            Step::Describe,
-            "NSTemporaryDirectory",
-            None,
-        ))?;
-        let staging = staging::staging_dir(&tmp, &hex)?;
+        *saved = SavedFiles::new(tmp, files.name, Some(&hex), files.mil_text);
+        let staging = staging::staging_dir(tmp, &hex)?;
         let mut m = AneModel {
             fw,
             model,
@@ -235,6 +251,7 @@ impl PrivateAne {
             staging,
             qos: self.options.qos,
             attributes: serde_json::Value::Null,
+            saved: saved.clone(),
             compiled: false,
             loaded: false,
         };
@@ -264,6 +281,13 @@ impl PrivateAne {
         // SAFETY: checked at open; the model is loaded.
         let attrs = unsafe { msg!(rt, fn(Id, Sel) -> Id)(m.model.id(), rt.sel(ATTRIBUTES)) };
         m.attributes = fnd.to_json(attrs);
+        // Kept whatever follows: layout resolution reads them next, and may fail.
+        if let Err(e) = m.saved.save_attributes(&m.attributes) {
+            tracing::warn!(
+                "modelAttributes of {}: could not save them: {e}",
+                files.name
+            );
+        }
         Ok(m)
     }
 
@@ -334,6 +358,7 @@ pub struct AneModel {
     staging: PathBuf,
     qos: u32,
     attributes: serde_json::Value,
+    saved: SavedFiles,
     compiled: bool,
     loaded: bool,
 }
@@ -369,6 +394,11 @@ impl AneModel {
     /// `modelAttributes` as JSON (for reports).
     pub fn attributes_json(&self) -> &serde_json::Value {
         &self.attributes
+    }
+
+    /// Where this program's attributes (and, after a failure, its MIL text) are saved.
+    pub fn saved_files(&self) -> &SavedFiles {
+        &self.saved
     }
 
     /// The layout of MIL function `f` (one of `n_functions`), from `modelAttributes`.

@@ -1,7 +1,9 @@
 //! The ANE through Core ML as a [`Device`]: a unit's program is written as a `.mlpackage`,
 //! compiled, and loaded for CPU_AND_NE — one `MLModel` per function (COREML.md §7), an
 //! `MLState` per binding for stateful functions (COREML.md §8). Buffers are ours, laid out like
-//! the ANE's; input arrays wrap them without a copy, outputs are copied back.
+//! the ANE's; input arrays wrap them without a copy, outputs are copied back from inside
+//! `-[MLMultiArray getMutableBytesWithHandler:]` with the strides that handler reports
+//! (`anelm_macos::Prediction::copy_output`), not through the deprecated `dataPointer`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,10 +1,14 @@
 //! The ANE through the private in-memory driver (FACTS §3) as a [`Device`]: a unit's MIL text and
 //! weight files go to `_ANEInMemoryModelDescriptor`; each function's I/O order and strides come
 //! from `modelAttributes` (FACTS §3.5, C3); buffers are IOSurfaces bound once per function.
+//! Inputs the compiler dropped are written to host buffers no request reads; when a unit fails,
+//! its error names the attributes and MIL text the driver saved.
 
 use std::sync::Mutex;
 
+use anelm_macos::layout::{resolve, ModelAttributes};
 use anelm_macos::{AneModel, AneRequest, LoadOptions, MacError, PrivateAne, ProcedureIo};
+use anelm_mil::Program;
 
 use super::{declared, error, io_type};
 use crate::device::{Device, DeviceError, IoLayout, KernelIo, Stage};
@@ -56,11 +60,29 @@ impl PrivateAneKernel {
     pub fn compiled(&self) -> bool {
         self.model.compiled()
     }
+
+    /// Where the attributes were saved (and the MIL text, after a failure).
+    pub fn attributes_path(&self) -> std::path::PathBuf {
+        self.model.saved_files().attributes_path()
+    }
+
+    /// What the layout resolution had to assume, per function (fallback strides, unbound
+    /// inputs); each line was also logged as a warning.
+    pub fn notes(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.functions.iter().flat_map(|(p, _)| {
+            p.notes
+                .iter()
+                .map(move |n| (p.function.as_str(), n.as_str()))
+        })
+    }
 }
 
 pub struct PrivateAneBinding {
     function: usize,
     request: AneRequest,
+    /// Inputs `bound..` of the function's [`KernelIo`] are unbound: host buffers nothing reads.
+    bound: usize,
+    scratch: Vec<Vec<u8>>,
     /// An IOSurface lock that failed in `write_input`/`read_output` (which cannot return an
     /// error): reported by the next `evaluate`.
     failed: Mutex<Option<String>>,
@@ -74,6 +96,8 @@ impl PrivateAneBinding {
     }
 }
 
+/// The device's view of a procedure: its bound inputs, then the unbound ones (laid out as the
+/// ANE would, in buffers no request reads), then its outputs.
 fn kernel_io(p: &ProcedureIo) -> KernelIo {
     let layout = |s: &anelm_macos::TensorSlot| IoLayout {
         name: s.name.clone(),
@@ -85,9 +109,46 @@ fn kernel_io(p: &ProcedureIo) -> KernelIo {
     };
     KernelIo {
         function: p.function.clone(),
-        inputs: p.inputs.iter().map(layout).collect(),
+        inputs: p
+            .inputs
+            .iter()
+            .map(layout)
+            .chain(
+                p.unbound
+                    .iter()
+                    .map(|d| IoLayout::ane(&d.name, io_type(d.dtype), d.channels, d.width)),
+            )
+            .collect(),
         outputs: p.outputs.iter().map(layout).collect(),
     }
+}
+
+/// Every function's layout in a loaded program, from its `modelAttributes` (as JSON). Pure, so
+/// it is tested without a Mac; errors name the unit.
+fn layouts(
+    unit: &str,
+    program: &Program,
+    attributes: &serde_json::Value,
+) -> Result<Vec<(ProcedureIo, KernelIo)>, DeviceError> {
+    let fail = |m: String| error(NAME, Stage::Compile, unit, m);
+    let attrs = ModelAttributes::from_json(attributes).map_err(|e| fail(e.to_string()))?;
+    let n = program.functions.len();
+    program
+        .functions
+        .iter()
+        .map(|f| {
+            let (decl, states) = declared(f).map_err(&fail)?;
+            if let Some(s) = states.first() {
+                return Err(fail(format!(
+                    "function {} has state {s}: the private driver binds no states",
+                    f.name
+                )));
+            }
+            let p = resolve(&attrs, &decl, n).map_err(|e| fail(e.to_string()))?;
+            let io = kernel_io(&p);
+            Ok((p, io))
+        })
+        .collect()
 }
 
 impl PrivateAneDevice {
@@ -104,24 +165,19 @@ impl PrivateAneDevice {
             .map(|(w, b)| (w.path.as_str(), b.as_slice()))
             .collect();
         let files = anelm_macos::staging::ModelFiles {
+            name: &unit.name,
             mil_text: &unit.text,
             weights: &weights,
         };
         let model = load(&self.driver, &files).map_err(|e| fail(e.to_string()))?;
-        let n = unit.program.functions.len();
-        let mut functions = Vec::with_capacity(n);
-        for f in &unit.program.functions {
-            let (decl, states) = declared(f).map_err(&fail)?;
-            if let Some(s) = states.first() {
-                return Err(fail(format!(
-                    "function {} has state {s}: the private driver binds no states",
-                    f.name
-                )));
-            }
-            let p = model.io(&decl, n).map_err(|e| fail(e.to_string()))?;
-            let io = kernel_io(&p);
-            functions.push((p, io));
-        }
+        let functions =
+            layouts(&unit.name, &unit.program, model.attributes_json()).map_err(|e| {
+                // Name the saved attributes and MIL text.
+                let saved = model
+                    .saved_files()
+                    .fail(MacError::Invalid(e.message), &unit.text);
+                fail(saved.to_string())
+            })?;
         Ok(PrivateAneKernel {
             name: unit.name.clone(),
             functions,
@@ -199,13 +255,14 @@ impl Device for PrivateAneDevice {
             .iter()
             .position(|(_, io)| io.function == function)
             .ok_or_else(|| fail(format!("no function {function}")))?;
-        let request = kernel
-            .model
-            .request(&kernel.functions[index].0)
-            .map_err(|e| fail(e.to_string()))?;
+        let (p, io) = &kernel.functions[index];
+        let request = kernel.model.request(p).map_err(|e| fail(e.to_string()))?;
+        let bound = p.inputs.len();
         Ok(PrivateAneBinding {
             function: index,
             request,
+            bound,
+            scratch: io.inputs[bound..].iter().map(|l| vec![0; l.size]).collect(),
             failed: Mutex::new(None),
         })
     }
@@ -216,6 +273,10 @@ impl Device for PrivateAneDevice {
         index: usize,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> R {
+        if let Some(i) = index.checked_sub(binding.bound) {
+            // An unbound input: the program does not read it.
+            return f(&mut binding.scratch[i]);
+        }
         let mut f = Some(f);
         let surface = binding
             .request
@@ -294,6 +355,13 @@ mod tests {
             procedure: 0,
             inputs: vec![slot("x", 1, 128, 16384)],
             outputs: vec![slot("y", 0, 64, 192)],
+            unbound: vec![anelm_macos::DeclaredTensor {
+                name: "descale".into(),
+                dtype: ElemType::Fp16,
+                channels: 1,
+                width: 17,
+            }],
+            notes: vec![],
         };
         let io = kernel_io(&p);
         assert_eq!(io.function, "main");
@@ -315,5 +383,90 @@ mod tests {
             "element (c, w) where the driver put it"
         );
         assert_eq!((io.outputs[0].row_stride, io.outputs[0].size), (64, 192));
+        // The unbound input follows the bound ones, laid out as the ANE would.
+        assert_eq!(io.input("descale"), Some(1));
+        assert_eq!(
+            io.inputs[1],
+            IoLayout::ane("descale", crate::device::IoType::Fp16, 1, 17)
+        );
+    }
+
+    fn fixture(name: &str) -> serde_json::Value {
+        let path = format!(
+            "{}/../macos/tests/fixtures/attributes/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    }
+
+    /// `main(x [1, 2, 1, 16]) -> y`, the function the malformed fixtures describe.
+    fn small_program() -> Program {
+        use anelm_mil::{FunctionBuilder, Opset, TensorType};
+        let mut f = FunctionBuilder::new("main", Opset::Ios18);
+        let x = f.input("x", TensorType::fp16([1, 2, 1, 16])).unwrap();
+        let y = f.name_next("y").sigmoid(x).unwrap();
+        f.output(y).unwrap();
+        Program::single(f.finish().unwrap())
+    }
+
+    #[test]
+    fn malformed_attributes_fail_the_unit_with_one_line() {
+        let program = small_program();
+        let cases = fixture("malformed.json");
+        for c in cases.as_array().unwrap() {
+            let e = match layouts("layer07_ffn", &program, &c["attributes"]) {
+                Ok(_) => panic!("{}: resolved", c["case"]),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                e.starts_with("ane: compiling layer07_ffn: modelAttributes: ")
+                    && e.contains(c["error"].as_str().unwrap())
+                    && !e.contains('\n'),
+                "{}: {e}",
+                c["case"]
+            );
+        }
+    }
+
+    #[test]
+    fn a_fused_program_binds_both_functions_and_leaves_the_dropped_mask_unbound() {
+        use anelm_mil::{FunctionBuilder, Opset, TensorType};
+        let function = |name: &str, w: usize, inputs: &[(&str, usize)]| {
+            let mut f = FunctionBuilder::new(name, Opset::Ios18);
+            let mut ids = Vec::new();
+            for &(n, c) in inputs {
+                ids.push(f.input(n, TensorType::fp16([1, c, 1, w])).unwrap());
+            }
+            let y = f.name_next("y").sigmoid(ids[0]).unwrap();
+            f.output(y).unwrap();
+            f.finish().unwrap()
+        };
+        let mut program = Program::single(function(
+            "prefill",
+            64,
+            &[("x", 8), ("cos0", 4), ("sin0", 4), ("mask", 1)],
+        ));
+        // decode: width 1, and kv0 [1, 8, 1, 16] of its own width.
+        let mut f = FunctionBuilder::new("decode", Opset::Ios18);
+        let x = f.input("x", TensorType::fp16([1, 8, 1, 1])).unwrap();
+        for (n, c) in [("cos0", 4), ("sin0", 4), ("mask", 1)] {
+            f.input(n, TensorType::fp16([1, c, 1, 1])).unwrap();
+        }
+        f.input("kv0", TensorType::fp16([1, 8, 1, 16])).unwrap();
+        let y = f.name_next("y").sigmoid(x).unwrap();
+        f.output(y).unwrap();
+        program.functions.push(f.finish().unwrap());
+        let fs = layouts("chunk0", &program, &fixture("fused_prefill_decode.json")).unwrap();
+        let (p, io) = &fs[1];
+        assert_eq!((p.procedure, io.function.as_str()), (1, "decode"));
+        let names: Vec<&str> = io.inputs.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["x", "cos0", "sin0", "kv0", "mask"],
+            "bound first, then unbound"
+        );
+        assert_eq!(p.inputs.len(), 4);
+        assert_eq!(io.inputs[4].size, 64, "the unbound mask still has a buffer");
+        assert_eq!(fs[0].0.inputs.len(), 4, "prefill binds its mask");
     }
 }

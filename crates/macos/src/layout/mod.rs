@@ -1,23 +1,34 @@
 //! The I/O layout of a loaded program, read from `-[_ANEInMemoryModel modelAttributes]` given
-//! as plain data (FACTS §3.5, C3) — never assumed:
+//! as plain data (FACTS §3.5, C3) — never assumed where the attributes speak, and assumed (with
+//! a warning) only where they are silent:
 //!
 //! - `ANEFModelDescription` maps procedure names to IDs (`kANEFModelProcedureNameToIDMapKey`),
-//!   gives each procedure's input and output *symbol indices* (`ANEFModelProcedures`), and the
-//!   symbol names (`kANEFModelInputSymbolsArrayKey`, `kANEFModelOutputSymbolsArrayKey`, output
-//!   names suffixed `@output`). A request binds surface `i` to symbol `indices[i]`; the MIL
-//!   declaration order, alphabetical order and return order all have their advocates (C3), so
-//!   we match by name.
-//! - `NetworkStatusList` has one entry per procedure (`Name`) with `LiveInputList` and
-//!   `LiveOutputList`: per tensor `Name`/`Symbol`, `Type`, `Channels`, `Height`, `Width`,
-//!   `PlaneStride` (bytes from one channel to the next of a `[1, C, 1, W]` tensor), `RowStride`,
-//!   `BatchStride` (bytes to allocate) and more.
+//!   gives each procedure's input and output *symbol indices* (`ANEFModelProcedures`; global
+//!   across procedures), and the symbol names (`kANEFModelInputSymbolsArrayKey`,
+//!   `kANEFModelOutputSymbolsArrayKey`, output names suffixed `@output`). A request binds surface
+//!   `i` to symbol `indices[i]`; we match by name (C3).
+//! - `NetworkStatusList` has one entry per procedure (`Name`): inputs in `LiveInputList`,
+//!   `LiveInputParamList` (small broadcast inputs the compiler treats as parameters) or
+//!   `LiveStateList`, outputs in `LiveOutputList`; per tensor `Name`/`Symbol`, `Type`,
+//!   `Channels`, `Height`, `Width`, and strides: `PlaneStride`, `RowStride`, or a
+//!   `PlaneDescriptor` list of per-plane `RowStride` ([`parse`] cites the public dumps).
 //!
-//! [`ModelAttributes`] mirrors that dictionary (what `anelm-macos` converts the `NSDictionary`
-//! to, through JSON); [`resolve`] checks it against what the MIL function declares.
+//! [`resolve`] checks that against what the MIL function declares. It bends where the hardware
+//! may legitimately differ — missing strides fall back to 64-byte rows ([`fallback_channel_stride`]),
+//! a declared input the compiler dropped is *unbound* ([`ProcedureIo::unbound`]), unknown keys
+//! are ignored — and refuses only what would give wrong numbers (a shape or type that disagrees
+//! with the declaration, strides that cannot hold a row, a malformed dictionary).
 
-use std::collections::BTreeMap;
+mod parse;
+mod slot;
 
-use serde::Deserialize;
+pub use parse::{
+    LiveTensor, ModelAttributes, ModelDescription, NetworkStatus, Procedure, SymbolRef,
+    INPUT_LISTS, OUTPUT_LIST,
+};
+pub use slot::fallback_channel_stride;
+
+use slot::{note, slot, Entry};
 
 use crate::error::{MacError, Result};
 
@@ -90,87 +101,15 @@ pub struct ProcedureIo {
     pub function: String,
     /// The `procedureIndex` of a request.
     pub procedure: u32,
+    /// The inputs the request binds.
     pub inputs: Vec<TensorSlot>,
     pub outputs: Vec<TensorSlot>,
-}
-
-/// `modelAttributes`, as far as the driver reads it. Unknown keys are ignored.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct ModelAttributes {
-    #[serde(rename = "ANEFModelDescription")]
-    pub description: Option<ModelDescription>,
-    #[serde(rename = "NetworkStatusList", default)]
-    pub network_status: Vec<NetworkStatus>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct ModelDescription {
-    #[serde(rename = "ANEFModelProcedures", default)]
-    pub procedures: Vec<Procedure>,
-    #[serde(rename = "kANEFModelInputSymbolsArrayKey", default)]
-    pub input_symbols: Vec<String>,
-    #[serde(rename = "kANEFModelOutputSymbolsArrayKey", default)]
-    pub output_symbols: Vec<String>,
-    #[serde(rename = "kANEFModelProcedureNameToIDMapKey", default)]
-    pub procedure_ids: BTreeMap<String, u32>,
-    #[serde(rename = "ANEFModelInput16KAlignmentArray", default)]
-    pub input_16k_alignment: Vec<u32>,
-    #[serde(rename = "ANEFModelOutput16KAlignmentArray", default)]
-    pub output_16k_alignment: Vec<u32>,
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-pub struct Procedure {
-    #[serde(rename = "ANEFModelProcedureID")]
-    pub id: u32,
-    #[serde(rename = "ANEFModelInputSymbolIndexArray", default)]
-    pub inputs: Vec<u32>,
-    #[serde(rename = "ANEFModelOutputSymbolIndexArray", default)]
-    pub outputs: Vec<u32>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct NetworkStatus {
-    #[serde(rename = "Name")]
-    pub name: Option<String>,
-    #[serde(rename = "LiveInputList", default)]
-    pub inputs: Vec<LiveTensor>,
-    #[serde(rename = "LiveOutputList", default)]
-    pub outputs: Vec<LiveTensor>,
-}
-
-/// A tensor's `Symbol`: its name in every dump seen, an index conceivably.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(untagged)]
-pub enum SymbolRef {
-    Index(u32),
-    Name(String),
-}
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "PascalCase")]
-pub struct LiveTensor {
-    pub name: Option<String>,
-    pub symbol: Option<SymbolRef>,
-    #[serde(rename = "Type")]
-    pub elem_type: Option<String>,
-    pub batches: Option<u64>,
-    pub channels: Option<u64>,
-    pub height: Option<u64>,
-    pub width: Option<u64>,
-    pub depth: Option<u64>,
-    pub interleave: Option<u64>,
-    pub batch_stride: Option<u64>,
-    pub plane_stride: Option<u64>,
-    pub row_stride: Option<u64>,
-}
-
-impl ModelAttributes {
-    /// From the JSON form of the `NSDictionary`.
-    pub fn from_json(v: &serde_json::Value) -> Result<ModelAttributes> {
-        ModelAttributes::deserialize(v)
-            .map_err(|e| MacError::Layout(format!("unexpected shape: {e}")))
-    }
+    /// Declared inputs the compiled procedure does not take (the compiler dropped them as
+    /// unused): nothing binds them, and what a caller writes for them is never read.
+    pub unbound: Vec<DeclaredTensor>,
+    /// What had to be assumed (fallback layouts, unbound inputs), one line each; every line was
+    /// also logged as a warning.
+    pub notes: Vec<String>,
 }
 
 fn strip_output(name: &str) -> &str {
@@ -178,13 +117,14 @@ fn strip_output(name: &str) -> &str {
 }
 
 impl LiveTensor {
-    /// Whether this entry describes symbol `index` named `name`.
+    /// Whether this entry describes symbol `index` named `name`: by `Symbol` (a name or an
+    /// index), else by `Name`.
     fn is(&self, index: u32, name: &str) -> bool {
         let named = |n: &str| strip_output(n) == name;
-        match &self.symbol {
-            Some(SymbolRef::Index(i)) => *i == index,
-            Some(SymbolRef::Name(n)) => named(n),
-            None => self.name.as_deref().is_some_and(named),
+        match self.symbol() {
+            Some(SymbolRef::Index(i)) => i == index,
+            Some(SymbolRef::Name(n)) => named(&n) || self.text("Name").is_some_and(named),
+            None => self.text("Name").is_some_and(named),
         }
     }
 }
@@ -248,8 +188,11 @@ struct Side<'a> {
     indices: &'a [u32],
     names: &'a [String],
     alignment: &'a [u32],
-    live: &'a [LiveTensor],
+    live: Vec<(&'static str, &'a LiveTensor)>,
 }
+
+/// The slots of one side, and the declared tensors the procedure does not take.
+type Slots = (Vec<TensorSlot>, Vec<DeclaredTensor>);
 
 impl Side<'_> {
     fn symbol_name(&self, index: u32) -> Result<&str> {
@@ -265,7 +208,7 @@ impl Side<'_> {
             })
     }
 
-    fn slots(&self, declared: &[DeclaredTensor]) -> Result<Vec<TensorSlot>> {
+    fn slots(&self, declared: &[DeclaredTensor], notes: &mut Vec<String>) -> Result<Slots> {
         let mut by_name = Vec::with_capacity(self.indices.len());
         for &i in self.indices {
             by_name.push((self.symbol_name(i)?, i));
@@ -279,109 +222,53 @@ impl Side<'_> {
                 self.what
             )));
         }
-        declared
-            .iter()
-            .map(|d| {
-                let &(_, symbol) = by_name.iter().find(|(n, _)| *n == d.name).ok_or_else(|| {
-                    MacError::Layout(format!(
-                        "{} {} is not among the procedure's symbols {:?}",
-                        self.what,
-                        d.name,
-                        by_name.iter().map(|(n, _)| n).collect::<Vec<_>>()
-                    ))
-                })?;
-                let live = self
-                    .live
-                    .iter()
-                    .find(|t| t.is(symbol, &d.name))
-                    .ok_or_else(|| {
-                        MacError::Layout(format!(
-                            "no Live{}List entry for {} {}",
-                            if self.what == "input" {
-                                "Input"
-                            } else {
-                                "Output"
-                            },
-                            self.what,
-                            d.name
-                        ))
-                    })?;
-                let aligned = self.alignment.get(symbol as usize).is_some_and(|&a| a != 0);
-                slot(d, symbol, live, aligned)
-            })
-            .collect()
-    }
-}
-
-/// Checks one live tensor against its declaration and derives its slot.
-fn slot(d: &DeclaredTensor, symbol: u32, t: &LiveTensor, align_16k: bool) -> Result<TensorSlot> {
-    let bad = |what: String| MacError::Layout(format!("{}: {what}", d.name));
-    if let Some(ty) = &t.elem_type {
-        let got = ElemType::from_ane(ty)
-            .ok_or_else(|| bad(format!("Type {ty} is not Float16 or Float32")))?;
-        if got != d.dtype {
-            return Err(bad(format!(
-                "Type {ty}, but the MIL declares {:?}",
-                d.dtype
-            )));
+        let mut slots = Vec::with_capacity(declared.len());
+        let mut unbound = Vec::new();
+        for d in declared {
+            let Some(&(_, symbol)) = by_name.iter().find(|(n, _)| *n == d.name) else {
+                if self.what == "input" {
+                    note(
+                        notes,
+                        format!(
+                            "input {} is not among the procedure's symbols {:?}: the compiler dropped it; it stays unbound",
+                            d.name,
+                            by_name.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                        ),
+                    );
+                    unbound.push(d.clone());
+                    continue;
+                }
+                return Err(MacError::Layout(format!(
+                    "output {} is not among the procedure's symbols {:?}",
+                    d.name,
+                    by_name.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                )));
+            };
+            let entry = self
+                .live
+                .iter()
+                .find(|(_, t)| t.is(symbol, &d.name))
+                .map(|&(list, tensor)| Entry { list, tensor });
+            let aligned = self.alignment.get(symbol as usize).is_some_and(|&a| a != 0);
+            slots.push(slot(self.what, d, symbol, entry, aligned, notes)?);
         }
+        Ok((slots, unbound))
     }
-    let expect = |field: &str, got: Option<u64>, want: usize| match got {
-        Some(g) if g != want as u64 => {
-            Err(bad(format!("{field} {g}, but the MIL declares {want}")))
-        }
-        _ => Ok(()),
-    };
-    expect("Channels", t.channels, d.channels)?;
-    expect("Width", t.width, d.width)?;
-    expect("Height", t.height, 1)?;
-    expect("Batches", t.batches, 1)?;
-    expect("Depth", t.depth, 1)?;
-    expect("Interleave", t.interleave, 1)?;
-    let row = d.width * d.dtype.bytes();
-    let plane = t.plane_stride.ok_or_else(|| bad("no PlaneStride".into()))? as usize;
-    if plane < row {
-        return Err(bad(format!(
-            "PlaneStride {plane} is less than a row of {} {:?} values ({row} bytes)",
-            d.width, d.dtype
-        )));
-    }
-    if let Some(r) = t
-        .row_stride
-        .filter(|&r| (r as usize) < row || r as usize > plane)
-    {
-        return Err(bad(format!(
-            "RowStride {r} does not fit between a row ({row} bytes) and PlaneStride {plane}"
-        )));
-    }
-    let min = d.channels * plane;
-    let bytes = match t.batch_stride {
-        Some(b) if (b as usize) < min => {
-            return Err(bad(format!(
-                "BatchStride {b} is less than Channels × PlaneStride = {min}"
-            )))
-        }
-        Some(b) => b as usize,
-        None => min,
-    };
-    let bytes = if align_16k {
-        bytes.div_ceil(ALIGN_16K) * ALIGN_16K
-    } else {
-        bytes
-    };
-    Ok(TensorSlot {
-        name: d.name.clone(),
-        symbol,
-        dtype: d.dtype,
-        channels: d.channels,
-        width: d.width,
-        channel_stride: plane,
-        bytes,
-    })
 }
 
 /// The layout of MIL function `f` (one of `n_functions`) in a loaded program.
 pub fn resolve(
+    attrs: &ModelAttributes,
+    f: &DeclaredFunction,
+    n_functions: usize,
+) -> Result<ProcedureIo> {
+    resolve_inner(attrs, f, n_functions).map_err(|e| match e {
+        MacError::Layout(m) => MacError::Layout(format!("function {}: {m}", f.name)),
+        other => other,
+    })
+}
+
+fn resolve_inner(
     attrs: &ModelAttributes,
     f: &DeclaredFunction,
     n_functions: usize,
@@ -400,30 +287,26 @@ pub fn resolve(
         indices: &proc_.inputs,
         names: &desc.input_symbols,
         alignment: &desc.input_16k_alignment,
-        live: &status.inputs,
+        live: status.input_entries().collect(),
     };
     let outputs = Side {
         what: "output",
         indices: &proc_.outputs,
         names: &desc.output_symbols,
         alignment: &desc.output_16k_alignment,
-        live: &status.outputs,
+        live: status.outputs.iter().map(|t| (OUTPUT_LIST, t)).collect(),
     };
-    let in_slots = inputs.slots(&f.inputs).map_err(|e| context(e, f))?;
-    let out_slots = outputs.slots(&f.outputs).map_err(|e| context(e, f))?;
+    let mut notes = Vec::new();
+    let (in_slots, unbound) = inputs.slots(&f.inputs, &mut notes)?;
+    let (out_slots, _) = outputs.slots(&f.outputs, &mut notes)?;
     Ok(ProcedureIo {
         function: f.name.clone(),
         procedure: id,
         inputs: in_slots,
         outputs: out_slots,
+        unbound,
+        notes,
     })
-}
-
-fn context(e: MacError, f: &DeclaredFunction) -> MacError {
-    match e {
-        MacError::Layout(m) => MacError::Layout(format!("function {}: {m}", f.name)),
-        other => other,
-    }
 }
 
 #[cfg(test)]
@@ -599,11 +482,6 @@ mod tests {
                 "the program has input y, which the MIL function does not declare",
             ),
             (
-                "/ANEFModelDescription/ANEFModelProcedures/0/ANEFModelInputSymbolIndexArray",
-                json!([0]),
-                "input x is not among the procedure's symbols [\"a_bias\"]",
-            ),
-            (
                 "/NetworkStatusList/0/LiveInputList/0/Channels",
                 json!(32),
                 "Channels 32, but the MIL declares 64",
@@ -639,9 +517,14 @@ mod tests {
                 "Interleave 2",
             ),
             (
-                "/NetworkStatusList/0/LiveOutputList/1/Symbol",
-                json!("r@output"),
-                "no LiveOutputList entry for output q",
+                "/NetworkStatusList/0/LiveInputList/0/Channels",
+                json!("many"),
+                "input x: LiveInputList entry: Channels is \"many\", not a count",
+            ),
+            (
+                "/ANEFModelDescription/ANEFModelProcedures/0/ANEFModelOutputSymbolIndexArray",
+                json!([0]),
+                "output q is not among the procedure's symbols [\"k\"]",
             ),
             (
                 "/ANEFModelDescription/ANEFModelProcedures/0/ANEFModelInputSymbolIndexArray/1",
@@ -658,15 +541,6 @@ mod tests {
                 "{pointer}: {e}"
             );
         }
-        let mut v = attrs();
-        v["NetworkStatusList"][0]["LiveInputList"][0]
-            .as_object_mut()
-            .unwrap()
-            .remove("PlaneStride");
-        assert!(resolve_json(&v, &main_fn(), 1)
-            .unwrap_err()
-            .to_string()
-            .contains("x: no PlaneStride"));
         let mut f = main_fn();
         f.inputs.pop();
         let e = resolve_json(&attrs(), &f, 1).unwrap_err().to_string();
@@ -685,7 +559,10 @@ mod tests {
         let e = ModelAttributes::from_json(&json!({"NetworkStatusList": 3}))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("unexpected shape"), "{e}");
+        assert_eq!(
+            e,
+            "modelAttributes: modelAttributes.NetworkStatusList is 3, expected a list"
+        );
         let mut v = attrs();
         v["NetworkStatusList"] = json!([]);
         assert!(resolve_json(&v, &main_fn(), 1)
@@ -707,5 +584,66 @@ mod tests {
         }
         let io = resolve_json(&v, &main_fn(), 1).unwrap();
         assert_eq!(io.inputs[0].symbol, 1);
+    }
+
+    #[test]
+    fn strides_fall_back_from_plane_to_row_to_64_byte_rows() {
+        let mut v = attrs();
+        let x = "/NetworkStatusList/0/LiveInputList/0";
+        v.pointer_mut(x)
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .remove("PlaneStride");
+        *v.pointer_mut(&format!("{x}/RowStride")).unwrap() = json!(96);
+        *v.pointer_mut(&format!("{x}/BatchStride")).unwrap() = json!(96 * 64);
+        let io = resolve_json(&v, &main_fn(), 1).unwrap();
+        assert_eq!(
+            io.inputs[0].channel_stride, 96,
+            "RowStride when no PlaneStride"
+        );
+        assert!(io.notes.is_empty(), "{:?}", io.notes);
+        // Neither, and an unknown key: the 64-byte rows of FACTS §4, one note with the entry.
+        let e = v.pointer_mut(x).unwrap().as_object_mut().unwrap();
+        e.remove("RowStride");
+        e.remove("BatchStride");
+        e.insert("FutureField".into(), json!({"nested": [1, 2]}));
+        let io = resolve_json(&v, &main_fn(), 1).unwrap();
+        assert_eq!(
+            (io.inputs[0].channel_stride, io.inputs[0].bytes),
+            (64, 64 * 64)
+        );
+        assert_eq!(io.notes.len(), 1, "{:?}", io.notes);
+        assert!(
+            io.notes[0].contains("input x (symbol 1, LiveInputList)")
+                && io.notes[0].contains("\"FutureField\":{\"nested\":[1,2]}"),
+            "{}",
+            io.notes[0]
+        );
+        assert_eq!(fallback_channel_stride(ElemType::Fp32, 17), 128);
+        assert_eq!(fallback_channel_stride(ElemType::Fp16, 32), 64);
+    }
+
+    #[test]
+    fn a_dropped_input_is_unbound_and_a_parameter_input_is_bound() {
+        let mut v = attrs();
+        // a_bias (symbol 0) listed as a parameter, x dropped from the procedure.
+        let bias = v["NetworkStatusList"][0]["LiveInputList"][1].take();
+        v["NetworkStatusList"][0]["LiveInputList"] = json!([]);
+        v["NetworkStatusList"][0]["LiveInputParamList"] = json!([bias]);
+        v["ANEFModelDescription"]["ANEFModelProcedures"][0]["ANEFModelInputSymbolIndexArray"] =
+            json!([0]);
+        let io = resolve_json(&v, &main_fn(), 1).unwrap();
+        assert_eq!(io.inputs.len(), 1);
+        assert_eq!(
+            (io.inputs[0].name.as_str(), io.inputs[0].symbol),
+            ("a_bias", 0)
+        );
+        assert_eq!(io.unbound, [t("x", 64, 17)]);
+        assert!(
+            io.notes[0].contains("input x is not among"),
+            "{:?}",
+            io.notes
+        );
     }
 }
