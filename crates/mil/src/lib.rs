@@ -57,6 +57,7 @@
 
 pub mod blob;
 pub mod builder;
+pub mod constexpr;
 pub mod dtype;
 pub mod error;
 pub mod ir;

@@ -44,7 +44,7 @@ impl ConvWeights {
         }
     }
 
-    fn dims(dtype: DType, shape: &[usize]) -> Result<(usize, usize)> {
+    pub(super) fn dims(dtype: DType, shape: &[usize]) -> Result<(usize, usize)> {
         match (dtype, shape) {
             (DType::Fp16, &[cout, cin, 1, 1]) => Ok((cout, cin)),
             (DType::Fp16, s) => Err(MilError::invalid(format!(
