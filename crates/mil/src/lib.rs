@@ -73,7 +73,8 @@ pub use builder::{Arg, ConvParams, FunctionBuilder, Pad};
 pub use dtype::DType;
 pub use error::{MilError, Result};
 pub use ir::{
-    Argument, Binding, Dialect, Function, Operation, Opset, Program, ValueDef, ValueId, ValueInfo,
+    Argument, Binding, Dialect, Function, Operation, Opset, Program, StoredWeight, ValueDef, ValueId,
+    ValueInfo,
 };
 pub use lint::{LintConfig, LintFinding, Severity};
 pub use literal::{BlobSource, Elements, Literal, WeightData};
