@@ -78,10 +78,18 @@ impl Operand<'_> {
         }
     }
 
+    /// The operand's values; an fp16 intermediate (a constexpr output feeding another) is
+    /// rounded to fp16 first, as its type says.
     fn f32s(&self, f: &Function) -> Result<Vec<f32>> {
         match self {
             Operand::Literal(l) => literal_f32(l),
-            Operand::Value(id, _) => dense_f32(f, *id),
+            Operand::Value(id, t) => {
+                let mut v = dense_f32(f, *id)?;
+                if t.dtype == crate::DType::Fp16 {
+                    crate::sim::numerics::round_in_place(&mut v);
+                }
+                Ok(v)
+            }
         }
     }
 }

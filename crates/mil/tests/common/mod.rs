@@ -90,3 +90,4 @@ pub fn golden_path(name: &str) -> PathBuf {
 }
 
 pub use anelm_testkit::{python, shared_dir, validate_mlpackage as validate, workspace_root};
+pub mod quant;
