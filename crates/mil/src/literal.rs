@@ -560,6 +560,29 @@ mod tests {
     }
 
     #[test]
+    fn sub_byte_packing_is_coremltools_lsb_first() {
+        // Golden bytes from coremltools 9.0 `optimize._utils.pack_elements_into_bits`.
+        let cases: [(DType, &[i64], &[u8]); 5] = [
+            (DType::Uint3, &[1, 2, 3, 4, 5, 6, 7, 0, 1], &[209, 88, 31, 1]),
+            (DType::Int4, &[1, -2, 7, -8, 0], &[225, 135, 0]),
+            (DType::Uint6, &[63, 1, 32, 5, 0], &[127, 0, 22, 0]),
+            (DType::Uint1, &[1, 0, 1, 1, 0, 0, 0, 1, 1], &[0x8D, 0x01]),
+            (DType::Uint2, &[3, 0, 2, 1, 1], &[0x63, 0x01]),
+        ];
+        for (d, values, bytes) in cases {
+            let w = WeightData::pack(d, values).unwrap();
+            assert_eq!(w.as_bytes(), bytes, "{d}");
+            assert_eq!(w.to_i64s().unwrap(), values, "{d}");
+            let back = WeightData::from_bytes(d, values.len(), bytes.to_vec()).unwrap();
+            assert_eq!(back, w);
+        }
+        let w = WeightData::pack(DType::Int16, &[-2i16, 300]).unwrap();
+        assert_eq!(w.as_bytes(), &[0xFE, 0xFF, 0x2C, 0x01]);
+        assert_eq!(w.to_f32(), vec![-2.0, 300.0]);
+        assert!(WeightData::f16_from_f32(&[1.0]).to_i64s().is_none());
+    }
+
+    #[test]
     fn uint4_and_fp16_decode() {
         let w = WeightData::uint4(&[15, 0, 3]).unwrap();
         assert_eq!(w.as_bytes(), &[0x0F, 0x03]);
