@@ -252,7 +252,10 @@ impl FunctionBuilder {
 
     /// Runs `build`; if it fails, every value, op and name it added is removed again, so a
     /// failed call leaves the function exactly as before.
-    pub(crate) fn atomically<T>(&mut self, build: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+    pub(crate) fn atomically<T>(
+        &mut self,
+        build: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
         let mark = (self.func.values.len(), self.func.ops.len(), self.counter);
         let r = build(self);
         if r.is_err() {

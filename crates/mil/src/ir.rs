@@ -482,14 +482,16 @@ impl Program {
         for f in &self.functions {
             for op in &f.ops {
                 let owner = op.outputs.first().map(|&o| f.name_of(o)).unwrap_or("?");
-                let params = op.attributes.iter().map(|(k, l)| (k, l)).chain(
-                    op.inputs.iter().flat_map(|(k, a)| {
-                        a.bindings().iter().filter_map(move |b| match b {
-                            Binding::Literal(l) => Some((k, l)),
-                            Binding::Value(_) => None,
-                        })
-                    }),
-                );
+                let params =
+                    op.attributes
+                        .iter()
+                        .map(|(k, l)| (k, l))
+                        .chain(op.inputs.iter().flat_map(|(k, a)| {
+                            a.bindings().iter().filter_map(move |b| match b {
+                                Binding::Literal(l) => Some((k, l)),
+                                Binding::Value(_) => None,
+                            })
+                        }));
                 for (param, lit) in params {
                     let Literal::Blob { ty, source } = lit else {
                         continue;

@@ -409,9 +409,15 @@ impl WeightData {
     /// ```
     pub fn pack<T: Copy + Into<i64>>(dtype: DType, values: &[T]) -> Result<WeightData> {
         let (lo, hi) = int_range(dtype).ok_or_else(|| {
-            MilError::invalid(format!("{dtype} is not an integer type a weight blob holds"))
+            MilError::invalid(format!(
+                "{dtype} is not an integer type a weight blob holds"
+            ))
         })?;
-        if let Some(v) = values.iter().map(|&v| v.into()).find(|v| *v < lo || *v > hi) {
+        if let Some(v) = values
+            .iter()
+            .map(|&v| v.into())
+            .find(|v| *v < lo || *v > hi)
+        {
             return Err(MilError::invalid(format!(
                 "{dtype} value {v} out of range [{lo}, {hi}]"
             )));
@@ -563,7 +569,11 @@ mod tests {
     fn sub_byte_packing_is_coremltools_lsb_first() {
         // Golden bytes from coremltools 9.0 `optimize._utils.pack_elements_into_bits`.
         let cases: [(DType, &[i64], &[u8]); 5] = [
-            (DType::Uint3, &[1, 2, 3, 4, 5, 6, 7, 0, 1], &[209, 88, 31, 1]),
+            (
+                DType::Uint3,
+                &[1, 2, 3, 4, 5, 6, 7, 0, 1],
+                &[209, 88, 31, 1],
+            ),
             (DType::Int4, &[1, -2, 7, -8, 0], &[225, 135, 0]),
             (DType::Uint6, &[63, 1, 32, 5, 0], &[127, 0, 22, 0]),
             (DType::Uint1, &[1, 0, 1, 1, 0, 0, 0, 1, 1], &[0x8D, 0x01]),

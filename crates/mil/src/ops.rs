@@ -3,10 +3,10 @@
 //! (coremltools `converters/mil/mil/ops/defs/iOS1x`), which is also what
 //! `validate_mlpackage.py` re-runs on every package we write.
 
+use crate::constexpr::{infer_affine_dequantize, infer_blockwise_shift_scale, infer_lut_to_dense};
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
 use crate::ir::{Argument, Binding, Operation, Opset, ValueDef, ValueInfo};
-use crate::constexpr::{infer_affine_dequantize, infer_blockwise_shift_scale, infer_lut_to_dense};
 use crate::literal::Literal;
 use crate::types::{TensorType, ValueType};
 

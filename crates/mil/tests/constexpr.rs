@@ -23,7 +23,10 @@ fn input() -> Tensor {
 
 fn run(p: &Program) -> Vec<f32> {
     let sim = Simulator::new(&p.functions[0]).unwrap();
-    sim.run(vec![input()]).unwrap()[0].floats().unwrap().to_vec()
+    sim.run(vec![input()]).unwrap()[0]
+        .floats()
+        .unwrap()
+        .to_vec()
 }
 
 fn the_weight(p: &Program) -> ValueId {
@@ -137,13 +140,17 @@ fn lut_to_dense_matches_the_coremltools_examples() {
             Ok(d)
         })
     };
-    let a1: Vec<f32> = [1, 1, 2, 2, 3, 3, 4, 1, 5, 2, 6, 3, 4, 4, 5, 5, 6, 6, 1, 1, 2, 2, 3, 3]
-        .map(|v| v as f32)
-        .to_vec();
+    let a1: Vec<f32> = [
+        1, 1, 2, 2, 3, 3, 4, 1, 5, 2, 6, 3, 4, 4, 5, 5, 6, 6, 1, 1, 2, 2, 3, 3,
+    ]
+    .map(|v| v as f32)
+    .to_vec();
     assert_eq!(case2(1), a1);
-    let a2: Vec<f32> = [1, 2, 3, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 4, 5, 6, 1, 2, 3, 1, 2, 3]
-        .map(|v| v as f32)
-        .to_vec();
+    let a2: Vec<f32> = [
+        1, 2, 3, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 4, 5, 6, 1, 2, 3, 1, 2, 3,
+    ]
+    .map(|v| v as f32)
+    .to_vec();
     assert_eq!(case2(-1), a2);
 }
 
@@ -327,7 +334,16 @@ fn bad_compressed_weights_are_one_clear_error() {
             "uint8, int8",
         ),
         (
-            error(|f| f.affine_weight("w", ty.clone(), i8s(32), Literal::i8(0), Literal::f16(1.0), 2)),
+            error(|f| {
+                f.affine_weight(
+                    "w",
+                    ty.clone(),
+                    i8s(32),
+                    Literal::i8(0),
+                    Literal::f16(1.0),
+                    2,
+                )
+            }),
             "axis 2 out of range",
         ),
     ];
@@ -352,9 +368,17 @@ fn a_failed_weight_call_leaves_nothing_behind() {
     let w = f
         .blockwise_weight("w", ty, d, f16s(4), None, &[4, 1])
         .unwrap();
-    let names: Vec<_> = f.function().values().iter().map(|v| v.name.as_str()).collect();
+    let names: Vec<_> = f
+        .function()
+        .values()
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
     assert_eq!(names, ["w_data", "w_scale", "w"]);
-    assert_eq!(constexpr::dense_f32(f.function(), w).unwrap(), vec![1.5; 32]);
+    assert_eq!(
+        constexpr::dense_f32(f.function(), w).unwrap(),
+        vec![1.5; 32]
+    );
 }
 
 #[test]
@@ -382,5 +406,8 @@ fn ios18_constexpr_ops_are_refused_by_ios16() {
         )
         .unwrap_err()
         .to_string();
-    assert!(e.contains("constexpr_lut_to_dense needs opset ios18"), "{e}");
+    assert!(
+        e.contains("constexpr_lut_to_dense needs opset ios18"),
+        "{e}"
+    );
 }

@@ -19,15 +19,26 @@ use std::sync::Arc;
 const W: usize = 8;
 
 fn run(p: &Program) -> Vec<f32> {
-    let x = Tensor::fp16([1, CIN, 1, W], (0..CIN * W).map(|i| (i % 9) as f32 / 8.0).collect());
+    let x = Tensor::fp16(
+        [1, CIN, 1, W],
+        (0..CIN * W).map(|i| (i % 9) as f32 / 8.0).collect(),
+    );
     let sim = Simulator::new(&p.functions[0]).unwrap();
-    sim.run(vec![x.unwrap()]).unwrap()[0].floats().unwrap().to_vec()
+    sim.run(vec![x.unwrap()]).unwrap()[0]
+        .floats()
+        .unwrap()
+        .to_vec()
 }
 
 fn text_round_trip(form: &Form, dialect: &str) {
     let dir = tempfile::tempdir().unwrap();
     let art = write_model_dir(&form.program, dir.path(), &BlobPolicy::default()).unwrap();
-    assert!(art.text.starts_with(dialect), "{}: {}", form.name, &art.text[..14]);
+    assert!(
+        art.text.starts_with(dialect),
+        "{}: {}",
+        form.name,
+        &art.text[..14]
+    );
     // Parsed with its BLOBFILE references kept: prints the same text.
     let parsed = parse_program(&art.text).unwrap();
     let again = print_program(&parsed, &BlobLayout::default()).unwrap();
@@ -153,7 +164,10 @@ fn evaluation_equals_coremltools_decompress() {
     use serde_json::json;
     let ints = |n: usize, seed: u64, lo: i64, hi: i64| quant::ints(n, seed, lo, hi);
     let floats = |n: usize, seed: u64| -> Vec<f32> {
-        ints(n, seed, -99, 99).iter().map(|&v| v as f32 / 37.0).collect()
+        ints(n, seed, -99, 99)
+            .iter()
+            .map(|&v| v as f32 / 37.0)
+            .collect()
     };
     let mut cases = Vec::new();
     let mut ours = Vec::new();
@@ -205,7 +219,11 @@ fn evaluation_equals_coremltools_decompress() {
             )
             .unwrap();
         let s = f
-            .weight(&format!("s{k}"), TensorType::fp32(sshape.clone()), WeightData::f32(&scale))
+            .weight(
+                &format!("s{k}"),
+                TensorType::fp32(sshape.clone()),
+                WeightData::f32(&scale),
+            )
             .unwrap();
         let o = with_offset.then(|| {
             f.weight(
@@ -235,8 +253,10 @@ fn evaluation_equals_coremltools_decompress() {
         f.affine_dequantize("a", q, anelm_mil::Literal::i8(3), sl, 1)
             .unwrap(),
     );
-    cases.push(json!({"op": "affine", "data": [data, [3, 5]], "zp": [[3], []],
-                      "scale": [scale, [5]], "axis": 1}));
+    cases.push(
+        json!({"op": "affine", "data": [data, [3, 5]], "zp": [[3], []],
+                      "scale": [scale, [5]], "axis": 1}),
+    );
 
     let out = std::process::Command::new(common::python())
         .arg("-c")
@@ -244,7 +264,11 @@ fn evaluation_equals_coremltools_decompress() {
         .arg(serde_json::Value::Array(cases).to_string())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let theirs: Vec<Vec<f32>> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(theirs.len(), ours.len());
     for (k, (&id, want)) in ours.iter().zip(&theirs).enumerate() {

@@ -209,9 +209,7 @@ fn shift_scale(
     let sstrides = crate::sim::strides(sshape);
     let mut coord = vec![0usize; r - 1];
     for row in x.chunks_exact_mut(last) {
-        let base: usize = (0..r - 1)
-            .map(|d| coord[d] / blocks[d] * sstrides[d])
-            .sum();
+        let base: usize = (0..r - 1).map(|d| coord[d] / blocks[d] * sstrides[d]).sum();
         for (jb, chunk) in row.chunks_exact_mut(bl).enumerate().take(nb) {
             let s = scale[base + jb];
             match offset {

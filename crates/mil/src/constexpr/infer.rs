@@ -75,7 +75,9 @@ pub(crate) fn infer_affine_dequantize(c: &Ctx) -> Result<Vec<TensorType>> {
     dtype_in(scale, "scale", FLOATS)?;
     let axis_t = required(c, "axis")?;
     if axis_t.dtype != DType::Int32 || !axis_t.is_scalar() {
-        return Err(invalid(format!("axis must be an int32 scalar, is {axis_t}")));
+        return Err(invalid(format!(
+            "axis must be an int32 scalar, is {axis_t}"
+        )));
     }
     let axis = c
         .opt_int("axis")?
@@ -168,7 +170,9 @@ pub(crate) fn infer_lut_to_dense(c: &Ctx) -> Result<Vec<TensorType>> {
     match const_tensor(c, "vector_axis")? {
         Some(t) => {
             if t.dtype != DType::Int32 || !t.is_scalar() {
-                return Err(invalid(format!("vector_axis must be an int32 scalar, is {t}")));
+                return Err(invalid(format!(
+                    "vector_axis must be an int32 scalar, is {t}"
+                )));
             }
             let a = c
                 .opt_int("vector_axis")?

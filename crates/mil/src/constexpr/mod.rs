@@ -41,6 +41,8 @@ pub(crate) use infer::{infer_affine_dequantize, infer_blockwise_shift_scale, inf
 pub fn is_evaluated(op_type: &str) -> bool {
     matches!(
         op_type,
-        "constexpr_affine_dequantize" | "constexpr_blockwise_shift_scale" | "constexpr_lut_to_dense"
+        "constexpr_affine_dequantize"
+            | "constexpr_blockwise_shift_scale"
+            | "constexpr_lut_to_dense"
     )
 }

@@ -22,7 +22,9 @@ pub(super) fn constexpr_tensor(f: &Function, id: ValueId) -> Result<Tensor> {
     match ty.dtype {
         DType::Fp16 => Tensor::fp16(ty.shape.clone(), v),
         DType::Fp32 => Tensor::float(DType::Fp32, ty.shape.clone(), v),
-        d if d.is_int() => Tensor::int32(ty.shape.clone(), v.into_iter().map(|x| x as i32).collect()),
+        d if d.is_int() => {
+            Tensor::int32(ty.shape.clone(), v.into_iter().map(|x| x as i32).collect())
+        }
         d => Err(MilError::invalid(format!(
             "{}: a {d} constant is not a simulator tensor",
             f.name_of(id)

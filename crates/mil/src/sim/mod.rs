@@ -41,11 +41,11 @@
 //! fp16 (the ANE taken to read decompressed fp16 weights; unverified on hardware). Anything else
 //! is an error naming the op when the function is prepared.
 
+mod dequant;
 pub mod elementwise;
 pub mod linalg;
 pub mod mac;
 pub mod numerics;
-mod dequant;
 mod program;
 pub mod reduce;
 pub mod shape;

@@ -1,10 +1,10 @@
 //! Programs shared by the integration tests: the canonical minimal examples of FACTS §1.6.
 #![allow(dead_code, unused_imports)] // each test binary uses a subset
 
-use anelm_mil::{DType, Dialect, FunctionBuilder, Opset, Program, Result, TensorType, WeightData};
 use anelm_mil::blob::BlobPolicy;
 use anelm_mil::package::read_package;
 use anelm_mil::text::to_artifacts;
+use anelm_mil::{DType, Dialect, FunctionBuilder, Opset, Program, Result, TensorType, WeightData};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -40,7 +40,10 @@ fn fp16_round(v: f64) -> f32 {
 
 /// fp16 scales in (0, 1/32]: small multiples of 2^-10.
 fn scales(n: usize, seed: u64) -> Vec<f32> {
-    ints(n, seed, 1, 32).into_iter().map(|v| v as f32 / 1024.0).collect()
+    ints(n, seed, 1, 32)
+        .into_iter()
+        .map(|v| v as f32 / 1024.0)
+        .collect()
 }
 
 fn wd<T: Copy + Into<i64>>(d: DType, v: &[T]) -> Arc<WeightData> {
@@ -111,7 +114,10 @@ pub fn ios18_forms(width: usize) -> Vec<Form> {
     // int8, blocks of 32 along the input channels, fp16 scale and fractional fp16 offset
     let q = ints(n, 1, -128, 127);
     let s = scales(COUT * NB, 2);
-    let off: Vec<f64> = ints(COUT * NB, 3, -6, 6).iter().map(|&v| v as f64 / 2.0).collect();
+    let off: Vec<f64> = ints(COUT * NB, 3, -6, 6)
+        .iter()
+        .map(|&v| v as f64 / 2.0)
+        .collect();
     let off32: Vec<f32> = off.iter().map(|&v| v as f32).collect();
     let qf: Vec<f64> = q.iter().map(|&v| v as f64).collect();
     out.push(Form {
@@ -223,7 +229,10 @@ pub fn ios18_forms(width: usize) -> Vec<Form> {
     let idx = ints(n, 14, 0, 15);
     let lut8 = ints(GROUPS * 16, 15, -127, 127);
     let ls = 1.0 / 256.0;
-    let lf: Vec<f64> = lut8.iter().map(|&v| fp16_round(v as f64 * ls) as f64).collect();
+    let lf: Vec<f64> = lut8
+        .iter()
+        .map(|&v| fp16_round(v as f64 * ls) as f64)
+        .collect();
     out.push(Form {
         name: "blockwise_lut_then_lut",
         dense: lut_dense(&idx, &lf).into_iter().map(|v| v as f32).collect(),
