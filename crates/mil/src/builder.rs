@@ -247,14 +247,24 @@ impl FunctionBuilder {
     /// Operands are stored sorted by parameter name (the order Apple's tools print). On error
     /// the function is left exactly as before the call.
     pub fn op(&mut self, op_type: &str, args: Vec<(&str, Arg)>) -> Result<Vec<ValueId>> {
+        self.atomically(|b| b.op_inner(op_type, args))
+    }
+
+    /// Runs `build`; if it fails, every value, op and name it added is removed again, so a
+    /// failed call leaves the function exactly as before.
+    pub(crate) fn atomically<T>(
+        &mut self,
+        build: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
         let mark = (self.func.values.len(), self.func.ops.len(), self.counter);
-        let r = self.op_inner(op_type, args);
+        let r = build(self);
         if r.is_err() {
             for v in self.func.values.drain(mark.0..) {
                 self.names.remove(&v.name);
             }
             self.func.ops.truncate(mark.1);
             self.counter = mark.2;
+            self.next_name = None;
         }
         r
     }
@@ -314,7 +324,7 @@ impl FunctionBuilder {
         self.push(op, Outputs::Infer(names))
     }
 
-    fn unique_from(&mut self, base: &str) -> String {
+    pub(crate) fn unique_from(&mut self, base: &str) -> String {
         if self.names.contains(base) {
             self.fresh_name(base)
         } else {
@@ -854,45 +864,6 @@ impl FunctionBuilder {
                 ("reps", Literal::i32s(reps.to_vec()).into()),
             ],
         )
-    }
-
-    /// int8/uint8 weights with a scalar scale and zero point, in the attribute form of MAD's
-    /// hardware-proven `constexpr_affine_dequantize` (FACTS §1.3).
-    pub fn affine_dequantize(
-        &mut self,
-        name: &str,
-        quantized: Literal,
-        zero_point: Literal,
-        scale: Literal,
-        axis: i32,
-    ) -> Result<ValueId> {
-        let op = Operation {
-            op_type: "constexpr_affine_dequantize".into(),
-            inputs: Vec::new(),
-            attributes: vec![
-                ("axis".into(), Literal::i32(axis)),
-                ("quantized_data".into(), quantized),
-                ("scale".into(), scale),
-                ("zero_point".into(), zero_point),
-            ],
-            name: Some(name.to_string()),
-            outputs: Vec::new(),
-        };
-        Ok(self.push(op, Outputs::Infer(vec![name.to_string()]))?[0])
-    }
-
-    /// `constexpr_blockwise_shift_scale(data, scale[, offset])` over const operands (OMX form, FACTS §5).
-    pub fn blockwise_shift_scale(
-        &mut self,
-        data: ValueId,
-        scale: ValueId,
-        offset: Option<ValueId>,
-    ) -> Result<ValueId> {
-        let mut args = vec![("data", data.into()), ("scale", scale.into())];
-        if let Some(o) = offset {
-            args.push(("offset", o.into()));
-        }
-        self.op1("constexpr_blockwise_shift_scale", args)
     }
 
     /// Activation quantization to int8/uint8 with a scalar scale.

@@ -324,6 +324,25 @@ impl Function {
         }
     }
 
+    /// Checks that every op exists in `opset` (e.g. `constexpr_lut_to_dense` needs ios18): the
+    /// error names the function, the op and both opsets.
+    pub fn check_opset(&self, opset: Opset) -> crate::Result<()> {
+        for op in &self.ops {
+            if let Some(def) = crate::ops::lookup(&op.op_type) {
+                if def.since > opset {
+                    return Err(crate::MilError::invalid(format!(
+                        "function {}: {} needs {}, the target is {}",
+                        self.name,
+                        op.op_type,
+                        def.since.ios_name(),
+                        opset.ios_name()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Mutable access to every literal (used to resolve blob references).
     pub(crate) fn literals_mut(&mut self) -> impl Iterator<Item = &mut Literal> {
         self.ops.iter_mut().flat_map(|op| {
@@ -342,6 +361,20 @@ impl Function {
                 }))
         })
     }
+}
+
+/// One distinct stored weight tensor of a program.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredWeight {
+    /// `function/const` of the const holding it, or `function/output.param` for a literal
+    /// operand of another op (first use).
+    pub name: String,
+    /// Its type as stored (`int8`, `uint4`, `fp16`, ...), not the dense type it may expand to.
+    pub ty: TensorType,
+    /// Bytes as stored in a blob record (sub-byte types packed).
+    pub bytes: u64,
+    /// In memory (false: an unloaded `BLOBFILE` reference, sized from its declared type).
+    pub loaded: bool,
 }
 
 /// A MIL program: one or more functions sharing weight data.
@@ -396,19 +429,7 @@ impl Program {
     pub fn set_dialect(&mut self, dialect: Dialect) -> crate::Result<()> {
         let opset = dialect.proven_opset();
         for f in &self.functions {
-            for op in &f.ops {
-                if let Some(def) = crate::ops::lookup(&op.op_type) {
-                    if def.since > opset {
-                        return Err(crate::MilError::invalid(format!(
-                            "function {}: {} needs {}, dialect targets {}",
-                            f.name,
-                            op.op_type,
-                            def.since.ios_name(),
-                            opset.ios_name()
-                        )));
-                    }
-                }
-            }
+            f.check_opset(opset)?;
         }
         for f in &mut self.functions {
             f.opset = opset;
@@ -440,12 +461,68 @@ impl Program {
         out
     }
 
-    /// Total bytes of distinct in-memory weights.
+    /// Total stored bytes of the distinct in-memory (loaded) weight tensors of
+    /// [`Program::stored_weights`]: the compressed size for constexpr operands (int8, packed
+    /// int4 / palette indices, scales), never the dense size they expand to. Unloaded
+    /// `BLOBFILE` references are not counted here (the listing has them).
     pub fn weight_bytes(&self) -> u64 {
-        self.weights()
+        self.stored_weights()
             .iter()
-            .map(|w| w.as_bytes().len() as u64)
+            .filter(|w| w.loaded)
+            .map(|w| w.bytes)
             .sum()
+    }
+
+    /// Every distinct blob-backed tensor (loaded data, shared `Arc`s once; unloaded `BLOBFILE`
+    /// references once per path and offset), in first-use order, with its stored size.
+    pub fn stored_weights(&self) -> Vec<StoredWeight> {
+        let mut seen_data = std::collections::HashSet::new();
+        let mut seen_file = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for f in &self.functions {
+            for op in &f.ops {
+                let owner = op.outputs.first().map(|&o| f.name_of(o)).unwrap_or("?");
+                let params =
+                    op.attributes
+                        .iter()
+                        .map(|(k, l)| (k, l))
+                        .chain(op.inputs.iter().flat_map(|(k, a)| {
+                            a.bindings().iter().filter_map(move |b| match b {
+                                Binding::Literal(l) => Some((k, l)),
+                                Binding::Value(_) => None,
+                            })
+                        }));
+                for (param, lit) in params {
+                    let Literal::Blob { ty, source } = lit else {
+                        continue;
+                    };
+                    let (new, bytes, loaded) = match source {
+                        BlobSource::Data(d) => {
+                            (seen_data.insert(Arc::as_ptr(d)), d.as_bytes().len(), true)
+                        }
+                        BlobSource::File { path, offset } => (
+                            seen_file.insert((path.clone(), *offset)),
+                            ty.packed_bytes(),
+                            false,
+                        ),
+                    };
+                    if new {
+                        let name = if op.is_const() {
+                            format!("{}/{owner}", f.name)
+                        } else {
+                            format!("{}/{owner}.{param}", f.name)
+                        };
+                        out.push(StoredWeight {
+                            name,
+                            ty: ty.clone(),
+                            bytes: bytes as u64,
+                            loaded,
+                        });
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Replaces every `BLOBFILE` reference by the data it points at, reading blob files

@@ -10,6 +10,8 @@
 //! - parsed back from text ([`text::parse_program`]; print → parse → print is a fixed point),
 //! - written as a Core ML `.mlpackage` ([`package`], COREML.md) and read back,
 //! - linted against what public sources report failing on ANE hardware ([`lint`]),
+//! - given compressed weights (int8/int4 blockwise, palettes, affine) by the constexpr ops of
+//!   [`constexpr`], which also evaluates them by definition ([`constexpr::dense_f32`]),
 //! - walked by the simulator: [`Function::ops`], [`Operation::inputs`], [`Function::const_value`],
 //!   [`Literal::weight_data`] / [`WeightData::to_f32`] — and executed with the ANE's fp16
 //!   numerics by [`sim::Simulator`].
@@ -57,6 +59,7 @@
 
 pub mod blob;
 pub mod builder;
+pub mod constexpr;
 pub mod dtype;
 pub mod error;
 pub mod ir;
@@ -72,7 +75,8 @@ pub use builder::{Arg, ConvParams, FunctionBuilder, Pad};
 pub use dtype::DType;
 pub use error::{MilError, Result};
 pub use ir::{
-    Argument, Binding, Dialect, Function, Operation, Opset, Program, ValueDef, ValueId, ValueInfo,
+    Argument, Binding, Dialect, Function, Operation, Opset, Program, StoredWeight, ValueDef,
+    ValueId, ValueInfo,
 };
 pub use lint::{LintConfig, LintFinding, Severity};
 pub use literal::{BlobSource, Elements, Literal, WeightData};

@@ -216,6 +216,14 @@ impl Literal {
         })
     }
 
+    /// A 1-D blob-backed constant of all of `data` (a per-channel scale or zero point).
+    pub fn weight_vector(data: Arc<WeightData>) -> Literal {
+        Literal::Blob {
+            ty: TensorType::new(data.dtype(), [data.len()]),
+            source: BlobSource::Data(data),
+        }
+    }
+
     pub fn ty(&self) -> &TensorType {
         match self {
             Literal::Immediate { ty, .. } | Literal::Blob { ty, .. } => ty,
@@ -378,38 +386,66 @@ impl WeightData {
 
     /// Packs values in [-8, 7] as int4, two per byte, low nibble first.
     pub fn int4(values: &[i8]) -> Result<WeightData> {
-        if let Some(v) = values.iter().find(|v| !(-8..=7).contains(*v)) {
-            return Err(MilError::invalid(format!(
-                "int4 value {v} out of range [-8, 7]"
-            )));
-        }
-        Ok(Self::pack_nibbles(
-            DType::Int4,
-            values.iter().map(|&v| (v as u8) & 0xF),
-            values.len(),
-        ))
+        Self::pack(DType::Int4, values)
     }
 
     /// Packs values in [0, 15] as uint4, two per byte, low nibble first.
     pub fn uint4(values: &[u8]) -> Result<WeightData> {
-        if let Some(v) = values.iter().find(|v| **v > 15) {
-            return Err(MilError::invalid(format!(
-                "uint4 value {v} out of range [0, 15]"
-            )));
-        }
-        Ok(Self::pack_nibbles(
-            DType::Uint4,
-            values.iter().copied(),
-            values.len(),
-        ))
+        Self::pack(DType::Uint4, values)
     }
 
-    fn pack_nibbles(dtype: DType, nibbles: impl Iterator<Item = u8>, len: usize) -> WeightData {
-        let mut bytes = vec![0u8; len.div_ceil(2)];
-        for (i, n) in nibbles.enumerate() {
-            bytes[i / 2] |= n << (4 * (i % 2));
+    /// Integer values (any integer element type that fits `i64`) stored as `dtype`: one of the
+    /// sub-byte types (int4, uint1/2/3/4/6) packed LSB-first exactly as coremltools'
+    /// `pack_elements_into_bits` (element `i` in bits `[i*b, (i+1)*b)`, the last byte padded
+    /// with zero bits), or int8/uint8/int16/uint16/int32/uint32 little-endian. A value outside
+    /// `dtype`'s range is an error naming it.
+    ///
+    /// ```
+    /// use anelm_mil::{DType, WeightData};
+    /// let w = WeightData::pack(DType::Uint4, &[1u8, 15, 3]).unwrap();
+    /// assert_eq!(w.as_bytes(), &[0xF1, 0x03]);
+    /// assert_eq!(w.to_i64s().unwrap(), vec![1, 15, 3]);
+    /// assert!(WeightData::pack(DType::Uint2, &[4u8]).is_err());
+    /// ```
+    pub fn pack<T: Copy + Into<i64>>(dtype: DType, values: &[T]) -> Result<WeightData> {
+        let (lo, hi) = int_range(dtype).ok_or_else(|| {
+            MilError::invalid(format!(
+                "{dtype} is not an integer type a weight blob holds"
+            ))
+        })?;
+        if let Some(v) = values
+            .iter()
+            .map(|&v| v.into())
+            .find(|v| *v < lo || *v > hi)
+        {
+            return Err(MilError::invalid(format!(
+                "{dtype} value {v} out of range [{lo}, {hi}]"
+            )));
         }
-        WeightData { dtype, len, bytes }
+        let bits = dtype.bits() as usize;
+        let mut bytes = vec![0u8; dtype.packed_bytes(values.len())];
+        if bits >= 8 {
+            let n = bits / 8;
+            for (chunk, &v) in bytes.chunks_exact_mut(n).zip(values) {
+                chunk.copy_from_slice(&v.into().to_le_bytes()[..n]);
+            }
+        } else {
+            let mask = (1u16 << bits) - 1;
+            for (i, &v) in values.iter().enumerate() {
+                let field = (v.into() as u16) & mask;
+                let bit = i * bits;
+                let w = field << (bit % 8);
+                bytes[bit / 8] |= w as u8;
+                if bit % 8 + bits > 8 {
+                    bytes[bit / 8 + 1] |= (w >> 8) as u8;
+                }
+            }
+        }
+        Ok(WeightData {
+            dtype,
+            len: values.len(),
+            bytes,
+        })
     }
 
     pub fn dtype(&self) -> DType {
@@ -430,14 +466,53 @@ impl WeightData {
         &self.bytes
     }
 
-    /// Element `i` as an unsigned bit field of `bits` bits (sub-byte types).
+    /// Element `i` as an unsigned bit field of `bits` (< 8) bits: a 16-bit little-endian window
+    /// holds any field, since it starts at most 7 bits into its first byte.
     fn bit_field(&self, i: usize, bits: usize) -> u32 {
-        let mut v = 0u32;
-        for b in 0..bits {
-            let bit = i * bits + b;
-            v |= (((self.bytes[bit / 8] >> (bit % 8)) & 1) as u32) << b;
-        }
-        v
+        let bit = i * bits;
+        let lo = self.bytes[bit / 8] as u16;
+        let hi = self.bytes.get(bit / 8 + 1).copied().unwrap_or(0) as u16;
+        (((lo | (hi << 8)) >> (bit % 8)) & ((1 << bits) - 1)) as u32
+    }
+
+    /// Every element of an integer dtype, exactly (None for float dtypes).
+    pub fn to_i64s(&self) -> Option<Vec<i64>> {
+        self.map_ints(|v| v)
+    }
+
+    /// Every element of an integer dtype through `f`, without an intermediate vector.
+    pub(crate) fn map_ints<T>(&self, f: impl Fn(i64) -> T) -> Option<Vec<T>> {
+        let b = &self.bytes;
+        Some(match self.dtype {
+            DType::Int8 => b.iter().map(|&v| f(v as i8 as i64)).collect(),
+            DType::Uint8 => b.iter().map(|&v| f(v as i64)).collect(),
+            DType::Int16 => b
+                .chunks_exact(2)
+                .map(|c| f(i16::from_le_bytes([c[0], c[1]]) as i64))
+                .collect(),
+            DType::Uint16 => b
+                .chunks_exact(2)
+                .map(|c| f(u16::from_le_bytes([c[0], c[1]]) as i64))
+                .collect(),
+            DType::Int32 => b
+                .chunks_exact(4)
+                .map(|c| f(i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64))
+                .collect(),
+            DType::Uint32 => b
+                .chunks_exact(4)
+                .map(|c| f(u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64))
+                .collect(),
+            DType::Int4 => (0..self.len)
+                .map(|i| f(((self.bit_field(i, 4) as i64) ^ 8) - 8))
+                .collect(),
+            d if d.is_sub_byte() => {
+                let bits = d.bits() as usize;
+                (0..self.len)
+                    .map(|i| f(self.bit_field(i, bits) as i64))
+                    .collect()
+            }
+            _ => return None,
+        })
     }
 
     /// Every element converted to f32 (the simulator's view of any numeric weight).
@@ -456,37 +531,25 @@ impl WeightData {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
-            DType::Int8 => b.iter().map(|&v| v as i8 as f32).collect(),
-            DType::Uint8 => b.iter().map(|&v| v as f32).collect(),
-            DType::Int16 => b
-                .chunks_exact(2)
-                .map(|c| i16::from_le_bytes([c[0], c[1]]) as f32)
-                .collect(),
-            DType::Uint16 => b
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]) as f32)
-                .collect(),
-            DType::Int32 => b
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
-                .collect(),
-            DType::Uint32 => b
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
-                .collect(),
-            DType::Int4 => (0..self.len)
-                .map(|i| {
-                    let v = self.bit_field(i, 4) as i32;
-                    (if v >= 8 { v - 16 } else { v }) as f32
-                })
-                .collect(),
-            d => {
-                let bits = d.bits() as usize;
-                (0..self.len)
-                    .map(|i| self.bit_field(i, bits) as f32)
-                    .collect()
-            }
+            _ => self.map_ints(|v| v as f32).unwrap_or_default(),
         }
+    }
+}
+
+/// The value range of an integer dtype a weight blob holds.
+fn int_range(dtype: DType) -> Option<(i64, i64)> {
+    match dtype {
+        DType::Int4 => Some((-8, 7)),
+        DType::Int8 => Some((i8::MIN as i64, i8::MAX as i64)),
+        DType::Int16 => Some((i16::MIN as i64, i16::MAX as i64)),
+        DType::Int32 => Some((i32::MIN as i64, i32::MAX as i64)),
+        DType::Uint1 | DType::Uint2 | DType::Uint3 | DType::Uint4 | DType::Uint6 => {
+            Some((0, (1 << dtype.bits()) - 1))
+        }
+        DType::Uint8 => Some((0, u8::MAX as i64)),
+        DType::Uint16 => Some((0, u16::MAX as i64)),
+        DType::Uint32 => Some((0, u32::MAX as i64)),
+        _ => None,
     }
 }
 
@@ -500,6 +563,33 @@ mod tests {
         assert_eq!(w.as_bytes(), &[0xE1, 0x07]);
         assert_eq!(w.to_f32(), vec![1.0, -2.0, 7.0]);
         assert!(WeightData::int4(&[8]).is_err());
+    }
+
+    #[test]
+    fn sub_byte_packing_is_coremltools_lsb_first() {
+        // Golden bytes from coremltools 9.0 `optimize._utils.pack_elements_into_bits`.
+        let cases: [(DType, &[i64], &[u8]); 5] = [
+            (
+                DType::Uint3,
+                &[1, 2, 3, 4, 5, 6, 7, 0, 1],
+                &[209, 88, 31, 1],
+            ),
+            (DType::Int4, &[1, -2, 7, -8, 0], &[225, 135, 0]),
+            (DType::Uint6, &[63, 1, 32, 5, 0], &[127, 0, 22, 0]),
+            (DType::Uint1, &[1, 0, 1, 1, 0, 0, 0, 1, 1], &[0x8D, 0x01]),
+            (DType::Uint2, &[3, 0, 2, 1, 1], &[0x63, 0x01]),
+        ];
+        for (d, values, bytes) in cases {
+            let w = WeightData::pack(d, values).unwrap();
+            assert_eq!(w.as_bytes(), bytes, "{d}");
+            assert_eq!(w.to_i64s().unwrap(), values, "{d}");
+            let back = WeightData::from_bytes(d, values.len(), bytes.to_vec()).unwrap();
+            assert_eq!(back, w);
+        }
+        let w = WeightData::pack(DType::Int16, &[-2i16, 300]).unwrap();
+        assert_eq!(w.as_bytes(), &[0xFE, 0xFF, 0x2C, 0x01]);
+        assert_eq!(w.to_f32(), vec![-2.0, 300.0]);
+        assert!(WeightData::f16_from_f32(&[1.0]).to_i64s().is_none());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! (coremltools `converters/mil/mil/ops/defs/iOS1x`), which is also what
 //! `validate_mlpackage.py` re-runs on every package we write.
 
+use crate::constexpr::{infer_affine_dequantize, infer_blockwise_shift_scale, infer_lut_to_dense};
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
 use crate::ir::{Argument, Binding, Operation, Opset, ValueDef, ValueInfo};
@@ -151,6 +152,16 @@ impl<'a> Ctx<'a> {
             Some(SingleArg::Value(v)) => {
                 Ok(matches!(v.def, ValueDef::Op { op, .. } if self.ops[op].is_const()))
             }
+            _ => Ok(true),
+        }
+    }
+
+    /// Whether operand `p` is known at compile time: a literal, or a value made by `const` or
+    /// by a `constexpr_*` op (what the constexpr ops accept as operands).
+    pub fn is_compile_time(&self, p: &str) -> Result<bool> {
+        match self.single(p)? {
+            Some(SingleArg::Value(v)) => Ok(matches!(v.def, ValueDef::Op { op, .. }
+                if self.ops[op].is_const() || self.ops[op].op_type.starts_with("constexpr_"))),
             _ => Ok(true),
         }
     }
@@ -972,56 +983,6 @@ fn infer_tile(c: &Ctx) -> Result<Vec<TensorType>> {
     Ok(vec![x.with_shape(out)])
 }
 
-fn infer_affine_dequantize(c: &Ctx) -> Result<Vec<TensorType>> {
-    let q = c.tensor("quantized_data")?;
-    let scale = c.tensor("scale")?;
-    let zp = c.tensor("zero_point")?;
-    if !matches!(q.dtype, DType::Int8 | DType::Uint8) || zp.dtype != q.dtype {
-        return Err(invalid(format!(
-            "quantized_data and zero_point must be int8/uint8 alike, got {q} and {zp}"
-        )));
-    }
-    if !matches!(scale.dtype, DType::Fp16 | DType::Fp32) {
-        return Err(invalid(format!("scale must be fp16/fp32, is {scale}")));
-    }
-    let axis = norm_axis(c.ints("axis").and_then(|v| one(&v, "axis"))?, q.rank())?;
-    for (p, t) in [("scale", scale), ("zero_point", zp)] {
-        if !(t.numel() == 1 || t.shape == [q.shape[axis]]) {
-            return Err(invalid(format!(
-                "{p} must be a scalar or [{}] along axis {axis}, is {t}",
-                q.shape[axis]
-            )));
-        }
-    }
-    Ok(vec![q.with_dtype(scale.dtype)])
-}
-
-fn infer_blockwise_shift_scale(c: &Ctx) -> Result<Vec<TensorType>> {
-    let data = c.tensor("data")?;
-    let scale = c.tensor("scale")?;
-    if !matches!(scale.dtype, DType::Fp16 | DType::Fp32) {
-        return Err(invalid(format!("scale must be fp16/fp32, is {scale}")));
-    }
-    let blockwise = |t: &TensorType, what: &str| -> Result<()> {
-        if t.rank() != data.rank()
-            || t.shape
-                .iter()
-                .zip(&data.shape)
-                .any(|(&s, &d)| s == 0 || d % s != 0)
-        {
-            return Err(invalid(format!(
-                "{what} {t} must have data's rank with dims dividing {data}"
-            )));
-        }
-        Ok(())
-    };
-    blockwise(scale, "scale")?;
-    if let Some(off) = c.opt_tensor("offset")? {
-        blockwise(off, "offset")?;
-    }
-    Ok(vec![data.with_dtype(scale.dtype)])
-}
-
 fn infer_quantize(c: &Ctx) -> Result<Vec<TensorType>> {
     let x = c.tensor("input")?;
     let scale = c.tensor("scale")?;
@@ -1317,6 +1278,12 @@ static OPS: &[OpDef] = &[
         Ios18,
         &[req("data"), req("scale"), opt("offset")],
         infer_blockwise_shift_scale
+    ),
+    op!(
+        "constexpr_lut_to_dense",
+        Ios18,
+        &[req("indices"), req("lut"), opt("vector_axis")],
+        infer_lut_to_dense
     ),
     op!(
         "quantize",

@@ -4,7 +4,7 @@
 mod common;
 
 use anelm_mil::blob::{write_blob_file, BlobFile};
-use anelm_mil::WeightData;
+use anelm_mil::{DType, WeightData};
 
 const WRITE_WITH_COREMLTOOLS: &str = r#"
 import sys, numpy as np
@@ -18,6 +18,10 @@ offsets = [
     w.write_int4_data(np.array([1, -2, 7, -8, 0], dtype=np.int8)),
     w.write_uint4_data(np.array([15, 0, 3], dtype=np.uint8)),
     w.write_int32_data(np.array([-7, 1 << 30], dtype=np.int32)),
+    w.write_uint1_data(np.array([1, 0, 1, 1, 0, 0, 0, 1, 1], dtype=np.uint8)),
+    w.write_uint2_data(np.array([3, 0, 2, 1, 1], dtype=np.uint8)),
+    w.write_uint3_data(np.array([1, 2, 3, 4, 5, 6, 7, 0, 1], dtype=np.uint8)),
+    w.write_uint6_data(np.array([63, 1, 32, 5, 0], dtype=np.uint8)),
 ]
 del w
 print(" ".join(map(str, offsets)))
@@ -33,6 +37,10 @@ fn byte_identical_to_coremltools_storage_writer() {
         WeightData::int4(&[1, -2, 7, -8, 0]).unwrap(),
         WeightData::uint4(&[15, 0, 3]).unwrap(),
         WeightData::i32(&[-7, 1 << 30]),
+        WeightData::pack(DType::Uint1, &[1u8, 0, 1, 1, 0, 0, 0, 1, 1]).unwrap(),
+        WeightData::pack(DType::Uint2, &[3u8, 0, 2, 1, 1]).unwrap(),
+        WeightData::pack(DType::Uint3, &[1u8, 2, 3, 4, 5, 6, 7, 0, 1]).unwrap(),
+        WeightData::pack(DType::Uint6, &[63u8, 1, 32, 5, 0]).unwrap(),
     ];
     let mut ours = Vec::new();
     let refs: Vec<&WeightData> = records.iter().collect();

@@ -233,7 +233,19 @@ fn everything() -> Result<Program> {
     let wdq = f.blockwise_shift_scale(data, scale, None)?;
     let yq = f.conv1x1(res, wdq)?;
 
-    for (i, out) in [yq, dq, amax, amin, reds[4], sizes[0]]
+    // uint4 palettes (one per half of the output channels) through constexpr_lut_to_dense
+    let idx: Vec<u8> = (0..64 * 64).map(|i| (i * 7 % 16) as u8).collect();
+    let lut: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) / 64.0).collect();
+    let wl = f.lut_weight(
+        "l",
+        TensorType::fp16([64, 64, 1, 1]),
+        WeightData::pack(DType::Uint4, &idx)?.into(),
+        WeightData::f16_from_f32(&lut).into(),
+        &[2, 1, 1, 1, 16, 1],
+    )?;
+    let yl = f.conv1x1(res, wl)?;
+
+    for (i, out) in [yq, dq, amax, amin, reds[4], sizes[0], yl]
         .into_iter()
         .enumerate()
     {

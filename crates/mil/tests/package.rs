@@ -17,47 +17,6 @@ fn write(p: &Program, dir: &Path, name: &str) -> std::path::PathBuf {
     pkg
 }
 
-/// Validates and checks the report: ok, no errors, and the expected spec version.
-fn assert_valid(pkg: &Path, spec: i64) -> serde_json::Value {
-    let (code, report) = validate(pkg);
-    assert_eq!(
-        code,
-        0,
-        "{} rejected: {:#}",
-        pkg.display(),
-        report["errors"]
-    );
-    assert_eq!(report["ok"], true);
-    assert_eq!(
-        report["warnings"],
-        serde_json::json!([]),
-        "{}",
-        pkg.display()
-    );
-    assert_eq!(
-        report["summary"]["specificationVersion"], spec,
-        "{report:#}"
-    );
-    report
-}
-
-/// The package reads back into the same program (same text with the same weights).
-fn assert_round_trip(p: &Program, pkg: &Path) {
-    let back = read_package(pkg).unwrap();
-    let policy = BlobPolicy::default();
-    assert_eq!(
-        to_artifacts(&back, &policy).unwrap().text,
-        to_artifacts(p, &policy).unwrap().text
-    );
-    let w = |q: &Program| {
-        q.weights()
-            .into_iter()
-            .map(|w| w.as_ref().clone())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(w(&back), w(p));
-}
-
 #[test]
 fn conv_packages_for_spec_7_8_9_are_valid() {
     let dir = tempfile::tempdir().unwrap();

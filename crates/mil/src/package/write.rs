@@ -225,6 +225,7 @@ fn operations(f: &Function, op: &Operation, layout: &BlobLayout) -> Result<Vec<p
 }
 
 fn function(f: &Function, layout: &BlobLayout) -> Result<pb::Function> {
+    f.check_opset(f.opset)?;
     let opset = f.opset.coreml_name().to_string();
     let mut ops = Vec::with_capacity(f.ops().len());
     for op in f.ops() {

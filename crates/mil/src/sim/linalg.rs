@@ -44,17 +44,7 @@ impl ConvWeights {
         }
     }
 
-    /// From a constexpr weight's fp16 values.
-    pub fn from_dense(d: super::constexpr::Dense) -> Result<ConvWeights> {
-        let (cout, cin) = Self::dims(DType::Fp16, &d.shape)?;
-        Ok(ConvWeights {
-            cout,
-            cin,
-            values: d.values,
-        })
-    }
-
-    fn dims(dtype: DType, shape: &[usize]) -> Result<(usize, usize)> {
+    pub(super) fn dims(dtype: DType, shape: &[usize]) -> Result<(usize, usize)> {
         match (dtype, shape) {
             (DType::Fp16, &[cout, cin, 1, 1]) => Ok((cout, cin)),
             (DType::Fp16, s) => Err(MilError::invalid(format!(

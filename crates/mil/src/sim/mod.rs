@@ -35,10 +35,13 @@
 //! Supported ops: conv (1×1, stride 1, one group, optional bias), matmul, the elementwise
 //! unary/binary/compare/logical ops and select, reductions and reduce_argmax, softmax,
 //! layer_norm, reshape / expand_dims / squeeze, transpose, concat, split, slice_by_size,
-//! slice_by_index, slice_update (constant or runtime bounds), cast. Anything else is an error
-//! naming the op when the function is prepared.
+//! slice_by_index, slice_update (constant or runtime bounds), cast; and as operands of any of
+//! them the outputs of `constexpr_affine_dequantize`, `constexpr_blockwise_shift_scale` and
+//! `constexpr_lut_to_dense`, dequantised once when the function is prepared and rounded once to
+//! fp16 (the ANE taken to read decompressed fp16 weights; unverified on hardware). Anything else
+//! is an error naming the op when the function is prepared.
 
-pub mod constexpr;
+mod dequant;
 pub mod elementwise;
 pub mod linalg;
 pub mod mac;

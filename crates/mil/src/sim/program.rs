@@ -3,11 +3,14 @@
 
 use crate::dtype::DType;
 use crate::error::{MilError, Result};
-use crate::ir::{Argument, Binding, Function, Operation};
+use crate::ir::{Argument, Binding, Function, Operation, ValueDef};
 use crate::literal::Literal;
 use crate::ops::norm_axis;
 use crate::types::{TensorType, ValueType};
+use std::collections::HashMap;
+use std::sync::Arc;
 
+use super::dequant;
 use super::elementwise::{self, Binary, Compare, Unary};
 use super::linalg::{self, ConvWeights};
 use super::reduce::{self, Reduce};
@@ -28,7 +31,7 @@ enum Bounds {
 enum Kind {
     Conv {
         x: Slot,
-        w: ConvWeights,
+        w: Arc<ConvWeights>,
         bias: Option<Slot>,
     },
     Matmul {
@@ -160,11 +163,12 @@ impl Simulator {
         let mut b = Builder {
             f,
             consts: vec![None; f.values().len()],
+            conv_weights: HashMap::new(),
         };
         let mut steps = Vec::new();
         for op in f.ops() {
-            // Constants, and constexpr weights (evaluated where they are read).
-            if op.is_const() || op.op_type.starts_with("constexpr_") {
+            // Constexpr ops run once, here, when a step reads their output (see `dequant`).
+            if op.is_const() || crate::constexpr::is_evaluated(&op.op_type) {
                 continue;
             }
             let label = format!(
@@ -562,6 +566,8 @@ fn reads(k: &Kind) -> Vec<Slot> {
 struct Builder<'a> {
     f: &'a Function,
     consts: Vec<Option<Tensor>>,
+    /// Conv weights by value, shared by every conv reading the same weight.
+    conv_weights: HashMap<crate::ValueId, Arc<ConvWeights>>,
 }
 
 impl Builder<'_> {
@@ -595,10 +601,16 @@ impl Builder<'_> {
                                 .map_err(|e| e.context(self.f.name_of(*id)))?,
                         );
                     }
-                } else if super::constexpr::producer(self.f, *id).is_some() {
-                    if self.consts[slot].is_none() {
-                        let (shape, v) = super::constexpr::dense_f32(self.f, *id)?;
-                        self.consts[slot] = Some(Tensor::fp16(shape, v)?);
+                } else if let ValueDef::Op { op, .. } = self.f.value(*id).def {
+                    let producer = &self.f.ops()[op].op_type;
+                    if crate::constexpr::is_evaluated(producer) {
+                        if self.consts[slot].is_none() {
+                            self.consts[slot] = Some(dequant::constexpr_tensor(self.f, *id)?);
+                        }
+                    } else if producer.starts_with("constexpr_") {
+                        return Err(MilError::invalid(format!(
+                            "{producer} is not supported by the simulator"
+                        )));
                     }
                 }
                 Ok(slot)
@@ -879,12 +891,13 @@ impl Builder<'_> {
         let wid = op
             .value_input("weight")
             .ok_or_else(|| MilError::invalid("conv weight must be a value"))?;
-        let w = match self.f.const_value(wid) {
-            Some(lit) => ConvWeights::from_literal(lit)?,
-            None if super::constexpr::producer(self.f, wid).is_some() => {
-                ConvWeights::from_dense(super::constexpr::dense(self.f, wid)?)?
+        let w = match self.conv_weights.get(&wid) {
+            Some(w) => w.clone(),
+            None => {
+                let w = Arc::new(dequant::conv_weights(self.f, wid)?);
+                self.conv_weights.insert(wid, w.clone());
+                w
             }
-            None => return Err(MilError::invalid("conv weight is not a constant (the ANE silently ignores runtime conv weights; use matmul)")),
         };
         Ok(Kind::Conv {
             x: self.tensor(op, "x")?,

@@ -122,6 +122,7 @@ impl Printer<'_> {
     }
 
     fn function(&mut self, f: &Function) -> Result<()> {
+        f.check_opset(f.opset)?;
         let tag = match self.dialect.opset_names {
             OpsetSpelling::Ios => f.opset.ios_name(),
             OpsetSpelling::CoreMl => f.opset.coreml_name(),

@@ -1,8 +1,11 @@
 //! Programs shared by the integration tests: the canonical minimal examples of FACTS §1.6.
 #![allow(dead_code, unused_imports)] // each test binary uses a subset
 
+use anelm_mil::blob::BlobPolicy;
+use anelm_mil::package::read_package;
+use anelm_mil::text::to_artifacts;
 use anelm_mil::{DType, Dialect, FunctionBuilder, Opset, Program, Result, TensorType, WeightData};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Deterministic small weights (multiples of 1/16 in [-0.375, 0.375], exact in fp16).
@@ -90,3 +93,46 @@ pub fn golden_path(name: &str) -> PathBuf {
 }
 
 pub use anelm_testkit::{python, shared_dir, validate_mlpackage as validate, workspace_root};
+
+/// Validates and checks the report: ok, no errors, and the expected spec version.
+pub fn assert_valid(pkg: &Path, spec: i64) -> serde_json::Value {
+    let (code, report) = validate(pkg);
+    assert_eq!(
+        code,
+        0,
+        "{} rejected: {:#}",
+        pkg.display(),
+        report["errors"]
+    );
+    assert_eq!(report["ok"], true);
+    assert_eq!(
+        report["warnings"],
+        serde_json::json!([]),
+        "{}",
+        pkg.display()
+    );
+    assert_eq!(
+        report["summary"]["specificationVersion"], spec,
+        "{report:#}"
+    );
+    report
+}
+
+/// The package reads back into the same program (same text with the same weights).
+pub fn assert_round_trip(p: &Program, pkg: &Path) {
+    let back = read_package(pkg).unwrap();
+    let policy = BlobPolicy::default();
+    assert_eq!(
+        to_artifacts(&back, &policy).unwrap().text,
+        to_artifacts(p, &policy).unwrap().text
+    );
+    let w = |q: &Program| {
+        q.weights()
+            .into_iter()
+            .map(|w| w.as_ref().clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(w(&back), w(p));
+}
+
+pub mod quant;
