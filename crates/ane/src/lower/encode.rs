@@ -85,14 +85,14 @@ impl IntMatrix {
     /// Repeats each scale (and bias) so that blocks are `block` long (`block` divides ours).
     fn reblock(mut self, block: usize) -> IntMatrix {
         if block != self.block {
-            let k = self.block / block;
-            let spread = |v: Vec<f32>| {
+            fn spread(v: Vec<f32>, k: usize) -> Vec<f32> {
                 v.into_iter()
                     .flat_map(|s| std::iter::repeat_n(s, k))
                     .collect()
-            };
-            self.scales = spread(self.scales);
-            self.biases = self.biases.map(spread);
+            }
+            let k = self.block / block;
+            self.scales = spread(self.scales, k);
+            self.biases = self.biases.map(|b| spread(b, k));
             self.block = block;
         }
         self
@@ -165,7 +165,7 @@ pub enum Encoding {
 /// Rows per palette of the int4 palettisation (Core ML's `per_grouped_channel` granularity).
 pub const LUT_GROUP: usize = 16;
 /// Seed of the k-means palettiser: the same weights give the same palettes.
-pub const LUT_SEED: u64 = 0x616e_656c_6d;
+pub const LUT_SEED: u64 = 0x0061_6e65_6c6d;
 
 /// What became of one source tensor (a row range of it, for head tiles).
 #[derive(Clone, Debug, PartialEq)]
@@ -579,14 +579,19 @@ fn lut_stack(parts: &[Part], rows: usize, cols: usize) -> Result<Encoded> {
     let mut reports = Vec::new();
     let mut max_l1 = 0f64;
     for p in parts {
+        // Each part's palettes are its own (per gcd(16, its rows) rows, as it would be alone),
+        // repeated for the stack's smaller groups: the weights do not depend on the stacking.
+        let own = gcd(LUT_GROUP, p.rows);
         let v = p.values()?;
         let groups: Vec<(Vec<f32>, Vec<u8>)> = v
-            .par_chunks(group * cols)
+            .par_chunks(own * cols)
             .map(|g| palette::kmeans(g, 16, LUT_SEED, 30))
             .collect();
         let (mut max_err, mut max_abs) = (0f32, 0f32);
-        for ((c, idx), g) in groups.iter().zip(v.chunks(group * cols)) {
-            lut.extend(c.iter().map(|&x| f16::from_f32(x)));
+        for ((c, idx), g) in groups.iter().zip(v.chunks(own * cols)) {
+            for _ in 0..own / group {
+                lut.extend(c.iter().map(|&x| f16::from_f32(x)));
+            }
             for (ir, xr) in idx.chunks(cols).zip(g.chunks(cols)) {
                 let mut l1 = 0f64;
                 for (&i, &x) in ir.iter().zip(xr) {
@@ -696,40 +701,25 @@ impl Encoded {
                 scale,
                 offset,
                 block,
-            } => {
-                let d = f.weight(
-                    &format!("{name}_q"),
-                    TensorType::new(data.dtype(), [rows, cols, 1, 1]),
-                    data.clone(),
-                )?;
-                let meta = TensorType::fp16([rows, cols / block, 1, 1]);
-                let s = f.weight(&format!("{name}_s"), meta.clone(), scale.clone())?;
-                let o = match offset {
-                    Some(o) => Some(f.weight(&format!("{name}_o"), meta, o.clone())?),
-                    None => None,
-                };
-                f.name_next(name).blockwise_shift_scale(d, s, o)?
-            }
+            } => f.blockwise_weight(
+                name,
+                TensorType::fp16([rows, cols, 1, 1]),
+                data.clone(),
+                scale.clone(),
+                offset.clone(),
+                &[rows, cols / block, 1, 1],
+            )?,
             Encoding::Lut {
                 indices,
                 lut,
                 group,
-            } => {
-                let i = f.weight(
-                    &format!("{name}_i"),
-                    TensorType::new(DType::Uint4, [rows, cols, 1, 1]),
-                    indices.clone(),
-                )?;
-                let l = f.weight(
-                    &format!("{name}_lut"),
-                    TensorType::fp16([rows / group, 1, 1, 1, 16, 1]),
-                    lut.clone(),
-                )?;
-                f.name_next(name).op(
-                    "constexpr_lut_to_dense",
-                    vec![("indices", i.into()), ("lut", l.into())],
-                )?[0]
-            }
+            } => f.lut_weight(
+                name,
+                TensorType::fp16([rows, cols, 1, 1]),
+                indices.clone(),
+                lut.clone(),
+                &[rows / group, 1, 1, 1, 16, 1],
+            )?,
         })
     }
 }
