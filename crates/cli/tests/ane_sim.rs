@@ -74,6 +74,12 @@ fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
         }
     }
     assert!(parted <= 1, "{parted} prompts parted: {v}");
+    // The default policy holds the file's blocks: well under the fp16 bytes, nothing kept at fp16.
+    let w = &v["weights"];
+    assert_eq!(w["policy"], "auto", "{w}");
+    assert!(w["ratio_to_fp16"].as_f64().unwrap() < 0.6, "{w}");
+    assert_eq!(w["kept_fp16"].as_array().unwrap().len(), 0, "{w}");
+    assert!(w["uncompressed_max_rel_err"].is_null(), "auto compresses nothing: {w}");
     v
 }
 
