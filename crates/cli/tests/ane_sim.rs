@@ -79,7 +79,10 @@ fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
     assert_eq!(w["policy"], "auto", "{w}");
     assert!(w["ratio_to_fp16"].as_f64().unwrap() < 0.6, "{w}");
     assert_eq!(w["kept_fp16"].as_array().unwrap().len(), 0, "{w}");
-    assert!(w["uncompressed_max_rel_err"].is_null(), "auto compresses nothing: {w}");
+    assert!(
+        w["uncompressed_max_rel_err"].is_null(),
+        "auto compresses nothing: {w}"
+    );
     v
 }
 
