@@ -7,6 +7,7 @@ pub mod cache;
 pub mod check;
 pub mod compare;
 pub mod dequant;
+pub mod dialect;
 pub mod device;
 pub mod error;
 pub mod exec;
@@ -17,6 +18,7 @@ pub mod support;
 pub mod unit;
 pub mod verify;
 
+pub use dialect::{DialectChoice, MilDialect};
 pub use device::{Device, DeviceError, SimDevice};
 pub use error::{AneError, Result};
 pub use exec::{DeviceProjections, ProjectionExecutor, Projections, ReferenceProjections};

@@ -62,6 +62,8 @@ pub struct LoweringOptions {
     pub residual_shift: i32,
     /// Where compiled programs are cached ([`crate::cache`]); None: compile every time.
     pub cache_dir: Option<std::path::PathBuf>,
+    /// The MIL dialect of every program ([`crate::dialect`]).
+    pub dialect: crate::dialect::MilDialect,
 }
 
 impl Default for LoweringOptions {
@@ -75,6 +77,7 @@ impl Default for LoweringOptions {
             chunk_bytes: 1_600_000_000,
             residual_shift: 4,
             cache_dir: None,
+            dialect: crate::dialect::MilDialect::A,
         }
     }
 }

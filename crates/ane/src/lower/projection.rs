@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, ValueId, WeightData};
+use anelm_mil::{FunctionBuilder, Program, TensorType, ValueId, WeightData};
 use anelm_model::plan::{Ffn, Linear};
 use anelm_model::Model;
 
@@ -160,7 +160,7 @@ impl Builder {
 /// Builds the program of `spec` with the model's weights.
 pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> Result<Lowered> {
     let w = opts.width;
-    let mut f = FunctionBuilder::new("main", Opset::Ios18);
+    let mut f = FunctionBuilder::new("main", opts.dialect.opset());
     let x = f.input(
         &spec.input.name,
         TensorType::fp16([1, spec.input.channels, 1, w]),
@@ -234,7 +234,9 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
     for o in outputs {
         b.f.output(o)?;
     }
-    let unit = CompileUnit::new(&spec.name, Program::single(b.f.finish()?))?;
+    let mut program = Program::new(opts.dialect.mil());
+    program.add_function(b.f.finish()?)?;
+    let unit = CompileUnit::new(&spec.name, program)?;
     Ok(Lowered {
         unit,
         input_bound: b.bound,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anelm_ane::device::{CoreMlDevice, PrivateAneDevice};
+use anelm_ane::dialect::{machine_key, probe_path, resolve, DialectChoice, MilDialect, ProbeMemory};
 use anelm_ane::{
     AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
 };
@@ -33,6 +34,19 @@ pub struct ModelArgs {
     /// How the ANE path (--device sim|ane) lowers the model.
     #[arg(long, value_enum, default_value_t = super::compile::Strategy::Projection)]
     pub strategy: super::compile::Strategy,
+    /// The MIL dialect of the ANE programs: a (`program(1.3)`/ios18, Core ML spec 9), b
+    /// (`program(1.0)`/ios16, spec 7), or auto: what this machine accepted when probed
+    /// (`$ANELM_PROGRAMS/probe.json`), else b below macOS 15 and a otherwise.
+    #[arg(long, value_enum, default_value_t = MilDialectArg::Auto)]
+    pub mil_dialect: MilDialectArg,
+}
+
+/// `--mil-dialect`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MilDialectArg {
+    Auto,
+    A,
+    B,
 }
 
 /// The macOS driver that runs the ANE programs.
@@ -55,6 +69,31 @@ pub enum Device {
 }
 
 impl ModelArgs {
+    /// The dialect `--mil-dialect` resolves to on this machine.
+    pub fn dialect(&self) -> MilDialect {
+        let choice = match self.mil_dialect {
+            MilDialectArg::Auto => DialectChoice::Auto,
+            MilDialectArg::A => DialectChoice::Fixed(MilDialect::A),
+            MilDialectArg::B => DialectChoice::Fixed(MilDialect::B),
+        };
+        if choice != DialectChoice::Auto {
+            return resolve(choice, None, &ProbeMemory::default(), None);
+        }
+        let machine = anelm_macos::machine_info().ok();
+        let os = machine.as_ref().and_then(|m| m.os_version.clone());
+        let key = machine.as_ref().and_then(|m| {
+            Some(machine_key(m.chip.as_deref()?, m.os_build.as_deref()?))
+        });
+        let path = probe_path(&models::programs_dir());
+        let memory = ProbeMemory::load(&path).unwrap_or_else(|e| {
+            tracing::warn!("ignoring the remembered probe answers: {e}");
+            ProbeMemory::default()
+        });
+        let d = resolve(choice, os.as_deref(), &memory, key.as_deref());
+        tracing::debug!(os = os.as_deref(), "--mil-dialect auto: dialect {d}");
+        d
+    }
+
     /// The executor for `--device`, for sequences of up to `context` positions.
     pub fn executor(&self, loaded: &LoadedModel, context: usize) -> Result<Box<dyn Executor>> {
         Ok(self.executor_and_dispatches(loaded, context)?.0)
@@ -91,6 +130,7 @@ impl ModelArgs {
         let strategy = self.strategy.into();
         // Hardware compiles are slow and budgeted per process: keep what they produce.
         let mut cached = opts.clone();
+        cached.dialect = self.dialect();
         if self.device == Device::Ane && cached.cache_dir.is_none() {
             cached.cache_dir = Some(models::programs_dir());
         }

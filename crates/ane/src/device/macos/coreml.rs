@@ -39,8 +39,8 @@ struct Function {
 pub struct CoreMlKernel {
     name: String,
     functions: Vec<Function>,
-    /// Kept until the models are gone (declared last: dropped last).
-    _compiled: CompiledModel,
+    /// Kept until the models are gone (declared last: dropped last); one per package.
+    _compiled: Vec<CompiledModel>,
 }
 
 pub struct CoreMlBinding {
@@ -83,42 +83,52 @@ impl Device for CoreMlDevice {
         for f in &unit.program.functions {
             decls.push(declared(f).map_err(&fail)?);
         }
-        let dir = scratch_dir(&unit.name);
-        let package = dir.join(format!("{}.mlpackage", unit.name));
-        let compiled = write_package(
-            &unit.program,
-            &package,
-            &PackageOptions::default(),
-            &BlobPolicy::default(),
-        )
-        .map_err(|e| fail(e.to_string()))
-        .and_then(|()| {
-            self.driver
-                .compile(&package)
-                .map_err(|e| fail(e.to_string()))
-        });
-        let _ = std::fs::remove_dir_all(&dir);
-        let compiled = compiled?;
-        let several = decls.len() > 1;
+        // One package, or one per function where the opset has no multifunction (dialect B).
+        let mut compiled = Vec::new();
         let mut functions = Vec::with_capacity(decls.len());
-        for (decl, states) in decls {
-            let model = self
-                .driver
-                .load(&compiled, several.then_some(decl.name.as_str()))
-                .map_err(|e| fail(e.to_string()))?;
-            let layout = |t: &anelm_macos::DeclaredTensor| {
-                IoLayout::ane(&t.name, io_type(t.dtype), t.channels, t.width)
-            };
-            let io = KernelIo {
-                function: decl.name.clone(),
-                inputs: decl.inputs.iter().map(layout).collect(),
-                outputs: decl.outputs.iter().map(layout).collect(),
-            };
-            functions.push(Function {
-                io,
-                stateful: !states.is_empty(),
-                model,
+        let packages = crate::unit::coreml_packages(&unit.program);
+        let several = packages.len() == 1 && decls.len() > 1;
+        for (function, program) in packages {
+            let dir = scratch_dir(&unit.name);
+            let stem = function.as_deref().map_or(unit.name.clone(), |f| format!("{}_{f}", unit.name));
+            let package = dir.join(format!("{stem}.mlpackage"));
+            let done = write_package(
+                &program,
+                &package,
+                &PackageOptions::default(),
+                &BlobPolicy::default(),
+            )
+            .map_err(|e| fail(e.to_string()))
+            .and_then(|()| {
+                self.driver
+                    .compile(&package)
+                    .map_err(|e| fail(e.to_string()))
             });
+            let _ = std::fs::remove_dir_all(&dir);
+            let done = done?;
+            for (decl, states) in &decls {
+                if function.as_deref().is_some_and(|f| f != decl.name) {
+                    continue;
+                }
+                let model = self
+                    .driver
+                    .load(&done, several.then_some(decl.name.as_str()))
+                    .map_err(|e| fail(e.to_string()))?;
+                let layout = |t: &anelm_macos::DeclaredTensor| {
+                    IoLayout::ane(&t.name, io_type(t.dtype), t.channels, t.width)
+                };
+                let io = KernelIo {
+                    function: decl.name.clone(),
+                    inputs: decl.inputs.iter().map(layout).collect(),
+                    outputs: decl.outputs.iter().map(layout).collect(),
+                };
+                functions.push(Function {
+                    io,
+                    stateful: !states.is_empty(),
+                    model,
+                });
+            }
+            compiled.push(done);
         }
         Ok(CoreMlKernel {
             name: unit.name.clone(),

@@ -25,7 +25,7 @@ use std::ops::Range;
 mod consts;
 mod graph;
 
-use anelm_mil::{FunctionBuilder, Opset, Program, TensorType};
+use anelm_mil::{FunctionBuilder, Program, TensorType};
 use anelm_model::plan::{Ffn, Layer, Linear, Rope};
 use anelm_model::Model;
 
@@ -83,6 +83,8 @@ pub struct FusedPlan {
     pub residual_shift: i32,
     /// Vocabulary tiles of the head: (first row, rows).
     pub head_tiles: Vec<(usize, usize)>,
+    /// The MIL dialect of every chunk.
+    pub dialect: crate::dialect::MilDialect,
 }
 
 impl FusedPlan {
@@ -202,6 +204,7 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         width: opts.width,
         residual_shift: opts.residual_shift,
         head_tiles,
+        dialect: opts.dialect,
     })
 }
 
@@ -221,7 +224,7 @@ fn build_function(
 ) -> Result<anelm_mil::Function> {
     let h = model.config.hidden_size;
     let mut g = ChunkGraph {
-        f: FunctionBuilder::new(name, Opset::Ios18),
+        f: FunctionBuilder::new(name, plan.dialect.opset()),
         model,
         plan,
         w,
@@ -310,6 +313,12 @@ pub fn build_chunk(
         .chunks
         .get(index)
         .ok_or_else(|| AneError::Unsupported(format!("no chunk {index}")))?;
+    if form == KvForm::States && !plan.dialect.has_states_and_multifunction() {
+        return Err(AneError::Unsupported(format!(
+            "{}: Core ML states need iOS18 (dialect A); in dialect {} the KV cache is inputs and outputs",
+            spec.name, plan.dialect
+        )));
+    }
     let shift = 2f32.powi(-plan.residual_shift);
     let layers = spec
         .layers
@@ -335,7 +344,7 @@ pub fn build_chunk(
         None
     };
     let consts = ChunkConsts { layers, head };
-    let mut program = Program::new(anelm_mil::Dialect::a());
+    let mut program = Program::new(plan.dialect.mil());
     for (name, w) in [(PREFILL, plan.width), (DECODE, 1)] {
         program.add_function(build_function(model, plan, &consts, name, w, form)?)?;
     }
