@@ -132,9 +132,7 @@ impl ProbeMemory {
     pub fn load(path: &Path) -> Result<ProbeMemory, String> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(ProbeMemory::default())
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ProbeMemory::default()),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))

@@ -170,9 +170,14 @@ mod tests {
         assert_eq!(a.len(), 1);
         assert_eq!((a[0].0.as_deref(), a[0].1.functions.len()), (None, 2));
         let b = coreml_packages(&two(Opset::Ios16));
-        let names: Vec<_> = b.iter().map(|(n, p)| (n.as_deref(), p.functions[0].name.as_str())).collect();
+        let names: Vec<_> = b
+            .iter()
+            .map(|(n, p)| (n.as_deref(), p.functions[0].name.as_str()))
+            .collect();
         assert_eq!(names, [(Some("prefill"), "main"), (Some("decode"), "main")]);
-        assert!(b.iter().all(|(_, p)| p.functions.len() == 1 && p.dialect.version == "1.0"));
+        assert!(b
+            .iter()
+            .all(|(_, p)| p.functions.len() == 1 && p.dialect.version == "1.0"));
         let one = coreml_packages(&unit(0.5).program);
         assert_eq!((one.len(), one[0].0.as_deref()), (1, None));
     }

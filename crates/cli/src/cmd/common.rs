@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anelm_ane::device::{CoreMlDevice, PrivateAneDevice};
-use anelm_ane::dialect::{machine_key, probe_path, resolve, DialectChoice, MilDialect, ProbeMemory};
+use anelm_ane::dialect::{
+    machine_key, probe_path, resolve, DialectChoice, MilDialect, ProbeMemory,
+};
 use anelm_ane::{
     AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
 };
@@ -81,9 +83,9 @@ impl ModelArgs {
         }
         let machine = anelm_macos::machine_info().ok();
         let os = machine.as_ref().and_then(|m| m.os_version.clone());
-        let key = machine.as_ref().and_then(|m| {
-            Some(machine_key(m.chip.as_deref()?, m.os_build.as_deref()?))
-        });
+        let key = machine
+            .as_ref()
+            .and_then(|m| Some(machine_key(m.chip.as_deref()?, m.os_build.as_deref()?)));
         let path = probe_path(&models::programs_dir());
         let memory = ProbeMemory::load(&path).unwrap_or_else(|e| {
             tracing::warn!("ignoring the remembered probe answers: {e}");

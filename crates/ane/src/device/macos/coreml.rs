@@ -90,7 +90,9 @@ impl Device for CoreMlDevice {
         let several = packages.len() == 1 && decls.len() > 1;
         for (function, program) in packages {
             let dir = scratch_dir(&unit.name);
-            let stem = function.as_deref().map_or(unit.name.clone(), |f| format!("{}_{f}", unit.name));
+            let stem = function
+                .as_deref()
+                .map_or(unit.name.clone(), |f| format!("{}_{f}", unit.name));
             let package = dir.join(format!("{stem}.mlpackage"));
             let done = write_package(
                 &program,
