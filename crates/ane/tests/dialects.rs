@@ -152,7 +152,11 @@ fn packages_of_both_dialects_validate() {
                 }
                 for (function, program) in packages {
                     let name = format!("{family}_{d}_{}_{}", u.name, function.unwrap_or_default());
-                    validate(&program, &dir.path().join(format!("{name}.mlpackage")), spec);
+                    validate(
+                        &program,
+                        &dir.path().join(format!("{name}.mlpackage")),
+                        spec,
+                    );
                     n += 1;
                 }
             }

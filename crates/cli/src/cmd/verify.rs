@@ -218,6 +218,7 @@ pub fn run(a: Args) -> Result<()> {
             "greedy_same_but_near_ties": report.same_but_near_ties(),
             "n_greedy": a.greedy,
             "strategy": strategy.name(),
+            "mil_dialect": a.model.dialect().name(),
             "programs": exec.programs(),
             "dispatches": dispatches,
             "dispatches_per_token": exec.dispatches_per_token(),
