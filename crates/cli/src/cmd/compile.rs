@@ -12,7 +12,7 @@ use anelm_ane::lower::{build_unit, projection_kernels};
 use anelm_ane::unit::coreml_packages;
 use anelm_ane::{CompileUnit, LoweringOptions};
 use anelm_mil::blob::BlobPolicy;
-use anelm_mil::lint::{lint_with, LintConfig, Severity};
+use anelm_mil::lint::{lint_with, Chip, LintConfig, Severity};
 use anelm_mil::package::{write_package, PackageOptions};
 use anelm_mil::Program;
 use anelm_model::Model;
@@ -72,9 +72,14 @@ pub struct Args {
 /// Prints one program's line and its lint warnings; returns the warnings. (Padded I/O rows are
 /// not one: every binding marshals with the row stride the device gives.)
 fn report(unit: &CompileUnit, layers: Option<usize>, what: &str) -> usize {
+    // Rules the sources settle by chip follow this machine's (the conservative reading off a Mac).
+    let chip = anelm_macos::machine_info()
+        .ok()
+        .and_then(|m| m.chip)
+        .map_or(Chip::Unknown, |b| Chip::from_brand(&b));
     let cfg = LintConfig {
         layers,
-        ..LintConfig::default()
+        ..LintConfig::for_chip(chip)
     };
     let findings: Vec<_> = lint_with(&unit.program, &cfg)
         .into_iter()
