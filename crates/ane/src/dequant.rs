@@ -10,18 +10,20 @@ use anelm_model::plan::{Attention, Ffn, Layer, Linear, Mixer, Norm};
 use anelm_model::{Model, ModelSource, Weight};
 
 use crate::error::Result;
-use crate::lower::encode::{encode, Encoding, Part, WeightPolicy};
+use crate::lower::encode::{encode, Encoding, Part, WeightPolicy, WeightTarget};
 use crate::support::{attention, unsupported};
 
-fn f32_weight(w: &Weight, policy: WeightPolicy) -> Result<Weight> {
-    let values = match policy {
+fn f32_weight(w: &Weight, target: WeightTarget) -> Result<Weight> {
+    let values = match target.policy {
         WeightPolicy::Fp16 => w.to_f32()?,
         _ => {
-            let e = encode(&[Part::whole(w)], policy)?;
+            let e = encode(&[Part::whole(w)], target)?;
             match e.encoding {
                 // fp16 programs are compared with the file's values (as they always were).
                 Encoding::Fp16(_) => w.to_f32()?,
-                Encoding::Blockwise { .. } | Encoding::Lut { .. } => e.to_f32(),
+                Encoding::Blockwise { .. } | Encoding::Lut { .. } | Encoding::Affine { .. } => {
+                    e.to_f32()
+                }
             }
         }
     };
@@ -32,7 +34,7 @@ fn copy(w: &Weight) -> Weight {
     Weight::from_bytes(&w.name, w.dtype, w.rows, w.cols, w.bytes().to_vec())
 }
 
-fn linear(l: &Linear, p: WeightPolicy) -> Result<Linear> {
+fn linear(l: &Linear, p: WeightTarget) -> Result<Linear> {
     Ok(Linear {
         weight: f32_weight(&l.weight, p)?,
         bias: l.bias.clone(),
@@ -48,7 +50,7 @@ fn norm(n: &Norm) -> Norm {
     }
 }
 
-fn layer(l: &Layer, index: usize, p: WeightPolicy) -> Result<Layer> {
+fn layer(l: &Layer, index: usize, p: WeightTarget) -> Result<Layer> {
     let a = attention(l, index)?;
     let attention = Attention {
         n_heads: a.n_heads,
@@ -98,11 +100,11 @@ fn layer(l: &Layer, index: usize, p: WeightPolicy) -> Result<Layer> {
 /// A copy of `m` whose layer matrices and output head are f32 (embeddings, read a row at a
 /// time and dequantised exactly by every executor, keep their type).
 pub fn dequantized(m: &Model) -> Result<Model> {
-    dequantized_as(m, WeightPolicy::Fp16)
+    dequantized_as(m, WeightPolicy::Fp16.into())
 }
 
-/// [`dequantized`], with the matrices the programs hold under `policy`.
-pub fn dequantized_as(m: &Model, policy: WeightPolicy) -> Result<Model> {
+/// [`dequantized`], with the matrices the programs hold under `policy` (in its dialect).
+pub fn dequantized_as(m: &Model, policy: WeightTarget) -> Result<Model> {
     let source = match &m.source {
         ModelSource::Gguf { path, metadata } => ModelSource::Gguf {
             path: path.clone(),

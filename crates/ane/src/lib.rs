@@ -8,6 +8,7 @@ pub mod check;
 pub mod compare;
 pub mod dequant;
 pub mod device;
+pub mod dialect;
 pub mod error;
 pub mod exec;
 pub mod lower;
@@ -18,6 +19,7 @@ pub mod unit;
 pub mod verify;
 
 pub use device::{Device, DeviceError, SimDevice};
+pub use dialect::{DialectChoice, MilDialect};
 pub use error::{AneError, Result};
 pub use exec::{DeviceProjections, ProjectionExecutor, Projections, ReferenceProjections};
 pub use lower::{LoweringOptions, Projection};

@@ -204,6 +204,33 @@ impl CompileUnit {
     }
 }
 
+/// The Core ML packages that hold `program`: `(None, program)` — one package, multifunction
+/// when it has several functions — if its opset allows (multifunction needs iOS18 / spec 9,
+/// COREML.md §7); else one single-function package per function, its function renamed `main`:
+/// `(Some(original name), program)`. Dialect B's packages do not share weights between
+/// functions.
+pub fn coreml_packages(program: &Program) -> Vec<(Option<String>, Program)> {
+    let multi_ok = program
+        .functions
+        .iter()
+        .all(|f| f.opset >= anelm_mil::Opset::Ios18);
+    if multi_ok || (program.functions.len() == 1 && program.functions[0].name == "main") {
+        return vec![(None, program.clone())];
+    }
+    program
+        .functions
+        .iter()
+        .map(|f| {
+            let mut one = Program::new(program.dialect.clone());
+            one.build_info = program.build_info.clone();
+            let mut f = f.clone();
+            let name = std::mem::replace(&mut f.name, "main".into());
+            one.functions.push(f);
+            (Some(name), one)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +292,39 @@ mod tests {
             p.functions[0].ops().len(),
             plain.program.functions[0].ops().len()
         );
+    }
+
+    #[test]
+    fn packages_split_only_below_ios18() {
+        let two = |opset| {
+            let mut p = Program::new(if opset == Opset::Ios16 {
+                anelm_mil::Dialect::b()
+            } else {
+                anelm_mil::Dialect::a()
+            });
+            for name in ["prefill", "decode"] {
+                let mut f = FunctionBuilder::new(name, opset);
+                let x = f.input("x", TensorType::fp16([1, 4, 1, 64])).unwrap();
+                let y = f.name_next("y").sigmoid(x).unwrap();
+                f.output(y).unwrap();
+                p.add_function(f.finish().unwrap()).unwrap();
+            }
+            p
+        };
+        let a = coreml_packages(&two(Opset::Ios18));
+        assert_eq!(a.len(), 1);
+        assert_eq!((a[0].0.as_deref(), a[0].1.functions.len()), (None, 2));
+        let b = coreml_packages(&two(Opset::Ios16));
+        let names: Vec<_> = b
+            .iter()
+            .map(|(n, p)| (n.as_deref(), p.functions[0].name.as_str()))
+            .collect();
+        assert_eq!(names, [(Some("prefill"), "main"), (Some("decode"), "main")]);
+        assert!(b
+            .iter()
+            .all(|(_, p)| p.functions.len() == 1 && p.dialect.version == "1.0"));
+        let one = coreml_packages(&unit(0.5).program);
+        assert_eq!((one.len(), one[0].0.as_deref()), (1, None));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use anelm_model::{Executor, Model};
 use crate::compare::{compare_greedy, PromptCase, PromptComparison};
 use crate::dequant::{dequantized, dequantized_as};
 use crate::error::Result;
-use crate::lower::WeightPolicy;
+use crate::lower::encode::WeightTarget;
 
 /// What the device path is compared with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub fn verify(
     n_greedy: usize,
     reference: Reference,
     threads: usize,
-    weights: WeightPolicy,
+    weights: WeightTarget,
 ) -> Result<VerifyReport> {
     let mut cpu = match reference {
         Reference::CpuF32 => CpuExecutor::new(Arc::new(dequantized_as(model, weights)?), threads),
@@ -88,7 +88,7 @@ pub fn verify(
     };
     let (cases, device_seconds, reference_seconds) =
         compare_greedy(device, &mut cpu, prompts, n_greedy)?;
-    let uncompressed = if weights.compresses() && reference == Reference::CpuF32 {
+    let uncompressed = if weights.policy.compresses() && reference == Reference::CpuF32 {
         drop(cpu);
         let mut plain = CpuExecutor::new(Arc::new(dequantized(model)?), threads);
         Some(compare_greedy(device, &mut plain, prompts, n_greedy)?.0)

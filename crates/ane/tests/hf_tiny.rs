@@ -80,6 +80,7 @@ fn same_argmax_as_the_cpu_at_every_position() {
 #[test]
 fn compressed_weights_verify_against_the_same_weights() {
     use anelm_ane::compare::PromptCase;
+    use anelm_ane::dialect::MilDialect;
     use anelm_ane::lower::WeightPolicy;
     use anelm_ane::verify::{verify, Reference};
     for family in anelm_testkit::DENSE_TINY {
@@ -96,19 +97,26 @@ fn compressed_weights_verify_against_the_same_weights() {
                     .collect(),
             })
             .collect();
-        for policy in [WeightPolicy::Int8, WeightPolicy::Int4] {
+        // Dialect B's int8 is per channel (iOS16 constexpr_affine_dequantize).
+        for (policy, dialect) in [
+            (WeightPolicy::Int8, MilDialect::A),
+            (WeightPolicy::Int4, MilDialect::A),
+            (WeightPolicy::Int8, MilDialect::B),
+        ] {
             let opts = LoweringOptions {
                 weights: policy,
+                dialect,
                 ..LoweringOptions::default()
             };
             let mut sim = ProjectionExecutor::on_device(m.clone(), SimDevice::new(), &opts)
-                .unwrap_or_else(|e| panic!("{family} {policy}: {e}"));
-            let r = verify(&m, &mut sim, &cases, 8, Reference::CpuF32, 1, policy).unwrap();
+                .unwrap_or_else(|e| panic!("{family} {policy} {dialect}: {e}"));
+            let target = opts.weight_target();
+            let r = verify(&m, &mut sim, &cases, 8, Reference::CpuF32, 1, target).unwrap();
             let against = r
                 .uncompressed_rel_err()
                 .expect("measured for compressing policies");
             println!(
-                "{family:8} --weights {policy}: rel err {:.2e} vs the same weights, {against:.2e} vs uncompressed",
+                "{family:8} --weights {policy} dialect {dialect}: rel err {:.2e} vs the same weights, {against:.2e} vs uncompressed",
                 r.max_rel_err()
             );
             // fp16 arithmetic on random weights: int8 stays within the real models' 2e-2; the

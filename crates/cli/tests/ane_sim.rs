@@ -3,6 +3,7 @@
 //! directories, and a Core ML package the coremltools validator accepts) and run --device sim;
 //! and the errors of these commands.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -27,9 +28,9 @@ fn anelm_json(args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("anelm {args:?}: {e}: {out}"))
 }
 
-fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
-    let m = model(file);
-    let prompts = shared(&format!("fixtures/llamacpp/{fixture}"));
+/// `anelm verify --device sim` of a model on a prompt file, in `dialect`; checks the accuracy
+/// every run must reach and that the dialect was the one asked for.
+fn verify_in(m: &Path, prompts: &Path, strategy: &str, dialect: &str) -> Value {
     let v = anelm_json(&[
         "verify",
         "--model",
@@ -38,22 +39,14 @@ fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
         "sim",
         "--strategy",
         strategy,
+        "--mil-dialect",
+        dialect,
         "--prompts",
         prompts.to_str().unwrap(),
         "--json",
     ]);
-    // 4 prompts of at most 64 tokens: one evaluation of every program per prompt, then 15 per
-    // prompt for the decoded tokens.
-    let per_token = v["dispatches_per_token"].as_u64().unwrap();
-    assert_eq!(v["dispatches"].as_u64().unwrap(), 4 * 16 * per_token, "{v}");
-    for p in v["prompts"].as_array().unwrap() {
-        println!(
-            "{}: rel {} same {}",
-            p["name"], p["rel_err"], p["greedy_same"]
-        );
-    }
-    assert_eq!(v["prompts"].as_array().unwrap().len(), 4);
-    assert_eq!(v["reference"], "cpu-f32");
+    assert_eq!(v["mil_dialect"], dialect, "{v}");
+    assert_eq!(v["strategy"], strategy, "{v}");
     let rel = v["max_rel_err"].as_f64().unwrap();
     assert!(rel > 0.0 && rel <= 2e-2, "max_rel_err {rel}");
     // Greedy decoding may part only at a near-tie of the reference (its top-2 gap below 3e-3
@@ -74,6 +67,25 @@ fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
         }
     }
     assert!(parted <= 1, "{parted} prompts parted: {v}");
+    v
+}
+
+fn verify(file: &str, fixture: &str, strategy: &str) -> Value {
+    let m = model(file);
+    let prompts = shared(&format!("fixtures/llamacpp/{fixture}"));
+    let v = verify_in(&m, &prompts, strategy, "a");
+    // 4 prompts of at most 64 tokens: one evaluation of every program per prompt, then 15 per
+    // prompt for the decoded tokens.
+    let per_token = v["dispatches_per_token"].as_u64().unwrap();
+    assert_eq!(v["dispatches"].as_u64().unwrap(), 4 * 16 * per_token, "{v}");
+    for p in v["prompts"].as_array().unwrap() {
+        println!(
+            "{}: rel {} same {}",
+            p["name"], p["rel_err"], p["greedy_same"]
+        );
+    }
+    assert_eq!(v["prompts"].as_array().unwrap().len(), 4);
+    assert_eq!(v["reference"], "cpu-f32");
     // The default policy holds the file's blocks: well under the fp16 bytes, nothing kept at fp16.
     let w = &v["weights"];
     assert_eq!(w["policy"], "auto", "{w}");
@@ -358,4 +370,81 @@ fn fused_programs_hold_the_context_the_command_needs() {
         err <= 2e-2 * scale,
         "last logits differ by {err} (scale {scale})"
     );
+}
+
+#[test]
+fn dialect_b_verify_of_the_tiny_fixtures_and_smollm2_both_strategies() {
+    for strategy in ["projection", "fused"] {
+        for family in ["llama", "gemma3", "gpt2"] {
+            let prompts = shared(&format!("fixtures/hf-tiny/{family}/reference.json"));
+            let v = verify_in(&tiny(family), &prompts, strategy, "b");
+            println!("{family} {strategy} dialect b: rel {}", v["max_rel_err"]);
+        }
+        let v = verify_in(
+            &model(SMOLLM2),
+            &shared("fixtures/llamacpp/smollm2-135m-instruct-q4_1.prompts.json"),
+            strategy,
+            "b",
+        );
+        assert_eq!(v["greedy_same"], true, "{v}");
+        println!("SmolLM2 {strategy} dialect b: rel {}", v["max_rel_err"]);
+    }
+}
+
+#[test]
+fn dialect_b_packages_validate_at_spec_7() {
+    let m = tiny("llama");
+    for (strategy, files) in [
+        (
+            "projection",
+            vec!["layer00_qkv".to_string(), "lm_head".into()],
+        ),
+        (
+            "fused",
+            vec!["chunk0_prefill".into(), "chunk0_decode".into()],
+        ),
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let (ok, _, err) = anelm(&[
+            "compile",
+            "--model",
+            m.to_str().unwrap(),
+            "--strategy",
+            strategy,
+            "--mil-dialect",
+            "b",
+            "--out",
+            out.path().to_str().unwrap(),
+            "--format",
+            "mlpackage",
+        ]);
+        assert!(ok, "{err}");
+        let written = std::fs::read_dir(out.path()).unwrap().count();
+        let expected = if strategy == "projection" {
+            3 * 4 + 1
+        } else {
+            2
+        };
+        assert_eq!(
+            written, expected,
+            "{strategy}: one package per kernel / function"
+        );
+        for f in files {
+            let pkg = std::fs::read_dir(out.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.to_string_lossy().ends_with(&format!("_{f}.mlpackage")))
+                .unwrap_or_else(|| panic!("{strategy}: no package of {f}"));
+            let (code, report) = validate_mlpackage(&pkg);
+            assert_eq!(code, 0, "{f}: {report}");
+            assert_eq!(
+                report["summary"]["specificationVersion"], 7,
+                "{f}: {report}"
+            );
+            assert!(
+                report["warnings"].as_array().unwrap().is_empty(),
+                "{report}"
+            );
+        }
+    }
 }

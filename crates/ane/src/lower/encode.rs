@@ -8,7 +8,8 @@
 //! scales, no bias) map exactly; for the others the rounding of `d * sc` and of the offset is
 //! the whole difference, measured per tensor ([`TensorReport`]). Float weights stay fp16 unless
 //! a compressing policy asks: int8 (symmetric per block of 32, round to nearest) or int4 (a
-//! 16-entry k-means palette per 16 rows, [`palette`]).
+//! 16-entry k-means palette per 16 rows, [`palette`]). Those are iOS18 ops; dialect B (iOS16)
+//! holds weights as fp16 or as per-channel int8 ([`affine`]).
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use anelm_model::Weight;
 use half::f16;
 use rayon::prelude::*;
 
+use crate::dialect::MilDialect;
 use crate::error::{AneError, Result};
 
 /// What `--weights` asks for.
@@ -60,6 +62,24 @@ impl std::fmt::Display for WeightPolicy {
             WeightPolicy::Int8 => "int8",
             WeightPolicy::Int4 => "int4",
         })
+    }
+}
+
+/// A policy for the programs of one MIL dialect: what the dialect's opset can hold decides the
+/// forms (blockwise and grouped palettes are iOS18 ops, dialect A).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WeightTarget {
+    pub policy: WeightPolicy,
+    pub dialect: MilDialect,
+}
+
+impl From<WeightPolicy> for WeightTarget {
+    /// The policy in dialect A.
+    fn from(policy: WeightPolicy) -> WeightTarget {
+        WeightTarget {
+            policy,
+            dialect: MilDialect::A,
+        }
     }
 }
 
@@ -159,6 +179,13 @@ pub enum Encoding {
         indices: Arc<WeightData>,
         lut: Arc<WeightData>,
         group: usize,
+    },
+    /// `w = scale[row] * (data - zero_point[row])` (iOS16 `constexpr_affine_dequantize` along
+    /// axis 0): uint8 `data` `[rows, cols]`, fp16 `scale` and uint8 `zero_point` per row.
+    Affine {
+        data: Arc<WeightData>,
+        scale: Arc<WeightData>,
+        zero_point: Arc<WeightData>,
     },
 }
 
@@ -332,11 +359,15 @@ fn fp16_block(scale: f32, bias: f32) -> (f16, f16, bool) {
     (s, o, false)
 }
 
-/// `parts` stacked row-wise (all with the same columns) in the form `policy` gives them. The
+/// `parts` stacked row-wise (all with the same columns) in the form `target` gives them. The
 /// parts' pages of a memory-mapped file are given back afterwards (they are read once here;
 /// lowering a model then holds the programs' weights, not the file's too).
-pub fn encode(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
-    let e = encode_parts(parts, policy);
+pub fn encode(parts: &[Part], target: impl Into<WeightTarget>) -> Result<Encoded> {
+    let t = target.into();
+    let e = match t.dialect {
+        MilDialect::A => encode_parts(parts, t.policy),
+        MilDialect::B => affine::encode_ios16(parts, t.policy),
+    };
     let maps = anelm_cpu::mem::file_mappings();
     for p in parts {
         let rb = p.weight.row_bytes();
@@ -662,6 +693,11 @@ impl Encoded {
                     .map(|(n, &j)| l[n / per_group * 16 + j as usize])
                     .collect()
             }
+            Encoding::Affine {
+                data,
+                scale,
+                zero_point,
+            } => affine::to_f32(data, scale, zero_point, self.cols),
         }
     }
 
@@ -681,6 +717,14 @@ impl Encoded {
             }
             Encoding::Lut { indices, lut, .. } => {
                 (indices.as_bytes().len() + lut.as_bytes().len()) as u64
+            }
+            Encoding::Affine {
+                data,
+                scale,
+                zero_point,
+            } => {
+                (data.as_bytes().len() + scale.as_bytes().len() + zero_point.as_bytes().len())
+                    as u64
             }
         }
     }
@@ -720,10 +764,23 @@ impl Encoded {
                 lut.clone(),
                 &[rows / group, 1, 1, 1, 16, 1],
             )?,
+            Encoding::Affine {
+                data,
+                scale,
+                zero_point,
+            } => f.affine_weight(
+                name,
+                TensorType::fp16([rows, cols, 1, 1]),
+                data.clone(),
+                anelm_mil::Literal::weight_vector(zero_point.clone()),
+                anelm_mil::Literal::weight_vector(scale.clone()),
+                0,
+            )?,
         })
     }
 }
 
+pub mod affine;
 pub mod palette;
 pub mod summary;
 

@@ -24,7 +24,7 @@ mod graph;
 mod projection;
 mod weights;
 
-pub use encode::{Encoded, Encoding, TensorReport, WeightPolicy};
+pub use encode::{Encoded, Encoding, TensorReport, WeightPolicy, WeightTarget};
 pub use projection::{build_unit, projection_kernels, Lowered};
 
 /// The name of every kernel's per-column descale input.
@@ -66,6 +66,18 @@ pub struct LoweringOptions {
     pub cache_dir: Option<std::path::PathBuf>,
     /// How weight matrices are held ([`encode`]).
     pub weights: WeightPolicy,
+    /// The MIL dialect of every program ([`crate::dialect`]).
+    pub dialect: crate::dialect::MilDialect,
+}
+
+impl LoweringOptions {
+    /// The weight policy in this dialect.
+    pub fn weight_target(&self) -> encode::WeightTarget {
+        encode::WeightTarget {
+            policy: self.weights,
+            dialect: self.dialect,
+        }
+    }
 }
 
 impl Default for LoweringOptions {
@@ -80,6 +92,7 @@ impl Default for LoweringOptions {
             residual_shift: 4,
             cache_dir: None,
             weights: WeightPolicy::Auto,
+            dialect: crate::dialect::MilDialect::A,
         }
     }
 }

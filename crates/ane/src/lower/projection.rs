@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
-use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, ValueId, WeightData};
+use anelm_mil::{FunctionBuilder, Program, TensorType, ValueId, WeightData};
 use anelm_model::plan::{Ffn, Linear};
 use anelm_model::Model;
 
-use super::encode::{Encoded, TensorReport};
+use super::encode::{Encoded, TensorReport, WeightTarget};
 use super::graph::{activate, linear, normalize};
 use super::weights::{bias_data, linear_biases, row_range, stacked};
-use super::{KernelSpec, LoweringOptions, Port, Projection, WeightPolicy, DESCALE};
+use super::{KernelSpec, LoweringOptions, Port, Projection, DESCALE};
 use crate::error::{AneError, Result};
 use crate::support::{attention, ensure_lowerable, unsupported};
 use crate::unit::CompileUnit;
@@ -99,7 +99,7 @@ struct Builder {
     descale: ValueId,
     /// The largest row L1 norm of the weights of convs over scaled inputs.
     bound: f32,
-    policy: WeightPolicy,
+    policy: WeightTarget,
     /// What became of each weight tensor.
     reports: Vec<TensorReport>,
 }
@@ -148,7 +148,7 @@ impl Builder {
 /// Builds the program of `spec` with the model's weights.
 pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> Result<Lowered> {
     let w = opts.width;
-    let mut f = FunctionBuilder::new("main", Opset::Ios18);
+    let mut f = FunctionBuilder::new("main", opts.dialect.opset());
     let x = f.input(
         &spec.input.name,
         TensorType::fp16([1, spec.input.channels, 1, w]),
@@ -158,7 +158,7 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
         f,
         descale,
         bound: 0.0,
-        policy: opts.weights,
+        policy: opts.weight_target(),
         reports: Vec::new(),
     };
     let layer = |i: usize| {
@@ -215,8 +215,9 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
     for o in outputs {
         b.f.output(o)?;
     }
-    let unit = CompileUnit::new(&spec.name, Program::single(b.f.finish()?))?
-        .with_weight_reports(b.reports);
+    let mut program = Program::new(opts.dialect.mil());
+    program.add_function(b.f.finish()?)?;
+    let unit = CompileUnit::new(&spec.name, program)?.with_weight_reports(b.reports);
     Ok(Lowered {
         unit,
         input_bound: b.bound,

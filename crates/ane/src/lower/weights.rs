@@ -7,27 +7,27 @@ use anelm_mil::WeightData;
 use anelm_model::plan::Linear;
 use anelm_model::Weight;
 
-use super::encode::{encode, Encoded, Part, WeightPolicy};
+use super::encode::{encode, Encoded, Part, WeightTarget};
 use crate::error::Result;
 
 /// The matrices of `ws` (all with the same number of columns) stacked row-wise, in the form
-/// `policy` gives them.
-pub fn stacked(ws: &[&Weight], policy: WeightPolicy) -> Result<Encoded> {
+/// `target` gives them.
+pub fn stacked(ws: &[&Weight], target: WeightTarget) -> Result<Encoded> {
     encode(
         &ws.iter().map(|w| Part::whole(w)).collect::<Vec<_>>(),
-        policy,
+        target,
     )
 }
 
 /// Rows `first..first + rows` of one matrix.
-pub fn row_range(w: &Weight, first: usize, rows: usize, policy: WeightPolicy) -> Result<Encoded> {
+pub fn row_range(w: &Weight, first: usize, rows: usize, target: WeightTarget) -> Result<Encoded> {
     encode(
         &[Part {
             weight: w,
             first,
             rows,
         }],
-        policy,
+        target,
     )
 }
 
@@ -62,22 +62,25 @@ pub fn bias_data(b: Option<Vec<f32>>) -> Option<Arc<WeightData>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lower::WeightPolicy;
 
     #[test]
     fn stacks_rows_and_biases() {
         let a = Weight::from_f32("a", 1, 2, &[1.0, 2.0]);
         let b = Weight::from_f32("b", 2, 2, &[3.0, 4.0, 5.0, 1e-3]);
-        let w = stacked(&[&a, &b], WeightPolicy::Auto).unwrap();
+        let w = stacked(&[&a, &b], WeightPolicy::Auto.into()).unwrap();
         assert_eq!(
             w.to_f32(),
             [1.0, 2.0, 3.0, 4.0, 5.0, half::f16::from_f32(1e-3).to_f32()]
         );
         assert_eq!(
-            row_range(&b, 1, 1, WeightPolicy::Fp16).unwrap().to_f32(),
+            row_range(&b, 1, 1, WeightPolicy::Fp16.into())
+                .unwrap()
+                .to_f32(),
             [5.0, half::f16::from_f32(1e-3).to_f32()]
         );
         let huge = Weight::from_f32("huge", 1, 1, &[1e6]);
-        let e = stacked(&[&huge], WeightPolicy::Auto)
+        let e = stacked(&[&huge], WeightPolicy::Auto.into())
             .unwrap_err()
             .to_string();
         assert!(e.contains("huge") && e.contains("fp16"), "{e}");

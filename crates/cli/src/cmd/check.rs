@@ -77,6 +77,7 @@ pub fn run(a: Args) -> Result<()> {
     let prompt = prompt_or_default(&a.prompt, &loaded)?;
     let opts = a.model.lowering(LoweringOptions {
         width: a.width,
+        dialect: a.model.dialect(),
         ..LoweringOptions::default()
     })?;
     let checks =

@@ -4,6 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anelm_ane::device::{CoreMlDevice, PrivateAneDevice};
+use anelm_ane::dialect::{
+    machine_key, probe_path, resolve, DialectChoice, MilDialect, ProbeMemory,
+};
 use anelm_ane::exec::FallbackExecutor;
 use anelm_ane::{
     AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
@@ -42,6 +45,19 @@ pub struct ModelArgs {
     /// start at 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub layers_per_chunk: Option<u16>,
+    /// The MIL dialect of the ANE programs: a (`program(1.3)`/ios18, Core ML spec 9), b
+    /// (`program(1.0)`/ios16, spec 7), or auto: what this machine accepted when probed
+    /// (`$ANELM_PROGRAMS/probe.json`), else b below macOS 15 and a otherwise.
+    #[arg(long, value_enum, default_value_t = MilDialectArg::Auto)]
+    pub mil_dialect: MilDialectArg,
+}
+
+/// `--mil-dialect`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MilDialectArg {
+    Auto,
+    A,
+    B,
 }
 
 /// What `run`, `chat` and `serve` do when the device refuses a program.
@@ -105,6 +121,31 @@ pub enum Device {
 }
 
 impl ModelArgs {
+    /// The dialect `--mil-dialect` resolves to on this machine.
+    pub fn dialect(&self) -> MilDialect {
+        let choice = match self.mil_dialect {
+            MilDialectArg::Auto => DialectChoice::Auto,
+            MilDialectArg::A => DialectChoice::Fixed(MilDialect::A),
+            MilDialectArg::B => DialectChoice::Fixed(MilDialect::B),
+        };
+        if choice != DialectChoice::Auto {
+            return resolve(choice, None, &ProbeMemory::default(), None);
+        }
+        let machine = anelm_macos::machine_info().ok();
+        let os = machine.as_ref().and_then(|m| m.os_version.clone());
+        let key = machine
+            .as_ref()
+            .and_then(|m| Some(machine_key(m.chip.as_deref()?, m.os_build.as_deref()?)));
+        let path = probe_path(&models::programs_dir());
+        let memory = ProbeMemory::load(&path).unwrap_or_else(|e| {
+            tracing::warn!("ignoring the remembered probe answers: {e}");
+            ProbeMemory::default()
+        });
+        let d = resolve(choice, os.as_deref(), &memory, key.as_deref());
+        tracing::debug!(os = os.as_deref(), "--mil-dialect auto: dialect {d}");
+        d
+    }
+
     /// The executor for `--device`, for sequences of up to `context` positions.
     pub fn executor(&self, loaded: &LoadedModel, context: usize) -> Result<Box<dyn Executor>> {
         Ok(self.executor_and_dispatches(loaded, context)?.0)
@@ -190,10 +231,19 @@ impl ModelArgs {
         }
     }
 
-    /// `opts` with the lowering flags applied (`--weights`, `--layers-per-chunk`).
+    /// `--weights` in the dialect `--mil-dialect` resolves to.
+    pub fn weight_target(&self) -> anelm_ane::lower::WeightTarget {
+        anelm_ane::lower::WeightTarget {
+            policy: self.weights,
+            dialect: self.dialect(),
+        }
+    }
+
+    /// `opts` with the lowering flags applied (`--weights`, `--mil-dialect`, `--layers-per-chunk`).
     pub fn lowering(&self, opts: LoweringOptions) -> Result<LoweringOptions> {
         let opts = LoweringOptions {
             weights: self.weights,
+            dialect: self.dialect(),
             ..opts
         };
         match self.layers_per_chunk {

@@ -2,18 +2,20 @@
 //! directory with `model.mil` and its weight blobs (what the private ANE path compiles), or one
 //! multifunction Core ML package with a function per kernel. Fused strategy: per chunk a
 //! directory whose `model.mil` holds the prefill and decode functions (procedures) over one set
-//! of weights, or per chunk a stateful multifunction package (the KV cache as Core ML states).
+//! of weights, or per chunk a stateful multifunction package (the KV cache as Core ML states;
+//! in dialect B, which has neither, one package per kernel or per chunk function).
 
 use std::path::{Path, PathBuf};
 
 use anelm_ane::lower::encode::summary;
 use anelm_ane::lower::fused::{build_chunk, fused_plan, KvForm};
 use anelm_ane::lower::{build_unit, projection_kernels};
+use anelm_ane::unit::coreml_packages;
 use anelm_ane::{CompileUnit, LoweringOptions};
 use anelm_mil::blob::BlobPolicy;
-use anelm_mil::lint::{lint_with, LintConfig, Severity};
+use anelm_mil::lint::{lint_with, Chip, LintConfig, Severity};
 use anelm_mil::package::{write_package, PackageOptions};
-use anelm_mil::{Dialect, Program};
+use anelm_mil::Program;
 use anelm_model::Model;
 use anyhow::{Context, Result};
 
@@ -43,7 +45,8 @@ pub enum Format {
     /// `OUT/<program>/model.mil` + `weights/*.bin`, one directory per program.
     Mil,
     /// Core ML packages: `OUT/<model>.mlpackage` (projection), `OUT/<model>_<chunk>.mlpackage`
-    /// (fused).
+    /// (fused); in dialect B `OUT/<model>_<kernel>.mlpackage` and
+    /// `OUT/<model>_<chunk>_{prefill,decode}.mlpackage`.
     Mlpackage,
 }
 
@@ -74,9 +77,14 @@ pub struct Args {
 /// Prints one program's line and its lint warnings; returns the warnings. (Padded I/O rows are
 /// not one: every binding marshals with the row stride the device gives.)
 fn report(unit: &CompileUnit, layers: Option<usize>, what: &str) -> usize {
+    // Rules the sources settle by chip follow this machine's (the conservative reading off a Mac).
+    let chip = anelm_macos::machine_info()
+        .ok()
+        .and_then(|m| m.chip)
+        .map_or(Chip::Unknown, |b| Chip::from_brand(&b));
     let cfg = LintConfig {
         layers,
-        ..LintConfig::default()
+        ..LintConfig::for_chip(chip)
     };
     let findings: Vec<_> = lint_with(&unit.program, &cfg)
         .into_iter()
@@ -123,6 +131,9 @@ pub fn run(a: Args) -> Result<()> {
         context: a.context,
         ..LoweringOptions::default()
     })?;
+    // Dialect B (ios16, spec 7) has no multifunction packages and no states (COREML.md §7-8):
+    // one package per kernel / per chunk function, the KV cache as inputs and outputs.
+    let multifunction = opts.dialect.has_states_and_multifunction();
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("{}: cannot create", a.out.display()))?;
     let (mut total, mut warnings) = (0u64, 0usize);
@@ -133,7 +144,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     match a.model.strategy {
         Strategy::Projection => {
-            let mut package = Program::new(Dialect::a());
+            let mut package = Program::new(opts.dialect.mil());
             let specs = projection_kernels(m, &opts)?;
             let n = specs.len();
             for spec in specs {
@@ -148,6 +159,10 @@ pub fn run(a: Args) -> Result<()> {
                 reports.extend(unit.weight_reports.iter().cloned());
                 match a.format {
                     Format::Mil => unit.write_mil_dir(&a.out.join(&spec.name))?,
+                    Format::Mlpackage if !multifunction => write(
+                        &unit.program,
+                        &a.out.join(format!("{}_{}.mlpackage", stem(m), spec.name)),
+                    )?,
                     Format::Mlpackage => {
                         let mut f = unit
                             .program
@@ -160,14 +175,14 @@ pub fn run(a: Args) -> Result<()> {
                     }
                 }
             }
-            if a.format == Format::Mlpackage {
+            if a.format == Format::Mlpackage && multifunction {
                 write(&package, &a.out.join(format!("{}.mlpackage", stem(m))))?;
             }
             println!("{n} kernels: {n} dispatches per token");
         }
         Strategy::Fused => {
             let plan = fused_plan(m, &opts)?;
-            let form = if a.format == Format::Mil {
+            let form = if a.format == Format::Mil || !multifunction {
                 KvForm::Inputs
             } else {
                 KvForm::States
@@ -185,10 +200,13 @@ pub fn run(a: Args) -> Result<()> {
                 reports.extend(unit.weight_reports.iter().cloned());
                 match a.format {
                     Format::Mil => unit.write_mil_dir(&a.out.join(&spec.name))?,
-                    Format::Mlpackage => write(
-                        &unit.program,
-                        &a.out.join(format!("{}_{}.mlpackage", stem(m), spec.name)),
-                    )?,
+                    Format::Mlpackage => {
+                        for (function, program) in coreml_packages(&unit.program) {
+                            let suffix = function.map_or(String::new(), |f| format!("_{f}"));
+                            let file = format!("{}_{}{suffix}.mlpackage", stem(m), spec.name);
+                            write(&program, &a.out.join(file))?;
+                        }
+                    }
                 }
             }
             println!(

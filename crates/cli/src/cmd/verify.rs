@@ -204,7 +204,7 @@ pub fn run(a: Args) -> Result<()> {
         a.greedy,
         reference,
         a.model.threads,
-        a.model.weights,
+        a.model.weight_target(),
     )?;
     let refused = report
         .uncompressed_rel_err()
@@ -230,6 +230,7 @@ pub fn run(a: Args) -> Result<()> {
             "greedy_same_but_near_ties": report.same_but_near_ties(),
             "n_greedy": a.greedy,
             "strategy": strategy.name(),
+            "mil_dialect": a.model.dialect().name(),
             "programs": exec.programs(),
             "cache": exec.cache_report().to_json(),
             "dispatches": dispatches,

@@ -26,8 +26,14 @@ pub struct CoreMlDevice {
     tag: String,
 }
 
-/// In a program-cache entry: the compiled model.
+/// In a program-cache entry: the compiled model (one package; `model-<function>.mlmodelc` per
+/// function where the dialect has no multifunction packages).
 const COMPILED_DIR: &str = "model.mlmodelc";
+
+/// The cache entry's directory for the package of `function` (`None`: the one package).
+fn compiled_dir(function: Option<&str>) -> String {
+    function.map_or(COMPILED_DIR.to_string(), |f| format!("model-{f}.mlmodelc"))
+}
 /// In a program-cache entry: the program's MIL text (weights not kept), for its declared I/O.
 const PROGRAM_FILE: &str = "program.mil";
 
@@ -40,12 +46,14 @@ impl CoreMlDevice {
         })
     }
 
-    /// Loads every function of a compiled model, with the I/O the program declares.
+    /// Loads every function of the compiled packages (from [`crate::unit::coreml_packages`]:
+    /// `None` is the one package of every function, `Some(f)` the package of function `f`),
+    /// with the I/O the program declares.
     fn load_functions(
         &self,
         name: &str,
         program: &anelm_mil::Program,
-        compiled: CompiledModel,
+        compiled: Vec<(Option<String>, CompiledModel)>,
     ) -> Result<CoreMlKernel, DeviceError> {
         let fail = |m: String| error(NAME, Stage::Compile, name, m);
         let mut decls = Vec::new();
@@ -55,9 +63,15 @@ impl CoreMlDevice {
         let several = decls.len() > 1;
         let mut functions = Vec::with_capacity(decls.len());
         for (decl, states) in decls {
+            let (package, model) = compiled
+                .iter()
+                .find(|(f, _)| f.as_deref().is_none_or(|f| f == decl.name))
+                .ok_or_else(|| fail(format!("no compiled package for function {}", decl.name)))?;
+            // A function's own package holds it as `main`, the only function.
+            let function = (several && package.is_none()).then_some(decl.name.as_str());
             let model = self
                 .driver
-                .load(&compiled, several.then_some(decl.name.as_str()))
+                .load(model, function)
                 .map_err(|e| fail(e.to_string()))?;
             let layout = |t: &anelm_macos::DeclaredTensor| {
                 IoLayout::ane(&t.name, io_type(t.dtype), t.channels, t.width)
@@ -105,8 +119,8 @@ struct Function {
 pub struct CoreMlKernel {
     name: String,
     functions: Vec<Function>,
-    /// Kept until the models are gone (declared last: dropped last).
-    compiled: CompiledModel,
+    /// Kept until the models are gone (declared last: dropped last): one per package.
+    compiled: Vec<(Option<String>, CompiledModel)>,
 }
 
 pub struct CoreMlBinding {
@@ -149,22 +163,29 @@ impl Device for CoreMlDevice {
         for f in &unit.program.functions {
             declared(f).map_err(&fail)?;
         }
-        let dir = scratch_dir(&unit.name);
-        let package = dir.join(format!("{}.mlpackage", unit.name));
-        let compiled = write_package(
-            &unit.program,
-            &package,
-            &PackageOptions::default(),
-            &BlobPolicy::default(),
-        )
-        .map_err(|e| fail(e.to_string()))
-        .and_then(|()| {
-            self.driver
-                .compile(&package)
-                .map_err(|e| fail(e.to_string()))
-        });
-        let _ = std::fs::remove_dir_all(&dir);
-        let compiled = compiled?;
+        // One package, or one per function where the opset has no multifunction (dialect B).
+        let mut compiled = Vec::new();
+        for (function, program) in crate::unit::coreml_packages(&unit.program) {
+            let dir = scratch_dir(&unit.name);
+            let stem = function
+                .as_deref()
+                .map_or(unit.name.clone(), |f| format!("{}_{f}", unit.name));
+            let package = dir.join(format!("{stem}.mlpackage"));
+            let done = write_package(
+                &program,
+                &package,
+                &PackageOptions::default(),
+                &BlobPolicy::default(),
+            )
+            .map_err(|e| fail(e.to_string()))
+            .and_then(|()| {
+                self.driver
+                    .compile(&package)
+                    .map_err(|e| fail(e.to_string()))
+            });
+            let _ = std::fs::remove_dir_all(&dir);
+            compiled.push((function, done?));
+        }
         self.load_functions(&unit.name, &unit.program, compiled)
     }
 
@@ -181,12 +202,18 @@ impl Device for CoreMlDevice {
         dir: &Path,
     ) -> Result<bool, DeviceError> {
         let fail = |m: String| error(NAME, Stage::Compile, &unit.name, m);
-        copy_tree(kernel.compiled.path(), &dir.join(COMPILED_DIR)).map_err(|e| {
-            fail(format!(
-                "copying {} into the program cache: {e}",
-                kernel.compiled.path().display()
-            ))
-        })?;
+        for (function, compiled) in &kernel.compiled {
+            copy_tree(
+                compiled.path(),
+                &dir.join(compiled_dir(function.as_deref())),
+            )
+            .map_err(|e| {
+                fail(format!(
+                    "copying {} into the program cache: {e}",
+                    compiled.path().display()
+                ))
+            })?;
+        }
         std::fs::write(dir.join(PROGRAM_FILE), &unit.text)
             .map_err(|e| fail(format!("{PROGRAM_FILE}: {e}")))?;
         Ok(true)
@@ -198,7 +225,13 @@ impl Device for CoreMlDevice {
             .map_err(|e| fail(format!("{PROGRAM_FILE}: {e}")))?;
         let program = anelm_mil::text::parse_program(&text)
             .map_err(|e| fail(format!("{PROGRAM_FILE}: {e}")))?;
-        let compiled = CompiledModel::at(&dir.join(COMPILED_DIR));
+        let compiled = crate::unit::coreml_packages(&program)
+            .into_iter()
+            .map(|(function, _)| {
+                let at = CompiledModel::at(&dir.join(compiled_dir(function.as_deref())));
+                (function, at)
+            })
+            .collect();
         self.load_functions(unit_name, &program, compiled)
     }
 

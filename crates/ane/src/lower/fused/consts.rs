@@ -8,7 +8,7 @@ use anelm_mil::WeightData;
 use anelm_model::plan::{Ffn, Layer, Norm, NormKind, RopePairing};
 use anelm_model::Weight;
 
-use super::super::encode::{Encoded, WeightPolicy};
+use super::super::encode::{Encoded, WeightTarget};
 use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
 use crate::error::Result;
 use crate::support::{attention, unsupported};
@@ -60,7 +60,7 @@ impl LinearConst {
     pub(super) fn new(
         ws: &[&Weight],
         bias: Option<Vec<f32>>,
-        policy: WeightPolicy,
+        policy: WeightTarget,
     ) -> Result<LinearConst> {
         Ok(Self::of(stacked(ws, policy)?, bias))
     }
@@ -114,7 +114,7 @@ impl LayerConsts {
         l: &Layer,
         index: usize,
         shift: f32,
-        policy: WeightPolicy,
+        policy: WeightTarget,
     ) -> Result<LayerConsts> {
         let a = attention(l, index)?;
         // Adjacent pairs become half-split pairs by permuting Q/K rows (and their biases and

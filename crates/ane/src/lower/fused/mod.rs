@@ -25,10 +25,11 @@ use std::ops::Range;
 mod consts;
 mod graph;
 
-use anelm_mil::{FunctionBuilder, Opset, Program, TensorType};
+use anelm_mil::{FunctionBuilder, Program, TensorType};
 use anelm_model::plan::{Ffn, Layer, Linear, Rope};
 use anelm_model::Model;
 
+use super::encode::WeightTarget;
 use super::graph::{linear, normalize};
 use super::weights::row_range;
 use super::{LoweringOptions, WeightPolicy};
@@ -85,9 +86,19 @@ pub struct FusedPlan {
     pub head_tiles: Vec<(usize, usize)>,
     /// How weight matrices are held.
     pub weights: WeightPolicy,
+    /// The MIL dialect of every chunk.
+    pub dialect: crate::dialect::MilDialect,
 }
 
 impl FusedPlan {
+    /// The weight policy in the plan's dialect.
+    pub fn weight_target(&self) -> WeightTarget {
+        WeightTarget {
+            policy: self.weights,
+            dialect: self.dialect,
+        }
+    }
+
     /// Device evaluations per decoded token.
     pub fn dispatches_per_token(&self) -> usize {
         self.chunks.len()
@@ -205,6 +216,7 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         residual_shift: opts.residual_shift,
         head_tiles,
         weights: opts.weights,
+        dialect: opts.dialect,
     })
 }
 
@@ -239,7 +251,7 @@ fn build_function(
 ) -> Result<anelm_mil::Function> {
     let h = model.config.hidden_size;
     let mut g = ChunkGraph {
-        f: FunctionBuilder::new(name, Opset::Ios18),
+        f: FunctionBuilder::new(name, plan.dialect.opset()),
         model,
         plan,
         w,
@@ -319,6 +331,12 @@ pub fn build_chunk(
         .chunks
         .get(index)
         .ok_or_else(|| AneError::Unsupported(format!("no chunk {index}")))?;
+    if form == KvForm::States && !plan.dialect.has_states_and_multifunction() {
+        return Err(AneError::Unsupported(format!(
+            "{}: Core ML states need iOS18 (dialect A); in dialect {} the KV cache is inputs and outputs",
+            spec.name, plan.dialect
+        )));
+    }
     let shift = 2f32.powi(-plan.residual_shift);
     let layers = spec
         .layers
@@ -326,7 +344,7 @@ pub fn build_chunk(
         .map(|i| {
             Ok((
                 i,
-                LayerConsts::new(&model.layers[i], i, shift, plan.weights)?,
+                LayerConsts::new(&model.layers[i], i, shift, plan.weight_target())?,
             ))
         })
         .collect::<Result<_>>()?;
@@ -336,7 +354,7 @@ pub fn build_chunk(
             .iter()
             .map(|&(first, rows)| {
                 Ok(LinearConst::of(
-                    row_range(&model.lm_head, first, rows, plan.weights)?,
+                    row_range(&model.lm_head, first, rows, plan.weight_target())?,
                     None,
                 ))
             })
@@ -346,7 +364,7 @@ pub fn build_chunk(
         None
     };
     let consts = ChunkConsts { layers, head };
-    let mut program = Program::new(anelm_mil::Dialect::a());
+    let mut program = Program::new(plan.dialect.mil());
     for (name, w) in [(PREFILL, plan.width), (DECODE, 1)] {
         program.add_function(build_function(model, plan, &consts, name, w, form)?)?;
     }

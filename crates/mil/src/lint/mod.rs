@@ -1,6 +1,12 @@
 //! Lint: what public sources report failing (or silently misbehaving) on ANE hardware, checked
-//! over the IR. Every rule cites its source in ../shared/ane/FACTS.md. Findings are advice —
-//! the hardware verdict is the compiler's — so nothing here rejects a program.
+//! over the IR, per chip where the sources differ by chip. Every rule cites its source
+//! ([`evidence::RULES`]); an info-level rule names every op or form no hardware-proven program
+//! uses ([`evidence::PROVEN_OPS`]) — what a probe must settle. Findings are advice — the
+//! hardware verdict is the compiler's — so nothing here rejects a program.
+
+pub mod evidence;
+
+pub use evidence::Chip;
 
 use crate::dtype::DType;
 use crate::ir::{Binding, Function, Operation, Program, ValueDef, ValueId};
@@ -38,6 +44,13 @@ pub struct LintFinding {
     pub message: String,
 }
 
+impl LintFinding {
+    /// The public evidence of the finding's rule.
+    pub fn evidence(&self) -> &'static str {
+        evidence::evidence(self.rule).unwrap_or("")
+    }
+}
+
 impl fmt::Display for LintFinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}[{}] {}", self.severity, self.rule, self.function)?;
@@ -51,11 +64,13 @@ impl fmt::Display for LintFinding {
 /// Limits the lint checks against.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LintConfig {
+    /// The chip linted for: rules the sources settle differently by chip follow it.
+    pub chip: Chip,
     /// Warn above this many bytes of weights in one program.
     pub weight_bytes_warn: u64,
     /// Error above this many bytes of weights in one program.
     pub weight_bytes_error: u64,
-    /// Largest per-op dimension accepted on older chips.
+    /// Largest per-op dimension ([`Chip::max_dim`]).
     pub max_dim: usize,
     /// Most transformer layers to fuse into one program.
     pub max_layers: usize,
@@ -66,14 +81,20 @@ pub struct LintConfig {
 
 impl Default for LintConfig {
     fn default() -> Self {
+        LintConfig::for_chip(Chip::Unknown)
+    }
+}
+
+impl LintConfig {
+    /// The limits of `chip`.
+    pub fn for_chip(chip: Chip) -> Self {
         LintConfig {
+            chip,
             // FACTS §4: ANEForge PR #45 measured ~1.5 GB compiling and ~3.4 GB failing; coremltools
             // PR #2593 quotes the 2 GiB (2147483648-byte) weight-file maximum.
             weight_bytes_warn: 1_600_000_000,
             weight_bytes_error: 2_147_483_648,
-            // FACTS §4: "max dimension 16384" (Core ML tuning gist) and ALM/FG chunk the LM head
-            // at 16384 rows (`LM_HEAD_ANE_CHUNK_MAX`).
-            max_dim: 16384,
+            max_dim: chip.max_dim(),
             // The fused-chunk budget of this project (issue #4); FACTS §1.5 cites Espresso issue #18
             // (large graphs failing to compile on macOS 26 without diagnostics).
             max_layers: 24,
@@ -90,10 +111,15 @@ pub fn lint(program: &Program) -> Vec<LintFinding> {
 pub fn lint_with(program: &Program, cfg: &LintConfig) -> Vec<LintFinding> {
     let mut out = Vec::new();
     for f in &program.functions {
-        let mut cx = FnLint { f, out: &mut out };
-        cx.inputs(cfg);
+        let mut cx = FnLint {
+            f,
+            cfg,
+            out: &mut out,
+        };
+        cx.inputs();
         for op in f.ops() {
-            cx.op(op, cfg);
+            cx.op(op);
+            cx.proven(op);
         }
         cx.outputs();
         cx.names();
@@ -104,6 +130,7 @@ pub fn lint_with(program: &Program, cfg: &LintConfig) -> Vec<LintFinding> {
 
 struct FnLint<'a> {
     f: &'a Function,
+    cfg: &'a LintConfig,
     out: &'a mut Vec<LintFinding>,
 }
 
@@ -157,7 +184,7 @@ impl FnLint<'_> {
         }
     }
 
-    fn inputs(&mut self, cfg: &LintConfig) {
+    fn inputs(&mut self) {
         for &id in self.f.inputs() {
             let name = self.f.name_of(id).to_string();
             let t = self.f.type_of(id).tensor().clone();
@@ -178,16 +205,17 @@ impl FnLint<'_> {
                     );
                 }
             }
-            self.dims(&name, &t, cfg);
-            // FACTS §4, C1: fp32 I/O needs an in-graph cast, which fails on M1/M2 (maderix PR #6).
+            self.dims(&name, &t);
             if t.dtype == DType::Fp32 {
-                self.push(
-                    "fp32-io",
-                    Severity::Info,
-                    Some(&name),
-                    "fp32 I/O needs cast ops, which fail on M1/M2; fp16 I/O is ~37% faster (MAD)"
-                        .into(),
-                );
+                if let Some(sev) = self.m1_m2_severity() {
+                    self.push(
+                        "fp32-io",
+                        sev,
+                        Some(&name),
+                        "fp32 I/O needs cast ops, which fail on M1/M2; fp16 I/O is ~37% faster (MAD)"
+                            .into(),
+                    );
+                }
             }
         }
     }
@@ -208,38 +236,57 @@ impl FnLint<'_> {
         }
     }
 
+    /// Severity of a rule that only M1/M2 contradict (C1): a warning there, info when the chip is
+    /// unknown, nothing on M3 and later (proven).
+    fn m1_m2_severity(&self) -> Option<Severity> {
+        match self.cfg.chip {
+            Chip::M1 | Chip::M2 => Some(Severity::Warning),
+            Chip::Unknown => Some(Severity::Info),
+            _ => None,
+        }
+    }
+
     fn names(&mut self) {
-        // FACTS §1.2: every statement's name attribute must be unique.
-        let mut seen = std::collections::HashSet::new();
-        let dups: Vec<String> = self
-            .f
-            .ops()
-            .iter()
-            .filter_map(|op| op.name.clone())
-            .filter(|n| !seen.insert(n.clone()))
-            .collect();
-        for d in dups {
+        // FACTS §1.2: op names are unique in proven programs — but a reused const name ran on
+        // M3 Max (issue #14), so that is only info.
+        let mut seen = std::collections::HashMap::new();
+        let mut dups = Vec::new();
+        for op in self.f.ops() {
+            if let Some(n) = &op.name {
+                if let Some(first_const) = seen.insert(n.clone(), op.is_const()) {
+                    dups.push((n.clone(), first_const && op.is_const()));
+                }
+            }
+        }
+        for (d, consts) in dups {
+            let (sev, what) = if consts {
+                (Severity::Info, "const name")
+            } else {
+                (Severity::Warning, "op name")
+            };
             self.push(
                 "duplicate-op-name",
-                Severity::Warning,
+                sev,
                 Some(&d),
-                format!("op name {d:?} is used more than once"),
+                format!("{what} {d:?} is used more than once"),
             );
         }
     }
 
-    fn dims(&mut self, label: &str, t: &crate::TensorType, cfg: &LintConfig) {
-        if let Some(&d) = t.shape.iter().find(|&&d| d > cfg.max_dim) {
+    fn dims(&mut self, label: &str, t: &crate::TensorType) {
+        let max = self.cfg.max_dim;
+        if let Some(&d) = t.shape.iter().find(|&&d| d > max) {
+            let chip = self.cfg.chip.name();
             self.push(
-                "dim-over-16384",
+                "max-dim",
                 Severity::Warning,
                 Some(label),
-                format!("{t} has a dimension {d} > {}; older chips reject it (split the op, as ALM chunks the LM head)", cfg.max_dim),
+                format!("{t} has a dimension {d} > {max}, the largest known to work on chip {chip} (M4 ran 32000, MAD); split the op, as ALM chunks the LM head"),
             );
         }
     }
 
-    fn op(&mut self, op: &Operation, cfg: &LintConfig) {
+    fn op(&mut self, op: &Operation) {
         let label = self.op_label(op).to_string();
         let l = Some(label.as_str());
         match op.op_type.as_str() {
@@ -249,25 +296,22 @@ impl FnLint<'_> {
             "rsqrt" => self.push("rsqrt", Severity::Error, l, "rsqrt fails (MPB compile, FG eval 0x1d); use pow(x, -0.5)".into()),
             // FACTS §1.5: MPB README.
             "inverse" => self.push("inverse", Severity::Error, l, "inverse fails to compile (MPB); use real_div(1, x)".into()),
-            // FACTS §1.5, C4: ESP blog + hollance #44 InvalidMILProgram (M3 Max), Espresso #18; ORI uses it on M4 Max.
-            "reduce_mean" => self.push("reduce_mean", Severity::Warning, l, "reduce_mean is rejected on M3 Max / macOS 26 (ESP, Espresso #18) though ORI runs it; use reduce_sum x 1/N".into()),
-            // FACTS §1.5/§4: FG tests/test_dynamic16.cpp — later evals fail 0x1d until process exit.
+            "reduce_mean" if self.cfg.chip != Chip::M4 => self.push("reduce_mean", Severity::Warning, l, "reduce_mean is rejected on M3 Max / macOS 26 (ESP, Espresso #18) though ORI runs it on M4 Max; use reduce_sum x 1/N".into()),
             "tile" => self.push("tile", Severity::Error, l, "tile may run once, then every later eval fails 0x1d until the process exits (FG)".into()),
-            // FACTS §1.5, C5: ESP blog (M3 Max) InvalidMILProgram vs MAD working on M4.
-            "constexpr_affine_dequantize" => self.push("affine-dequantize", Severity::Warning, l, "constexpr_affine_dequantize failed on M3 Max (ESP) but ran on M4 (MAD); prefer constexpr_blockwise_shift_scale (C5)".into()),
-            // FACTS §1.5, C2: ORI #1 rejects concat on M4 Max; MAD/ALM/ESP run it.
-            "concat" => self.push("concat", Severity::Info, l, "concat was reported rejected on M4 Max (ORI #1), contradicted by MAD/ALM/ESP (C2)".into()),
-            // FACTS §4, C1: maderix PR #6 — cast fails to compile on M1/M2.
-            "cast" => self.push("cast", Severity::Info, l, "cast fails on M1/M2 (maderix PR #6)".into()),
+            "constexpr_affine_dequantize" if self.cfg.chip != Chip::M4 => self.push("affine-dequantize", Severity::Warning, l, "constexpr_affine_dequantize failed on M3 Max (ESP) but ran on M4 (MAD); prefer constexpr_blockwise_shift_scale (C5)".into()),
+            "cast" => {
+                if let Some(sev) = self.m1_m2_severity() {
+                    self.push("cast", sev, l, "cast fails on M1/M2 (maderix PR #6)".into());
+                }
+            }
             "scaled_dot_product_attention" if op.input("attn_mask").is_some() => {
                 // FACTS §1.5: MAD README, ORI #6, MPB README — the mask is silently ignored.
                 self.push("sdpa-mask", Severity::Error, l, "scaled_dot_product_attention ignores attn_mask on the ANE (MAD, ORI #6, MPB): results are wrong; write attention out with matmul/softmax".into())
             }
             "softmax" => self.softmax(op, &label),
             "conv" => self.conv(op, &label),
-            // FACTS §1.5: ESP blog — slice_by_index on a function input in a complex graph → InvalidMILProgram.
             "slice_by_index" if op.value_input("x").is_some_and(|x| self.is_input(x)) => {
-                self.push("slice-input", Severity::Warning, l, "slice_by_index on a function input failed with InvalidMILProgram (ESP); slice_by_size is proven".into());
+                self.push("slice-input", Severity::Info, l, "slice_by_index on a function input failed in a complex graph (ESP, M3 Max); simpler programs slicing inputs ran".into());
             }
             t if crate::ops::lookup(t).is_none() => {
                 self.push("unknown-op", Severity::Info, l, format!("{t} is not in anelm's op table: its types were taken as declared"));
@@ -285,26 +329,87 @@ impl FnLint<'_> {
                 self.push("inline-literal", Severity::Warning, l, "an argument is an inline literal; bind every parameter to a named const (FACTS §1.2)".into());
             }
         }
-        for lit in op.literals() {
-            // FACTS §5: no repo uses sub-8-bit weights on this path; Apple's own tool fails int4 (coreai-models #205).
-            if let Literal::Blob { ty, .. } = lit {
-                if ty.dtype.is_sub_byte() {
-                    self.push(
-                        "sub-byte-weights",
-                        Severity::Warning,
-                        l,
-                        format!("{ty} weights: sub-8-bit types are untested on the private path"),
-                    );
-                }
-            }
-        }
         // Activations only: weight consts are matrices (Cout=32000 convs run, FACTS §4).
         if !op.is_const() && !op.op_type.starts_with("constexpr_") {
             for &o in &op.outputs {
                 let t = self.f.type_of(o).tensor().clone();
-                self.dims(&label, &t, cfg);
+                self.dims(&label, &t);
             }
         }
+    }
+
+    /// The info rule "used by no hardware-proven program": an op missing from
+    /// [`evidence::PROVEN_OPS`] (unless another rule already reports it failing), or a form
+    /// other than the proven one.
+    fn proven(&mut self, op: &Operation) {
+        const REPORTED: [&str; 4] = ["gelu", "rsqrt", "inverse", "tile"];
+        let label = self.op_label(op).to_string();
+        let t = op.op_type.as_str();
+        let sub_byte = op.literals().find_map(|lit| match lit {
+            Literal::Blob { ty, .. } if ty.dtype.is_sub_byte() => Some(ty.clone()),
+            _ => None,
+        });
+        if let Some(ty) = sub_byte {
+            // FACTS §5: no public program uses sub-8-bit weights on the ANE.
+            return self.unproven(&label, format!("{t} with {ty} data: no hardware-proven program uses sub-8-bit weights (FACTS §5)"));
+        }
+        let Some(p) = evidence::proven_op(t) else {
+            if !REPORTED.contains(&t) {
+                self.unproven(
+                    &label,
+                    format!("{t} is used by no hardware-proven public program"),
+                );
+            }
+            return;
+        };
+        let form = match t {
+            "conv" => {
+                let k = op
+                    .value_input("weight")
+                    .map(|w| self.f.type_of(w).tensor().shape.clone())
+                    .unwrap_or_default();
+                let groups = self
+                    .f
+                    .operand_literal(op, "groups")
+                    .and_then(Literal::to_i64);
+                (k.len() == 4 && k[2..] != [1, 1] || groups.is_some_and(|g| g != 1))
+                    .then(|| format!("conv with kernel {k:?} and groups {}", groups.unwrap_or(1)))
+            }
+            "matmul" => {
+                let tx = self
+                    .f
+                    .operand_literal(op, "transpose_x")
+                    .and_then(Literal::to_bool);
+                (tx == Some(true)).then(|| "matmul with transpose_x = true".to_string())
+            }
+            "concat" => {
+                let rank = op
+                    .input("values")
+                    .and_then(|a| match a.bindings().first() {
+                        Some(Binding::Value(v)) => Some(self.f.type_of(*v).tensor().rank()),
+                        _ => None,
+                    })
+                    .unwrap_or(4);
+                let axis = self.f.operand_literal(op, "axis").and_then(Literal::to_i64);
+                let axis = axis.and_then(|a| crate::ops::norm_axis(a, rank).ok());
+                (axis.is_some_and(|a| a != 1))
+                    .then(|| format!("concat on axis {}", axis.unwrap_or(1)))
+            }
+            _ => None,
+        };
+        if let Some(form) = form {
+            self.unproven(
+                &label,
+                format!(
+                    "{form}: proven programs use {t} as {} ({})",
+                    p.form, p.evidence
+                ),
+            );
+        }
+    }
+
+    fn unproven(&mut self, label: &str, message: String) {
+        self.push("unproven", Severity::Info, Some(label), message);
     }
 
     fn softmax(&mut self, op: &Operation, label: &str) {
@@ -321,13 +426,18 @@ impl FnLint<'_> {
             return;
         };
         let n = t.shape[axis];
+        let sev = match self.cfg.chip {
+            Chip::M3 => Severity::Warning,
+            Chip::M4 => return,
+            _ => Severity::Info,
+        };
         if !n.is_power_of_two() {
             self.push(
                 "softmax-length",
-                Severity::Warning,
+                sev,
                 Some(label),
                 format!(
-                    "softmax over length {n} (not a power of two) was rejected on M3 Max (ESP)"
+                    "softmax over length {n} (not a power of two) was rejected on M3 Max (ESP); M4 ran 32000 (MAD)"
                 ),
             );
         }
@@ -349,8 +459,12 @@ impl FnLint<'_> {
             let is_const =
                 matches!(producer, Some(p) if p == "const" || p.starts_with("constexpr_"));
             if !is_const {
-                // FACTS §1.5/§4: FG README (M3 Max) — runtime conv weights compile but are silently ignored.
-                self.push("conv-runtime-weight", Severity::Error, l, "conv weights that are not constants are silently ignored on the ANE (FG); use matmul for runtime weights".into());
+                let sev = if self.cfg.chip == Chip::M3 {
+                    Severity::Error
+                } else {
+                    Severity::Warning
+                };
+                self.push("conv-runtime-weight", sev, l, "conv weights that are not constants were silently ignored on M3 Max (FG); use matmul for runtime weights".into());
             }
             let cin = self
                 .f
@@ -424,6 +538,22 @@ fn program_rules(program: &Program, cfg: &LintConfig, out: &mut Vec<LintFinding>
     });
     if layers > cfg.max_layers {
         push("too-many-layers", Severity::Warning, format!("{layers} layers in one program (budget {}); large graphs fail to compile without diagnostics (Espresso #18)", cfg.max_layers));
+    }
+    // FACTS §1.2: multi-procedure programs are proven in ios18 only (INF on M5, OMX on M3 Ultra).
+    let old_opset = program
+        .functions
+        .iter()
+        .any(|f| f.opset < crate::Opset::Ios18);
+    if program.functions.len() > 1 && old_opset {
+        push(
+            "unproven",
+            Severity::Info,
+            format!(
+                "{} functions in a {} program: multi-procedure programs are proven only in ios18 (INF, OMX; FACTS §1.2)",
+                program.functions.len(),
+                program.functions[0].opset.ios_name()
+            ),
+        );
     }
     // FACTS §1.2: OMX keeps banks to 112 procedures to stay under ~121 resident handles.
     if program.functions.len() > 112 {
