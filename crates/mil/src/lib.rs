@@ -59,6 +59,7 @@
 
 pub mod blob;
 pub mod builder;
+pub mod census;
 pub mod constexpr;
 pub mod dtype;
 pub mod error;
