@@ -6,7 +6,7 @@
 //! dialect B is `program(1.0)` / `ios16` (spec 7): the KV cache is then always inputs and
 //! outputs, and a Core ML package holds one function.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anelm_mil::{Dialect, Opset};
@@ -110,6 +110,8 @@ impl Verdict {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProbeMemory {
     machines: BTreeMap<String, BTreeMap<MilDialect, Verdict>>,
+    /// Per machine and dialect: the op types with a census case that failed there.
+    failed_ops: BTreeMap<String, BTreeMap<MilDialect, BTreeSet<String>>>,
 }
 
 /// The file name under the programs cache directory.
@@ -151,6 +153,19 @@ impl ProbeMemory {
             let dialects = m["dialects"]
                 .as_object()
                 .ok_or_else(|| format!("machine {key:?}: \"dialects\" is not an object"))?;
+            if let Some(failed) = m.get("failed_ops") {
+                let failed = failed
+                    .as_object()
+                    .ok_or_else(|| format!("machine {key:?}: \"failed_ops\" is not an object"))?;
+                for (d, ops) in failed {
+                    let dialect = MilDialect::from_name(d)
+                        .ok_or_else(|| format!("machine {key:?}: unknown dialect {d:?}"))?;
+                    let ops = (ops.as_array())
+                        .and_then(|a| a.iter().map(|o| o.as_str().map(str::to_string)).collect())
+                        .ok_or_else(|| format!("machine {key:?}: failed_ops {d}: not strings"))?;
+                    out.set_failed_ops(key, dialect, ops);
+                }
+            }
             let entry = out.machines.entry(key.clone()).or_default();
             for (d, verdict) in dialects {
                 let dialect = MilDialect::from_name(d)
@@ -162,19 +177,28 @@ impl ProbeMemory {
                 entry.insert(dialect, verdict);
             }
         }
+        out.machines.retain(|_, d| !d.is_empty());
         Ok(out)
     }
 
     fn to_json(&self) -> Value {
-        let machines: serde_json::Map<String, Value> = self
-            .machines
-            .iter()
-            .map(|(k, ds)| {
-                let d: serde_json::Map<String, Value> = ds
-                    .iter()
+        let keys: BTreeSet<&String> = self.machines.keys().chain(self.failed_ops.keys()).collect();
+        let machines: serde_json::Map<String, Value> = keys
+            .into_iter()
+            .map(|k| {
+                let d: serde_json::Map<String, Value> = (self.machines.get(k).into_iter())
+                    .flatten()
                     .map(|(d, v)| (d.name().to_string(), json!(v.name())))
                     .collect();
-                (k.clone(), json!({ "dialects": d }))
+                let mut m = json!({ "dialects": d });
+                if let Some(f) = self.failed_ops.get(k) {
+                    let f: serde_json::Map<String, Value> = f
+                        .iter()
+                        .map(|(d, ops)| (d.name().to_string(), json!(ops)))
+                        .collect();
+                    m["failed_ops"] = json!(f);
+                }
+                (k.clone(), m)
             })
             .collect();
         json!({ "format": FORMAT, "machines": machines })
@@ -198,6 +222,23 @@ impl ProbeMemory {
             .entry(machine.to_string())
             .or_default()
             .insert(dialect, verdict);
+    }
+
+    /// Replaces what is remembered of the ops that failed on `machine` in `dialect`.
+    pub fn set_failed_ops(&mut self, machine: &str, dialect: MilDialect, ops: Vec<String>) {
+        let m = self.failed_ops.entry(machine.to_string()).or_default();
+        if ops.is_empty() {
+            m.remove(&dialect);
+        } else {
+            m.insert(dialect, ops.into_iter().collect());
+        }
+    }
+
+    /// The op types whose census case failed on `machine` in `dialect` (sorted).
+    pub fn failed_ops(&self, machine: &str, dialect: MilDialect) -> Vec<String> {
+        (self.failed_ops.get(machine).and_then(|m| m.get(&dialect)))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn verdict(&self, machine: &str, dialect: MilDialect) -> Option<Verdict> {
@@ -277,12 +318,17 @@ mod tests {
         m.record(&mac, MilDialect::A, Verdict::Rejected);
         m.record(&mac, MilDialect::B, Verdict::Accepted);
         m.record("Apple M4/24D60", MilDialect::A, Verdict::Accepted);
+        m.set_failed_ops(&mac, MilDialect::B, vec!["abs".into(), "concat".into()]);
+        m.set_failed_ops("only-ops/1", MilDialect::A, vec!["matmul".into()]);
         m.save(&path).unwrap();
         let back = ProbeMemory::load(&path).unwrap();
         assert_eq!(back, m);
         assert_eq!(back.accepted(&mac), Some(MilDialect::B));
         assert_eq!(back.verdict(&mac, MilDialect::A), Some(Verdict::Rejected));
         assert_eq!(back.accepted("other/1"), None);
+        assert_eq!(back.failed_ops(&mac, MilDialect::B), ["abs", "concat"]);
+        assert!(back.failed_ops(&mac, MilDialect::A).is_empty());
+        assert_eq!(back.failed_ops("only-ops/1", MilDialect::A), ["matmul"]);
         let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -300,6 +346,8 @@ mod tests {
             r#"{"format": 2, "machines": {}}"#,
             r#"{"format": 1, "machines": {"m": {"dialects": {"z": "accepted"}}}}"#,
             r#"{"format": 1, "machines": {"m": {"dialects": {"a": "maybe"}}}}"#,
+            r#"{"format": 1, "machines": {"m": {"dialects": {}, "failed_ops": {"a": [1]}}}}"#,
+            r#"{"format": 1, "machines": {"m": {"dialects": {}, "failed_ops": []}}}"#,
         ] {
             std::fs::write(&path, bad).unwrap();
             let e = ProbeMemory::load(&path).unwrap_err();

@@ -13,6 +13,7 @@ pub mod error;
 pub mod exec;
 pub mod lower;
 pub mod planar;
+pub mod probe;
 pub mod strategy;
 pub mod support;
 pub mod unit;

@@ -53,9 +53,10 @@ pub fn normalize(
     axes: &[i32],
     l1: f32,
     out_scale: f32,
+    alts: &super::Alternatives,
 ) -> Result<(ValueId, ValueId)> {
     let target = (PARTIAL_TARGET / l1.max(f32::MIN_POSITIVE)).min(32768.0);
-    let a = f.name_next(&format!("{name}_abs")).unary("abs", x)?;
+    let a = alts.abs(f, &format!("{name}_abs"), x)?;
     let m = f
         .name_next(&format!("{name}_max"))
         .reduce("reduce_max", a, axes, true)?;

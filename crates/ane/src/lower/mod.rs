@@ -18,12 +18,14 @@
 //! kernel multiplies into each such conv's output before any bias or activation. Powers of two
 //! are exact in fp16 (outside the subnormal range), so the result is the unscaled projection.
 
+pub mod alternatives;
 pub mod encode;
 pub mod fused;
 mod graph;
 mod projection;
 mod weights;
 
+pub use alternatives::Alternatives;
 pub use encode::{Encoded, Encoding, TensorReport, WeightPolicy, WeightTarget};
 pub use projection::{build_unit, projection_kernels, Lowered};
 
@@ -68,6 +70,8 @@ pub struct LoweringOptions {
     pub weights: WeightPolicy,
     /// The MIL dialect of every program ([`crate::dialect`]).
     pub dialect: crate::dialect::MilDialect,
+    /// Ops written another way because this machine refused them ([`alternatives`]).
+    pub alternatives: Alternatives,
 }
 
 impl LoweringOptions {
@@ -93,6 +97,7 @@ impl Default for LoweringOptions {
             cache_dir: None,
             weights: WeightPolicy::Auto,
             dialect: crate::dialect::MilDialect::A,
+            alternatives: Alternatives::default(),
         }
     }
 }

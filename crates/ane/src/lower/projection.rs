@@ -100,6 +100,7 @@ struct Builder {
     /// The largest row L1 norm of the weights of convs over scaled inputs.
     bound: f32,
     policy: WeightTarget,
+    alts: super::Alternatives,
     /// What became of each weight tensor.
     reports: Vec<TensorReport>,
 }
@@ -131,7 +132,7 @@ impl Builder {
     /// result is scaled back. The factor is an fp16 quotient, so this costs two roundings.
     fn normalized_linear(&mut self, name: &str, h: ValueId, l: &Linear) -> Result<ValueId> {
         let w = stacked(&[&l.weight], self.policy)?;
-        let (hs, back) = normalize(&mut self.f, name, h, &[1], w.max_row_l1(), 1.0)?;
+        let (hs, back) = normalize(&mut self.f, name, h, &[1], w.max_row_l1(), 1.0, &self.alts)?;
         let y = linear(
             &mut self.f,
             name,
@@ -159,6 +160,7 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
         descale,
         bound: 0.0,
         policy: opts.weight_target(),
+        alts: opts.alternatives.clone(),
         reports: Vec::new(),
     };
     let layer = |i: usize| {

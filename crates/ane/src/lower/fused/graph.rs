@@ -68,7 +68,7 @@ impl ChunkGraph<'_> {
         c: &NormConst,
     ) -> Result<ValueId> {
         let f = &mut self.f;
-        let a = f.name_next(&format!("{p}_abs")).unary("abs", x)?;
+        let a = self.plan.alternatives.abs(f, &format!("{p}_abs"), x)?;
         let m = f
             .name_next(&format!("{p}_max"))
             .reduce("reduce_max", a, &[axis], true)?;
@@ -125,7 +125,7 @@ impl ChunkGraph<'_> {
         c: &LinearConst,
         out_scale: f32,
     ) -> Result<ValueId> {
-        let (xs, back) = normalize(&mut self.f, name, x, &[1], c.l1, out_scale)?;
+        let (xs, back) = normalize(&mut self.f, name, x, &[1], c.l1, out_scale, &self.plan.alternatives)?;
         linear(&mut self.f, name, xs, Some(back), &c.w, c.bias.clone())
     }
 
@@ -322,7 +322,15 @@ impl ChunkGraph<'_> {
             .name_next(&format!("{p}_z"))
             .reduce("reduce_sum", e, &[3], true)?;
         // Weights ≤ 1 over S + W positions: values normalised per KV head to keep Σ e·v ≤ 2^14.
-        let (vn, vback) = normalize(f, &format!("{p}_vn"), vv, &[1, 2], total as f32, 1.0)?;
+        let (vn, vback) = normalize(
+            f,
+            &format!("{p}_vn"),
+            vv,
+            &[1, 2],
+            total as f32,
+            1.0,
+            &self.plan.alternatives,
+        )?;
         let e = f
             .name_next(&format!("{p}_e3"))
             .reshape(e, &[nkv as i32, (g * w) as i32, total as i32])?;

@@ -88,6 +88,8 @@ pub struct FusedPlan {
     pub weights: WeightPolicy,
     /// The MIL dialect of every chunk.
     pub dialect: crate::dialect::MilDialect,
+    /// Ops written another way ([`super::Alternatives`]).
+    pub alternatives: super::Alternatives,
 }
 
 impl FusedPlan {
@@ -217,6 +219,7 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         head_tiles,
         weights: opts.weights,
         dialect: opts.dialect,
+        alternatives: opts.alternatives.clone(),
     })
 }
 
@@ -310,7 +313,7 @@ fn build_function(
             g.f.rename(xf, "xf")?;
             g.f.output(xf)?;
             let l1 = tiles.iter().map(|t| t.l1).fold(0.0, f32::max);
-            let (xs, back) = normalize(&mut g.f, "head", xf, &[1], l1, 1.0)?;
+            let (xs, back) = normalize(&mut g.f, "head", xf, &[1], l1, 1.0, &plan.alternatives)?;
             for (t, c) in tiles.iter().enumerate() {
                 let y = linear(&mut g.f, &format!("logits{t}"), xs, Some(back), &c.w, None)?;
                 g.f.output(y)?;
