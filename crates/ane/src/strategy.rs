@@ -30,7 +30,7 @@ impl Strategy {
 /// A model compiled for a device under a strategy.
 pub enum AneExecutor<D: Device> {
     Projection(ProjectionExecutor<DeviceProjections<D>>),
-    Fused(FusedExecutor<D>),
+    Fused(Box<FusedExecutor<D>>),
 }
 
 impl<D: Device> AneExecutor<D> {
@@ -45,14 +45,16 @@ impl<D: Device> AneExecutor<D> {
             Strategy::Projection => {
                 AneExecutor::Projection(ProjectionExecutor::on_device(model, device, opts)?)
             }
-            Strategy::Fused => AneExecutor::Fused(FusedExecutor::new(model, device, opts, |_| {})?),
+            Strategy::Fused => {
+                AneExecutor::Fused(Box::new(FusedExecutor::new(model, device, opts, |_| {})?))
+            }
         })
     }
 
     fn inner(&mut self) -> &mut dyn Executor {
         match self {
             AneExecutor::Projection(e) => e,
-            AneExecutor::Fused(e) => e,
+            AneExecutor::Fused(e) => e.as_mut(),
         }
     }
 }

@@ -115,7 +115,11 @@ pub fn form_key(f: &Function, op: &Operation) -> Option<String> {
         };
         parts.push(format!("{param}={form}"));
     }
-    let outs: Vec<String> = op.outputs.iter().map(|&o| rank_dtype(f.type_of(o))).collect();
+    let outs: Vec<String> = op
+        .outputs
+        .iter()
+        .map(|&o| rank_dtype(f.type_of(o)))
+        .collect();
     Some(format!(
         "{}({}) -> {}",
         op.op_type,
@@ -297,7 +301,11 @@ fn copy_op(
     let remap = |bd: &Binding| -> Result<Binding> {
         Ok(match bd {
             Binding::Value(v) => Binding::Value(*map.get(v).ok_or_else(|| {
-                MilError::invalid(format!("{}: operand {} not copied", op.op_type, f.name_of(*v)))
+                MilError::invalid(format!(
+                    "{}: operand {} not copied",
+                    op.op_type,
+                    f.name_of(*v)
+                ))
             })?),
             Binding::Literal(l) => Binding::Literal(l.clone()),
         })
@@ -370,7 +378,11 @@ mod tests {
         let conv = fs.iter().find(|f| f.op_type == "conv").unwrap();
         assert!(conv.key.contains("weight=const r4:fp16"), "{}", conv.key);
         let red = fs.iter().find(|f| f.op_type == "reduce_max").unwrap();
-        assert!(red.key.contains("axes=[1]") && red.key.contains("keep_dims=true"), "{}", red.key);
+        assert!(
+            red.key.contains("axes=[1]") && red.key.contains("keep_dims=true"),
+            "{}",
+            red.key
+        );
         assert!(keys.iter().all(|k| !k.starts_with("const")));
     }
 
@@ -381,7 +393,12 @@ mod tests {
             let e = extract(&f, form.op, "probe").unwrap_or_else(|e| panic!("{}: {e}", form.key));
             let g = &e.function;
             for &v in g.inputs().iter().chain(g.outputs()) {
-                assert!(io_ready(g.type_of(v).tensor()), "{}: {}", form.key, g.type_of(v));
+                assert!(
+                    io_ready(g.type_of(v).tensor()),
+                    "{}: {}",
+                    form.key,
+                    g.type_of(v)
+                );
             }
             // The op itself is in the probe, in the same form.
             let again = forms(&[g]);
@@ -415,7 +432,9 @@ mod tests {
         let fs = forms(&[&f]);
         assert_eq!(fs.len(), 1, "{fs:#?}");
         assert!(
-            fs[0].key.contains("weight=constexpr_blockwise_shift_scale:int4"),
+            fs[0]
+                .key
+                .contains("weight=constexpr_blockwise_shift_scale:int4"),
             "{}",
             fs[0].key
         );
@@ -435,7 +454,11 @@ mod tests {
         let y = b.unary("abs", r).unwrap();
         b.output(y).unwrap();
         let f = b.finish().unwrap();
-        let read = f.ops().iter().position(|o| o.op_type == "read_state").unwrap();
+        let read = f
+            .ops()
+            .iter()
+            .position(|o| o.op_type == "read_state")
+            .unwrap();
         let e = extract(&f, read, "p").unwrap_err().to_string();
         assert!(e.contains("state k"), "{e}");
     }

@@ -81,10 +81,18 @@ mod tests {
         assert_eq!(alt.ops().collect::<Vec<_>>(), ["abs"]);
         let replaced = program(&alt);
         let ops = |p: &Program| -> Vec<String> {
-            p.functions[0].ops().iter().map(|o| o.op_type.clone()).collect()
+            p.functions[0]
+                .ops()
+                .iter()
+                .map(|o| o.op_type.clone())
+                .collect()
         };
         assert!(ops(&plain).contains(&"abs".to_string()));
-        assert!(!ops(&replaced).contains(&"abs".to_string()), "{:?}", ops(&replaced));
+        assert!(
+            !ops(&replaced).contains(&"abs".to_string()),
+            "{:?}",
+            ops(&replaced)
+        );
         assert_eq!(run(&plain), run(&replaced));
     }
 }

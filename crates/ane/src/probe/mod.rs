@@ -45,9 +45,17 @@ pub struct Case {
 /// How a case ended.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
-    Pass { rel_err: f64 },
-    Fail { stage: String, reason: String, files: Vec<std::path::PathBuf> },
-    Skip { reason: String },
+    Pass {
+        rel_err: f64,
+    },
+    Fail {
+        stage: String,
+        reason: String,
+        files: Vec<std::path::PathBuf>,
+    },
+    Skip {
+        reason: String,
+    },
 }
 
 impl Verdict {
@@ -188,11 +196,11 @@ fn input_values(case: &Case, function: &str, index: usize, n: usize) -> Vec<f32>
         .collect()
 }
 
-/// Every function's outputs on `device` for the case's inputs, by function name.
-fn outputs_on<D: Device>(
-    device: &mut D,
-    case: &Case,
-) -> Result<Vec<(String, Vec<Vec<f32>>)>, DeviceError> {
+/// Per function (by name), its outputs.
+type Outputs = Vec<(String, Vec<Vec<f32>>)>;
+
+/// Every function's outputs on `device` for the case's inputs.
+fn outputs_on<D: Device>(device: &mut D, case: &Case) -> Result<Outputs, DeviceError> {
     let kernel = device.compile(&case.unit)?;
     let mut out = Vec::new();
     for f in &case.unit.program.functions {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anelm_mil::{DType, FunctionBuilder, Program, TensorType, WeightData};
 
-use super::Case;
+use super::{Case, CaseReport, Verdict};
 use crate::dialect::MilDialect;
 use crate::error::Result;
 use crate::unit::CompileUnit;
@@ -114,6 +114,9 @@ fn shared(d: MilDialect) -> Result<Case> {
     ))
 }
 
+const STATE_QUESTION: &str =
+    "is a state read, updated and written in place (the fused chunks' KV cache)";
+
 /// A state read, added to and written back (Core ML states, iOS18).
 fn state(d: MilDialect) -> Result<Case> {
     let mut f = FunctionBuilder::new("main", d.opset());
@@ -125,26 +128,27 @@ fn state(d: MilDialect) -> Result<Case> {
     let y = f.name_next("y").binary_scalar("mul", u, 2.0)?;
     f.output(y)?;
     let unit = CompileUnit::new("probe_state", program(d, vec![f.finish()?])?)?;
-    Ok(case(
-        "state.update",
-        "is a state read, updated and written in place (the fused chunks' KV cache)",
-        unit,
-    ))
+    Ok(case("state.update", STATE_QUESTION, unit))
 }
 
-/// The question cases of `dialect`, and the reasons for the ones it cannot have.
-pub fn cases(d: MilDialect) -> Result<(Vec<Case>, Vec<(String, String, String)>)> {
+/// The question cases of `dialect`, and the reports of the ones it cannot have (skipped).
+pub fn cases(d: MilDialect) -> Result<(Vec<Case>, Vec<CaseReport>)> {
     let mut cases = vec![several(d)?, fp32(d)?, width1(d)?, shared(d)?];
     let mut skipped = Vec::new();
     if d.has_states_and_multifunction() {
         cases.push(state(d)?);
     } else {
-        skipped.push((
-            "state.update".to_string(),
-            "is a state read, updated and written in place (the fused chunks' KV cache)"
-                .to_string(),
-            format!("dialect {d} (ios16) has no states"),
-        ));
+        skipped.push(CaseReport {
+            name: "state.update".into(),
+            question: STATE_QUESTION.into(),
+            dialect: d,
+            form: None,
+            op_type: None,
+            verdict: Verdict::Skip {
+                reason: format!("dialect {d} (ios16) has no states"),
+            },
+            seconds: 0.0,
+        });
     }
     Ok((cases, skipped))
 }

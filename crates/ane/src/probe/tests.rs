@@ -34,7 +34,8 @@ impl Device for Reversed {
         let other = if self.1 == 2 { 1 - index } else { index };
         self.0.read_output(binding, other, |b| {
             let mut v = b.to_vec();
-            self.0.read_output(binding, index, |mine| v.resize(mine.len(), 0));
+            self.0
+                .read_output(binding, index, |mine| v.resize(mine.len(), 0));
             f(&v)
         })
     }
@@ -60,7 +61,10 @@ fn every_question_passes_on_the_simulator_in_both_dialects() {
                 // (on a device that runs it, it is run and reported as not compared).
                 match &r.verdict {
                     Verdict::Fail { reason, .. } => {
-                        assert!(reason.contains("not supported by the simulator"), "{reason}")
+                        assert!(
+                            reason.contains("not supported by the simulator"),
+                            "{reason}"
+                        )
                     }
                     v => panic!("{v:?}"),
                 }
@@ -71,7 +75,7 @@ fn every_question_passes_on_the_simulator_in_both_dialects() {
         }
         // Dialect B has no states: that case is skipped with the reason, not dropped.
         assert_eq!(
-            skipped.iter().any(|s| s.0 == "state.update"),
+            skipped.iter().any(|s| s.name == "state.update"),
             d == MilDialect::B
         );
     }

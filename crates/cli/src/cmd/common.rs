@@ -60,6 +60,24 @@ pub enum MilDialectArg {
     B,
 }
 
+/// The key under which `probe --all` remembers answers for `device`: the simulator's own, or
+/// this machine's chip and OS build (None off a Mac).
+pub fn machine_key_for(device: Device) -> Option<String> {
+    if device == Device::Sim {
+        return Some("simulator".to_string());
+    }
+    let m = anelm_macos::machine_info().ok()?;
+    Some(machine_key(m.chip.as_deref()?, m.os_build.as_deref()?))
+}
+
+/// The remembered probe answers (an unreadable file is ignored with a warning).
+fn probe_memory() -> ProbeMemory {
+    ProbeMemory::load(&probe_path(&models::programs_dir())).unwrap_or_else(|e| {
+        tracing::warn!("ignoring the remembered probe answers: {e}");
+        ProbeMemory::default()
+    })
+}
+
 /// What `run`, `chat` and `serve` do when the device refuses a program.
 #[derive(clap::Args, Clone, Debug)]
 pub struct FallbackArgs {
@@ -131,19 +149,28 @@ impl ModelArgs {
         if choice != DialectChoice::Auto {
             return resolve(choice, None, &ProbeMemory::default(), None);
         }
-        let machine = anelm_macos::machine_info().ok();
-        let os = machine.as_ref().and_then(|m| m.os_version.clone());
-        let key = machine
-            .as_ref()
-            .and_then(|m| Some(machine_key(m.chip.as_deref()?, m.os_build.as_deref()?)));
-        let path = probe_path(&models::programs_dir());
-        let memory = ProbeMemory::load(&path).unwrap_or_else(|e| {
-            tracing::warn!("ignoring the remembered probe answers: {e}");
-            ProbeMemory::default()
-        });
-        let d = resolve(choice, os.as_deref(), &memory, key.as_deref());
+        let os = match self.device {
+            Device::Sim => None,
+            _ => anelm_macos::machine_info().ok().and_then(|m| m.os_version),
+        };
+        let key = machine_key_for(self.device);
+        let d = resolve(choice, os.as_deref(), &probe_memory(), key.as_deref());
         tracing::debug!(os = os.as_deref(), "--mil-dialect auto: dialect {d}");
         d
+    }
+
+    /// The ops the lowering writes another way because `probe --all` saw them fail on this
+    /// machine in `dialect`.
+    fn alternatives(&self, dialect: MilDialect) -> anelm_ane::lower::Alternatives {
+        let Some(key) = machine_key_for(self.device) else {
+            return Default::default();
+        };
+        let failed = probe_memory().failed_ops(&key, dialect);
+        let alts = anelm_ane::lower::Alternatives::avoiding(&failed);
+        for op in alts.ops() {
+            tracing::info!("{op}: written another way (probe --all saw it fail on {key})");
+        }
+        alts
     }
 
     /// The executor for `--device`, for sequences of up to `context` positions.
@@ -241,9 +268,11 @@ impl ModelArgs {
 
     /// `opts` with the lowering flags applied (`--weights`, `--mil-dialect`, `--layers-per-chunk`).
     pub fn lowering(&self, opts: LoweringOptions) -> Result<LoweringOptions> {
+        let dialect = self.dialect();
         let opts = LoweringOptions {
             weights: self.weights,
-            dialect: self.dialect(),
+            dialect,
+            alternatives: self.alternatives(dialect),
             ..opts
         };
         match self.layers_per_chunk {

@@ -11,6 +11,7 @@ pub mod layers;
 pub mod mil;
 pub mod perplexity;
 pub mod probe;
+pub mod probe_all;
 pub mod run;
 pub mod serve;
 pub mod template;

@@ -15,7 +15,7 @@ use anelm_mil::{FunctionBuilder, Opset, Program, TensorType, WeightData};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use super::common::Driver;
+use super::common::{Device, Driver};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,6 +37,23 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The whole suite instead of one conv: the open hardware questions and one program per op
+    /// form the lowering emits for --model, each compared with the simulator; one report, and
+    /// what failed remembered for this machine ($ANELM_PROGRAMS/probe.json).
+    #[arg(long)]
+    pub all: bool,
+    /// --all: where the suite runs (sim checks the suite itself).
+    #[arg(long, value_enum, default_value_t = Device::Ane, requires = "all")]
+    pub device: Device,
+    /// --all: the model whose lowering gives the op census (default: the default model).
+    #[arg(short, long, requires = "all")]
+    pub model: Option<std::path::PathBuf>,
+    /// --all: the MIL dialects to probe.
+    #[arg(long, value_enum, default_value_t = super::probe_all::Dialects::All, requires = "all")]
+    pub mil_dialect: super::probe_all::Dialects,
+    /// --all: also write the JSON report to this file.
+    #[arg(long, requires = "all")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// Largest relative error accepted: fp16 products summed exactly and rounded once to fp16
@@ -314,6 +331,16 @@ fn run_coreml(case: &Case, program: &Program, runs: usize) -> Result<Outcome> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.all {
+        return super::probe_all::run(super::probe_all::Options {
+            device: args.device,
+            driver: args.driver,
+            dialects: args.mil_dialect,
+            model: args.model.as_deref(),
+            json: args.json,
+            out: args.out,
+        });
+    }
     let case = Case::new(args.channels, args.width)?;
     let program = case.program()?;
     let outcome = match args.driver {

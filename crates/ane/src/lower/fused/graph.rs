@@ -125,7 +125,15 @@ impl ChunkGraph<'_> {
         c: &LinearConst,
         out_scale: f32,
     ) -> Result<ValueId> {
-        let (xs, back) = normalize(&mut self.f, name, x, &[1], c.l1, out_scale, &self.plan.alternatives)?;
+        let (xs, back) = normalize(
+            &mut self.f,
+            name,
+            x,
+            &[1],
+            c.l1,
+            out_scale,
+            &self.plan.alternatives,
+        )?;
         linear(&mut self.f, name, xs, Some(back), &c.w, c.bias.clone())
     }
 
