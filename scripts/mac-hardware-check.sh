@@ -163,19 +163,20 @@ run 1800 "models" python3 scripts/fetch-models.py
 run 120 "info" "$bin" info
 run 120 "info (json)" "$bin" info --json
 
-dialects=("")
-has_flag probe --mil-dialect && dialects=("a" "b")
+models=("SmolLM2-135M-Instruct.Q4_1.gguf" "gemma-3-270m-q4_k_m.gguf")
 for driver in private coreml; do
-    for dialect in "${dialects[@]}"; do
-        extra=()
-        [ -n "$dialect" ] && extra+=(--mil-dialect "$dialect")
-        if has_flag probe --all; then
-            run 1800 "probe --all, $driver driver, dialect ${dialect:-default}" \
-                "$bin" probe --all --driver "$driver" --json "${extra[@]}"
-        fi
-        run 600 "probe, $driver driver, dialect ${dialect:-default}, with modelAttributes" \
-            "$bin" probe --driver "$driver" --attributes "${extra[@]}"
-    done
+    # The suite: the open questions and one program per op form each model's lowering emits,
+    # in both MIL dialects; its answers are remembered for this machine (probe.json), so the
+    # verify runs below use the dialect and op alternatives the hardware accepted.
+    if has_flag probe --all; then
+        for model in "${models[@]}"; do
+            run 3600 "probe --all, $driver driver, both dialects, census of $model" \
+                "$bin" probe --all --driver "$driver" --mil-dialect all \
+                --model "$models_dir/$model" --out "$out/probe-all-$driver-${model%%.*}.json"
+        done
+    fi
+    run 600 "probe, $driver driver, with modelAttributes" \
+        "$bin" probe --driver "$driver" --attributes
 done
 run 600 "probe, private driver, odd width 17 (row padding, FACTS 4)" "$bin" probe --driver private --channels 64 --width 17 --attributes
 run 600 "probe, private driver, width 1 (decode column)" "$bin" probe --driver private --channels 768 --width 1
@@ -183,7 +184,6 @@ run 600 "probe, private driver, 768 channels x 64" "$bin" probe --driver private
 run 600 "probe, Core ML driver, 768 channels x 64" "$bin" probe --driver coreml --channels 768 --width 64 --runs 50
 run 1800 "driver tests (anelm-macos: open, IOSurface round trip, layout logic)" cargo test --release -p anelm-macos
 
-models=("SmolLM2-135M-Instruct.Q4_1.gguf" "gemma-3-270m-q4_k_m.gguf")
 drivers=("private" "coreml")
 strategies=("projection" "fused")
 
