@@ -31,7 +31,12 @@ fn anelm_json(args: &[&str]) -> Value {
 /// `anelm verify --device sim` of a model on a prompt file, in `dialect`; checks the accuracy
 /// every run must reach and that the dialect was the one asked for.
 fn verify_in(m: &Path, prompts: &Path, strategy: &str, dialect: &str) -> Value {
-    let v = anelm_json(&[
+    verify_with(m, prompts, strategy, dialect, &[])
+}
+
+/// [`verify_in`] with more arguments.
+fn verify_with(m: &Path, prompts: &Path, strategy: &str, dialect: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
         "verify",
         "--model",
         m.to_str().unwrap(),
@@ -44,7 +49,9 @@ fn verify_in(m: &Path, prompts: &Path, strategy: &str, dialect: &str) -> Value {
         "--prompts",
         prompts.to_str().unwrap(),
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let v = anelm_json(&args);
     assert_eq!(v["mil_dialect"], dialect, "{v}");
     assert_eq!(v["strategy"], strategy, "{v}");
     let rel = v["max_rel_err"].as_f64().unwrap();
@@ -389,6 +396,62 @@ fn dialect_b_verify_of_the_tiny_fixtures_and_smollm2_both_strategies() {
         assert_eq!(v["greedy_same"], true, "{v}");
         println!("SmolLM2 {strategy} dialect b: rel {}", v["max_rel_err"]);
     }
+}
+
+/// Dialect B has no blockwise weights: `auto` keeps the file's values as fp16 and says so per
+/// tensor; `int8` holds them per channel (constexpr_affine_dequantize), its error against the
+/// uncompressed model measured; `int4` is refused naming a tensor.
+#[test]
+fn dialect_b_weights_of_both_models() {
+    let gemma = model(GEMMA3);
+    let gemma_prompts = shared("fixtures/llamacpp/gemma-3-270m-q4_k_m.prompts.json");
+    for strategy in ["projection", "fused"] {
+        let v = verify_in(&gemma, &gemma_prompts, strategy, "b");
+        println!("Gemma 3 {strategy} dialect b: rel {}", v["max_rel_err"]);
+        let w = &v["weights"];
+        assert_eq!(w["policy"], "auto", "{w}");
+        assert!(w["ratio_to_fp16"].as_f64().unwrap() > 0.99, "{w}");
+        let kept = w["kept_fp16"].as_array().unwrap();
+        assert!(!kept.is_empty());
+        assert!(kept.iter().any(|k| k["reason"]
+            .as_str()
+            .unwrap()
+            .contains("dialect B (ios16) has no blockwise weights")));
+    }
+    let smol = model(SMOLLM2);
+    let smol_prompts = shared("fixtures/llamacpp/smollm2-135m-instruct-q4_1.prompts.json");
+    let v = verify_with(
+        &smol,
+        &smol_prompts,
+        "projection",
+        "b",
+        &["--weights", "int8"],
+    );
+    let w = &v["weights"];
+    println!("SmolLM2 dialect b int8: {w}");
+    let ratio = w["ratio_to_fp16"].as_f64().unwrap();
+    assert!((0.5..0.52).contains(&ratio), "{w}");
+    let against = w["uncompressed_max_rel_err"].as_f64().unwrap();
+    assert!(against > 0.0 && against < 0.1, "{w}");
+    assert_eq!(w["kept_fp16"].as_array().unwrap().len(), 0, "{w}");
+    let (ok, _, err) = anelm(&[
+        "verify",
+        "--model",
+        smol.to_str().unwrap(),
+        "--device",
+        "sim",
+        "--mil-dialect",
+        "b",
+        "--weights",
+        "int4",
+        "--ids",
+        "1,2,3",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--weights int4 needs dialect A") && err.lines().count() <= 2,
+        "{err}"
+    );
 }
 
 #[test]
