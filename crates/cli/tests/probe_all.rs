@@ -216,3 +216,66 @@ fn bad_probe_arguments_are_one_line_errors() {
     );
     assert!(!ok && err.contains("no such file"), "{err}");
 }
+
+#[test]
+fn a_refused_matmul_is_written_with_explicit_transposes() {
+    let programs = tempfile::tempdir().unwrap();
+    let p = programs.path().to_str().unwrap();
+    let m = tiny("qwen3");
+    let v = probe_all(
+        &m,
+        "a",
+        &[
+            ("ANELM_PROGRAMS", p),
+            ("ANELM_SIM_FAIL", "compile:census_matmul"),
+        ],
+    );
+    assert_eq!(v["failed_ops"]["a"], serde_json::json!(["matmul"]));
+    let env = [("ANELM_PROGRAMS", p)];
+    let out = tempfile::tempdir().unwrap();
+    let (ok, _, err) = anelm(
+        &[
+            "compile",
+            "--model",
+            m.to_str().unwrap(),
+            "--device",
+            "sim",
+            "--strategy",
+            "fused",
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(ok, "{err}");
+    let mut chunks = 0;
+    for e in std::fs::read_dir(out.path()).unwrap() {
+        let mil = e.unwrap().path().join("model.mil");
+        let Ok(text) = std::fs::read_to_string(&mil) else {
+            continue;
+        };
+        chunks += 1;
+        assert!(text.contains("_scores_xt = transpose("), "{}", mil.display());
+        assert!(text.contains("_pv_yt = transpose("), "{}", mil.display());
+    }
+    assert!(chunks >= 1);
+    let (ok, out, err) = anelm(
+        &[
+            "verify",
+            "--model",
+            m.to_str().unwrap(),
+            "--device",
+            "sim",
+            "--strategy",
+            "fused",
+            "--ids",
+            "5,17,300,42,7,99",
+            "--json",
+        ],
+        &env,
+    );
+    assert!(ok, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert!(r["max_rel_err"].as_f64().unwrap() <= 2e-2, "{r}");
+    assert_eq!(r["greedy_same_but_near_ties"], true, "{r}");
+}

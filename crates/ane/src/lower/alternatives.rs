@@ -17,7 +17,7 @@ pub struct Alternatives {
 }
 
 /// The ops that have an alternative here.
-pub const REPLACEABLE: &[&str] = &["abs"];
+pub const REPLACEABLE: &[&str] = &["abs", "matmul"];
 
 impl Alternatives {
     /// Alternatives for those of `ops` that have one.
@@ -51,6 +51,32 @@ impl Alternatives {
             .binary_scalar("mul", x, -1.0)?;
         Ok(f.name_next(name).maximum(x, neg)?)
     }
+
+    /// `matmul(x, y)` with operands transposed (last two axes) as flagged, named `name`: the
+    /// flags, or — where `matmul` is avoided — explicit `transpose` ops (the proven form, MAD's
+    /// perm swaps the last two axes) and a matmul without flags.
+    pub fn matmul(
+        &self,
+        f: &mut FunctionBuilder,
+        name: &str,
+        x: ValueId,
+        y: ValueId,
+        transpose_x: bool,
+        transpose_y: bool,
+    ) -> Result<ValueId> {
+        if !self.avoids("matmul") || !(transpose_x || transpose_y) {
+            return Ok(f.name_next(name).matmul(x, y, transpose_x, transpose_y)?);
+        }
+        let mut swap = |f: &mut FunctionBuilder, v: ValueId, tag: &str| -> Result<ValueId> {
+            let rank = f.type_of(v)?.rank();
+            let mut perm: Vec<i32> = (0..rank as i32).collect();
+            perm.swap(rank - 2, rank - 1);
+            Ok(f.name_next(&format!("{name}_{tag}t")).transpose(v, &perm)?)
+        };
+        let x = if transpose_x { swap(f, x, "x")? } else { x };
+        let y = if transpose_y { swap(f, y, "y")? } else { y };
+        Ok(f.name_next(name).matmul(x, y, false, false)?)
+    }
 }
 
 #[cfg(test)]
@@ -79,6 +105,7 @@ mod tests {
         let plain = program(&Alternatives::default());
         let alt = Alternatives::avoiding(&["abs", "no_such_op"]);
         assert_eq!(alt.ops().collect::<Vec<_>>(), ["abs"]);
+        assert!(!alt.avoids("matmul"));
         let replaced = program(&alt);
         let ops = |p: &Program| -> Vec<String> {
             p.functions[0]
@@ -94,5 +121,51 @@ mod tests {
             ops(&replaced)
         );
         assert_eq!(run(&plain), run(&replaced));
+    }
+
+    #[test]
+    fn transposed_matmul_is_written_with_explicit_transposes() {
+        let build = |alts: &Alternatives| {
+            let mut f = FunctionBuilder::new("main", Opset::Ios18);
+            let x = f.input("x", TensorType::fp16([2, 3, 4])).unwrap();
+            let y = f.input("y", TensorType::fp16([2, 5, 3])).unwrap();
+            // x^T [2,4,3] @ y^T [2,3,5] -> [2,4,5]
+            let z = alts.matmul(&mut f, "z", x, y, true, true).unwrap();
+            f.output(z).unwrap();
+            Program::single(f.finish().unwrap())
+        };
+        let plain = build(&Alternatives::default());
+        let alt = build(&Alternatives::avoiding(&["matmul"]));
+        let count = |p: &Program, op: &str| {
+            p.functions[0]
+                .ops()
+                .iter()
+                .filter(|o| o.op_type == op)
+                .count()
+        };
+        assert_eq!(
+            (count(&plain, "transpose"), count(&alt, "transpose")),
+            (0, 2)
+        );
+        let flags = |p: &Program| {
+            let f = &p.functions[0];
+            let m = f.ops().iter().find(|o| o.op_type == "matmul").unwrap();
+            f.operand_literal(m, "transpose_x")
+                .and_then(|l| l.to_bool())
+        };
+        assert_eq!((flags(&plain), flags(&alt)), (Some(true), Some(false)));
+        let xs: Vec<f32> = (0..24).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let ys: Vec<f32> = (0..30).map(|i| 1.0 - i as f32 * 0.125).collect();
+        let run = |p: &Program| {
+            let sim = Simulator::new(&p.functions[0]).unwrap();
+            let out = sim
+                .run(vec![
+                    Tensor::fp16([2, 3, 4], xs.clone()).unwrap(),
+                    Tensor::fp16([2, 5, 3], ys.clone()).unwrap(),
+                ])
+                .unwrap();
+            format!("{:?}", out[0].data)
+        };
+        assert_eq!(run(&plain), run(&alt));
     }
 }

@@ -299,9 +299,8 @@ impl ChunkGraph<'_> {
         let q = f
             .name_next(&format!("{p}_qm"))
             .reshape(q, &[nkv as i32, hdi, (g * w) as i32])?;
-        let mut s = f
-            .name_next(&format!("{p}_scores"))
-            .matmul(q, kk, true, false)?;
+        let mut s =
+            (self.plan.alternatives).matmul(f, &format!("{p}_scores"), q, kk, true, false)?;
         if let Some(cap) = a.softcap {
             let t = f
                 .name_next(&format!("{p}_capin"))
@@ -342,7 +341,7 @@ impl ChunkGraph<'_> {
         let e = f
             .name_next(&format!("{p}_e3"))
             .reshape(e, &[nkv as i32, (g * w) as i32, total as i32])?;
-        let o = f.name_next(&format!("{p}_pv")).matmul(e, vn, false, true)?;
+        let o = (self.plan.alternatives).matmul(f, &format!("{p}_pv"), e, vn, false, true)?;
         let o = f
             .name_next(&format!("{p}_o4"))
             .reshape(o, &[nkv as i32, g as i32, wi, hdi])?;
