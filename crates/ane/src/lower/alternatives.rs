@@ -67,7 +67,7 @@ impl Alternatives {
         if !self.avoids("matmul") || !(transpose_x || transpose_y) {
             return Ok(f.name_next(name).matmul(x, y, transpose_x, transpose_y)?);
         }
-        let mut swap = |f: &mut FunctionBuilder, v: ValueId, tag: &str| -> Result<ValueId> {
+        let swap = |f: &mut FunctionBuilder, v: ValueId, tag: &str| -> Result<ValueId> {
             let rank = f.type_of(v)?.rank();
             let mut perm: Vec<i32> = (0..rank as i32).collect();
             perm.swap(rank - 2, rank - 1);
