@@ -110,8 +110,8 @@ impl Verdict {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProbeMemory {
     machines: BTreeMap<String, BTreeMap<MilDialect, Verdict>>,
-    /// Per machine and dialect: the op types with a census case that failed there.
-    failed_ops: BTreeMap<String, BTreeMap<MilDialect, BTreeSet<String>>>,
+    /// Per machine and dialect: the census forms probed there, and whether each passed.
+    forms: BTreeMap<String, BTreeMap<MilDialect, BTreeMap<String, bool>>>,
 }
 
 /// The file name under the programs cache directory.
@@ -153,17 +153,25 @@ impl ProbeMemory {
             let dialects = m["dialects"]
                 .as_object()
                 .ok_or_else(|| format!("machine {key:?}: \"dialects\" is not an object"))?;
-            if let Some(failed) = m.get("failed_ops") {
-                let failed = failed
+            if let Some(forms) = m.get("forms") {
+                let forms = forms
                     .as_object()
-                    .ok_or_else(|| format!("machine {key:?}: \"failed_ops\" is not an object"))?;
-                for (d, ops) in failed {
+                    .ok_or_else(|| format!("machine {key:?}: \"forms\" is not an object"))?;
+                for (d, verdicts) in forms {
                     let dialect = MilDialect::from_name(d)
                         .ok_or_else(|| format!("machine {key:?}: unknown dialect {d:?}"))?;
-                    let ops = (ops.as_array())
-                        .and_then(|a| a.iter().map(|o| o.as_str().map(str::to_string)).collect())
-                        .ok_or_else(|| format!("machine {key:?}: failed_ops {d}: not strings"))?;
-                    out.set_failed_ops(key, dialect, ops);
+                    let bad = || format!("machine {key:?}: forms {d}: not form -> pass|fail");
+                    let verdicts = verdicts.as_object().ok_or_else(bad)?;
+                    let mut list = Vec::new();
+                    for (form, v) in verdicts {
+                        let pass = match v.as_str() {
+                            Some("pass") => true,
+                            Some("fail") => false,
+                            _ => return Err(bad()),
+                        };
+                        list.push((form.clone(), pass));
+                    }
+                    out.set_forms(key, dialect, list);
                 }
             }
             let entry = out.machines.entry(key.clone()).or_default();
@@ -182,7 +190,7 @@ impl ProbeMemory {
     }
 
     fn to_json(&self) -> Value {
-        let keys: BTreeSet<&String> = self.machines.keys().chain(self.failed_ops.keys()).collect();
+        let keys: BTreeSet<&String> = self.machines.keys().chain(self.forms.keys()).collect();
         let machines: serde_json::Map<String, Value> = keys
             .into_iter()
             .map(|k| {
@@ -191,12 +199,19 @@ impl ProbeMemory {
                     .map(|(d, v)| (d.name().to_string(), json!(v.name())))
                     .collect();
                 let mut m = json!({ "dialects": d });
-                if let Some(f) = self.failed_ops.get(k) {
+                if let Some(f) = self.forms.get(k) {
                     let f: serde_json::Map<String, Value> = f
                         .iter()
-                        .map(|(d, ops)| (d.name().to_string(), json!(ops)))
+                        .map(|(d, forms)| {
+                            let v: serde_json::Map<String, Value> = (forms.iter())
+                                .map(|(k, &ok)| {
+                                    (k.clone(), json!(if ok { "pass" } else { "fail" }))
+                                })
+                                .collect();
+                            (d.name().to_string(), json!(v))
+                        })
                         .collect();
-                    m["failed_ops"] = json!(f);
+                    m["forms"] = json!(f);
                 }
                 (k.clone(), m)
             })
@@ -224,21 +239,31 @@ impl ProbeMemory {
             .insert(dialect, verdict);
     }
 
-    /// Replaces what is remembered of the ops that failed on `machine` in `dialect`.
-    pub fn set_failed_ops(&mut self, machine: &str, dialect: MilDialect, ops: Vec<String>) {
-        let m = self.failed_ops.entry(machine.to_string()).or_default();
-        if ops.is_empty() {
+    /// Replaces what is remembered of the census forms probed on `machine` in `dialect`
+    /// (form key, passed).
+    pub fn set_forms(&mut self, machine: &str, dialect: MilDialect, forms: Vec<(String, bool)>) {
+        let m = self.forms.entry(machine.to_string()).or_default();
+        if forms.is_empty() {
             m.remove(&dialect);
         } else {
-            m.insert(dialect, ops.into_iter().collect());
+            m.insert(dialect, forms.into_iter().collect());
         }
     }
 
-    /// The op types whose census case failed on `machine` in `dialect` (sorted).
-    pub fn failed_ops(&self, machine: &str, dialect: MilDialect) -> Vec<String> {
-        (self.failed_ops.get(machine).and_then(|m| m.get(&dialect)))
-            .map(|s| s.iter().cloned().collect())
+    /// The census forms probed on `machine` in `dialect`, and whether each passed.
+    pub fn forms(&self, machine: &str, dialect: MilDialect) -> Vec<(String, bool)> {
+        (self.forms.get(machine).and_then(|m| m.get(&dialect)))
+            .map(|m| m.iter().map(|(k, &v)| (k.clone(), v)).collect())
             .unwrap_or_default()
+    }
+
+    /// The op types with a census form that failed on `machine` in `dialect` (sorted).
+    pub fn failed_ops(&self, machine: &str, dialect: MilDialect) -> Vec<String> {
+        let ops: BTreeSet<String> = (self.forms(machine, dialect).into_iter())
+            .filter(|(_, ok)| !ok)
+            .map(|(k, _)| k.split('(').next().unwrap_or(&k).to_string())
+            .collect();
+        ops.into_iter().collect()
     }
 
     pub fn verdict(&self, machine: &str, dialect: MilDialect) -> Option<Verdict> {
@@ -318,8 +343,21 @@ mod tests {
         m.record(&mac, MilDialect::A, Verdict::Rejected);
         m.record(&mac, MilDialect::B, Verdict::Accepted);
         m.record("Apple M4/24D60", MilDialect::A, Verdict::Accepted);
-        m.set_failed_ops(&mac, MilDialect::B, vec!["abs".into(), "concat".into()]);
-        m.set_failed_ops("only-ops/1", MilDialect::A, vec!["matmul".into()]);
+        let f = |k: &str, ok| (k.to_string(), ok);
+        m.set_forms(
+            &mac,
+            MilDialect::B,
+            vec![
+                f("abs(x=r4:fp16) -> r4:fp16", false),
+                f("concat(axis=[3], values=(r4:fp16)) -> r4:fp16", false),
+                f("conv(x=r4:fp16, weight=const r4:fp16) -> r4:fp16", true),
+            ],
+        );
+        m.set_forms(
+            "only-ops/1",
+            MilDialect::A,
+            vec![f("matmul(x=r3:fp16) -> r3:fp16", false)],
+        );
         m.save(&path).unwrap();
         let back = ProbeMemory::load(&path).unwrap();
         assert_eq!(back, m);
@@ -327,6 +365,7 @@ mod tests {
         assert_eq!(back.verdict(&mac, MilDialect::A), Some(Verdict::Rejected));
         assert_eq!(back.accepted("other/1"), None);
         assert_eq!(back.failed_ops(&mac, MilDialect::B), ["abs", "concat"]);
+        assert_eq!(back.forms(&mac, MilDialect::B).len(), 3);
         assert!(back.failed_ops(&mac, MilDialect::A).is_empty());
         assert_eq!(back.failed_ops("only-ops/1", MilDialect::A), ["matmul"]);
         let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
@@ -346,8 +385,9 @@ mod tests {
             r#"{"format": 2, "machines": {}}"#,
             r#"{"format": 1, "machines": {"m": {"dialects": {"z": "accepted"}}}}"#,
             r#"{"format": 1, "machines": {"m": {"dialects": {"a": "maybe"}}}}"#,
-            r#"{"format": 1, "machines": {"m": {"dialects": {}, "failed_ops": {"a": [1]}}}}"#,
-            r#"{"format": 1, "machines": {"m": {"dialects": {}, "failed_ops": []}}}"#,
+            r#"{"format": 1, "machines": {"m": {"dialects": {}, "forms": {"a": {"abs()": 1}}}}}"#,
+            r#"{"format": 1, "machines": {"m": {"dialects": {}, "forms": []}}}"#,
+            r#"{"format": 1, "machines": {"m": {"dialects": {}, "forms": {"a": {"x": "maybe"}}}}}"#,
         ] {
             std::fs::write(&path, bad).unwrap();
             let e = ProbeMemory::load(&path).unwrap_err();

@@ -255,7 +255,11 @@ fn a_refused_matmul_is_written_with_explicit_transposes() {
             continue;
         };
         chunks += 1;
-        assert!(text.contains("_scores_xt = transpose("), "{}", mil.display());
+        assert!(
+            text.contains("_scores_xt = transpose("),
+            "{}",
+            mil.display()
+        );
         assert!(text.contains("_pv_yt = transpose("), "{}", mil.display());
     }
     assert!(chunks >= 1);
@@ -278,4 +282,77 @@ fn a_refused_matmul_is_written_with_explicit_transposes() {
     let r: Value = serde_json::from_str(&out).unwrap();
     assert!(r["max_rel_err"].as_f64().unwrap() <= 2e-2, "{r}");
     assert_eq!(r["greedy_same_but_near_ties"], true, "{r}");
+}
+
+/// `anelm compile --json` of SmolLM2 for the simulator's "machine" with `probe.json` in `programs`.
+fn compile_json(programs: &Path) -> Value {
+    let out = tempfile::tempdir().unwrap();
+    let m = model(SMOLLM2);
+    let (ok, stdout, err) = anelm(
+        &[
+            "compile",
+            "--model",
+            m.to_str().unwrap(),
+            "--device",
+            "sim",
+            "--out",
+            out.path().to_str().unwrap(),
+            "--json",
+        ],
+        &[("ANELM_PROGRAMS", programs.to_str().unwrap())],
+    );
+    assert!(ok, "{err}");
+    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap();
+    serde_json::from_str(line).unwrap()
+}
+
+/// What the probe saw of the weight forms decides them: a failed 4-bit blockwise form holds the
+/// file's integers as int8; a failed int8 form keeps fp16, saying why.
+#[test]
+fn the_weight_forms_follow_what_the_probe_saw() {
+    let programs = tempfile::tempdir().unwrap();
+    let memory = |forms: Value| {
+        let v = serde_json::json!({"format": 1, "machines": {"simulator": {
+            "dialects": {"a": "accepted"}, "forms": {"a": forms}}}});
+        std::fs::write(programs.path().join("probe.json"), v.to_string()).unwrap();
+    };
+    let int4 = "conv(weight=constexpr_blockwise_shift_scale:uint4, x=r4:fp16) -> r4:fp16";
+    let int8 = "conv(weight=constexpr_blockwise_shift_scale:int8, x=r4:fp16) -> r4:fp16";
+    let plain = compile_json(programs.path());
+    let encodings = |v: &Value| -> Vec<String> {
+        let mut e: Vec<String> = (v["tensors"].as_array().unwrap().iter())
+            .map(|t| t["encoding"].as_str().unwrap().to_string())
+            .collect();
+        e.sort();
+        e.dedup();
+        e
+    };
+    assert!(
+        encodings(&plain).iter().any(|e| e.starts_with("uint4/")),
+        "{:?}",
+        encodings(&plain)
+    );
+    memory(serde_json::json!({int4: "fail", int8: "pass"}));
+    let wide = compile_json(programs.path());
+    assert!(
+        encodings(&wide).iter().all(|e| e.starts_with("int8/")),
+        "{:?}",
+        encodings(&wide)
+    );
+    let (p, w) = (
+        plain["weight_bytes"].as_u64().unwrap(),
+        wide["weight_bytes"].as_u64().unwrap(),
+    );
+    assert!(
+        w > p && w < plain["fp16_bytes"].as_u64().unwrap(),
+        "{p} {w}"
+    );
+    memory(serde_json::json!({int4: "fail", int8: "fail"}));
+    let none = compile_json(programs.path());
+    assert_eq!(encodings(&none), ["fp16"]);
+    let t = &none["tensors"][0];
+    assert!(
+        t["kept_fp16"].as_str().unwrap().contains("probe --all"),
+        "{t}"
+    );
 }

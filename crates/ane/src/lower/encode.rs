@@ -20,6 +20,7 @@ use rayon::prelude::*;
 
 use crate::dialect::MilDialect;
 use crate::error::{AneError, Result};
+pub use forms::Forms;
 
 /// What `--weights` asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -71,14 +72,17 @@ impl std::fmt::Display for WeightPolicy {
 pub struct WeightTarget {
     pub policy: WeightPolicy,
     pub dialect: MilDialect,
+    /// The integer forms the machine takes.
+    pub forms: Forms,
 }
 
 impl From<WeightPolicy> for WeightTarget {
-    /// The policy in dialect A.
+    /// The policy in dialect A, every form allowed.
     fn from(policy: WeightPolicy) -> WeightTarget {
         WeightTarget {
             policy,
             dialect: MilDialect::A,
+            forms: Forms::all(),
         }
     }
 }
@@ -365,8 +369,8 @@ fn fp16_block(scale: f32, bias: f32) -> (f16, f16, bool) {
 pub fn encode(parts: &[Part], target: impl Into<WeightTarget>) -> Result<Encoded> {
     let t = target.into();
     let e = match t.dialect {
-        MilDialect::A => encode_parts(parts, t.policy),
-        MilDialect::B => affine::encode_ios16(parts, t.policy),
+        MilDialect::A => encode_parts(parts, t.policy, &t.forms),
+        MilDialect::B => affine::encode_ios16(parts, t.policy, &t.forms),
     };
     let maps = anelm_cpu::mem::file_mappings();
     for p in parts {
@@ -377,7 +381,15 @@ pub fn encode(parts: &[Part], target: impl Into<WeightTarget>) -> Result<Encoded
     e
 }
 
-fn encode_parts(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
+/// The one line for a policy the machine's forms rule out.
+fn cannot(parts: &[Part], policy: WeightPolicy, why: &str) -> AneError {
+    AneError::Unsupported(format!(
+        "{}: --weights {policy} cannot apply: {why}",
+        parts[0].name()
+    ))
+}
+
+fn encode_parts(parts: &[Part], policy: WeightPolicy, forms: &Forms) -> Result<Encoded> {
     let cols = parts[0].weight.cols;
     if let Some(p) = parts.iter().find(|p| p.weight.cols != cols) {
         return Err(AneError::Unsupported(format!(
@@ -386,8 +398,24 @@ fn encode_parts(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
         )));
     }
     let rows: usize = parts.iter().map(|p| p.rows).sum();
+    match (policy, forms.int8, forms.int4) {
+        (WeightPolicy::Fp16, _, _) => {}
+        (WeightPolicy::Auto, Some(why), _) => {
+            let plans: Vec<Plan> = (parts.iter())
+                .map(|_| Plan::Fp16(format!("held as fp16: {why}")))
+                .collect();
+            return fp16_stack(parts, &plans, 0, rows, cols);
+        }
+        (_, Some(why), _) | (WeightPolicy::Int4, None, Some(why)) => {
+            return Err(cannot(parts, policy, why))
+        }
+        _ => {}
+    }
     let is_float = |p: &Part| anelm_formats::quant::blockwise::int_form(p.weight.dtype).is_none();
     if policy == WeightPolicy::Int4 && parts.iter().all(is_float) {
+        if let Some(why) = forms.lut {
+            return Err(cannot(parts, policy, why));
+        }
         return lut_stack(parts, rows, cols);
     }
     let plans = parts
@@ -404,7 +432,7 @@ fn encode_parts(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
             Plan::Fp16(_) => unreachable!("handled above"),
         })
         .collect();
-    blockwise_stack(parts, mats, rows, cols)
+    blockwise_stack(parts, mats, rows, cols, forms.int4.is_none())
 }
 
 /// The stack as fp16; `first_fp16` names the part that forced it (all parts are listed).
@@ -469,11 +497,13 @@ fn fp16_stack(
     })
 }
 
+/// The parts' integers as one blockwise weight; `sub_byte`: 4-bit data where the integers fit.
 fn blockwise_stack(
     parts: &[Part],
     mats: Vec<IntMatrix>,
     rows: usize,
     cols: usize,
+    sub_byte: bool,
 ) -> Result<Encoded> {
     let block = mats.iter().fold(0, |g, m| gcd(g, m.block));
     let biased = mats.iter().any(|m| m.biases.is_some());
@@ -494,7 +524,9 @@ fn blockwise_stack(
     });
     // A block whose scale is 0 but bias is not stores q = 1: keep 1 representable.
     let (lo, hi) = (lo.min(0), hi.max(1));
-    let data_type = if lo >= -8 && hi <= 7 {
+    let data_type = if !sub_byte {
+        DType::Int8
+    } else if lo >= -8 && hi <= 7 {
         DType::Int4
     } else if lo >= 0 && hi <= 15 {
         DType::Uint4
@@ -781,6 +813,7 @@ impl Encoded {
 }
 
 pub mod affine;
+pub mod forms;
 pub mod palette;
 pub mod summary;
 

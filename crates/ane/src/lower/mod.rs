@@ -26,7 +26,7 @@ mod projection;
 mod weights;
 
 pub use alternatives::Alternatives;
-pub use encode::{Encoded, Encoding, TensorReport, WeightPolicy, WeightTarget};
+pub use encode::{Encoded, Encoding, Forms, TensorReport, WeightPolicy, WeightTarget};
 pub use projection::{build_unit, projection_kernels, Lowered};
 
 /// The name of every kernel's per-column descale input.
@@ -72,6 +72,8 @@ pub struct LoweringOptions {
     pub dialect: crate::dialect::MilDialect,
     /// Ops written another way because this machine refused them ([`alternatives`]).
     pub alternatives: Alternatives,
+    /// The integer weight forms the machine takes ([`encode::Forms`]).
+    pub weight_forms: encode::Forms,
 }
 
 impl LoweringOptions {
@@ -80,6 +82,7 @@ impl LoweringOptions {
         encode::WeightTarget {
             policy: self.weights,
             dialect: self.dialect,
+            forms: self.weight_forms,
         }
     }
 }
@@ -98,6 +101,7 @@ impl Default for LoweringOptions {
             weights: WeightPolicy::Auto,
             dialect: crate::dialect::MilDialect::A,
             alternatives: Alternatives::default(),
+            weight_forms: encode::Forms::all(),
         }
     }
 }

@@ -322,6 +322,22 @@ pub fn run<D: Device>(device: &mut D, case: &Case, dialect: MilDialect) -> CaseR
     }
 }
 
+/// Every census form the reports judged (skipped ones are not), and whether it passed: what
+/// [`crate::dialect::ProbeMemory::set_forms`] remembers.
+pub fn form_verdicts(reports: &[CaseReport]) -> Vec<(String, bool)> {
+    reports
+        .iter()
+        .filter_map(|r| {
+            let pass = match r.verdict {
+                Verdict::Pass { .. } => true,
+                Verdict::Fail { .. } => false,
+                Verdict::Skip { .. } => return None,
+            };
+            Some((r.form.clone()?, pass))
+        })
+        .collect()
+}
+
 /// The op types with a failed census case: what [`crate::lower::Alternatives`] avoids.
 pub fn failed_ops(reports: &[CaseReport]) -> Vec<String> {
     let mut ops: Vec<String> = reports

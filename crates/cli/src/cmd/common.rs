@@ -258,12 +258,28 @@ impl ModelArgs {
         }
     }
 
-    /// `--weights` in the dialect `--mil-dialect` resolves to.
-    pub fn weight_target(&self) -> anelm_ane::lower::WeightTarget {
-        anelm_ane::lower::WeightTarget {
-            policy: self.weights,
-            dialect: self.dialect(),
+    /// `--weights` in the dialect `--mil-dialect` resolves to, with the forms this machine
+    /// takes.
+    pub fn weight_target(&self) -> Result<anelm_ane::lower::WeightTarget> {
+        Ok(self.lowering(LoweringOptions::default())?.weight_target())
+    }
+
+    /// The integer weight forms the programs for `--device` may use in `dialect`: what
+    /// `probe --all` saw on this machine, else the per-chip table (every form off a Mac).
+    fn weight_forms(&self, dialect: MilDialect) -> anelm_ane::lower::Forms {
+        let chip = match self.device {
+            Device::Sim => None,
+            _ => anelm_macos::machine_info().ok().and_then(|m| m.chip),
+        };
+        let verdicts = machine_key_for(self.device)
+            .map(|k| probe_memory().forms(&k, dialect))
+            .unwrap_or_default();
+        let v: Vec<(&str, bool)> = verdicts.iter().map(|(k, ok)| (k.as_str(), *ok)).collect();
+        let forms = anelm_ane::lower::Forms::for_machine(chip.as_deref(), &v);
+        if let Some(why) = forms.int4 {
+            tracing::info!("4-bit weight blocks held as int8: {why}");
         }
+        forms
     }
 
     /// `opts` with the lowering flags applied (`--weights`, `--mil-dialect`, `--layers-per-chunk`).
@@ -273,6 +289,7 @@ impl ModelArgs {
             weights: self.weights,
             dialect,
             alternatives: self.alternatives(dialect),
+            weight_forms: self.weight_forms(dialect),
             ..opts
         };
         match self.layers_per_chunk {

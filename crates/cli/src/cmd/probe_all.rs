@@ -143,7 +143,7 @@ pub fn run(o: Options) -> Result<()> {
             if let Some(v) = verdict {
                 memory.record(key, d, v);
             }
-            memory.set_failed_ops(key, d, probe::failed_ops(&of));
+            memory.set_forms(key, d, probe::form_verdicts(&of));
         }
         memory.save(&memory_path).map_err(anyhow::Error::msg)?;
         remembered = Some(memory_path.clone());

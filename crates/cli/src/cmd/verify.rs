@@ -204,7 +204,7 @@ pub fn run(a: Args) -> Result<()> {
         a.greedy,
         reference,
         a.model.threads,
-        a.model.weight_target(),
+        a.model.weight_target()?,
     )?;
     let refused = report
         .uncompressed_rel_err()

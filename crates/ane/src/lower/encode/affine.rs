@@ -14,11 +14,11 @@ use anelm_mil::{DType, WeightData};
 use half::f16;
 use rayon::prelude::*;
 
-use super::{fp16_stack, Encoded, Encoding, Part, Plan, TensorReport, WeightPolicy};
+use super::{fp16_stack, Encoded, Encoding, Forms, Part, Plan, TensorReport, WeightPolicy};
 use crate::error::{AneError, Result};
 
 /// `parts` stacked in the form `policy` gives them in dialect B.
-pub(super) fn encode_ios16(parts: &[Part], policy: WeightPolicy) -> Result<Encoded> {
+pub(super) fn encode_ios16(parts: &[Part], policy: WeightPolicy, forms: &Forms) -> Result<Encoded> {
     let rows: usize = parts.iter().map(|p| p.rows).sum();
     let cols = parts[0].weight.cols;
     if let Some(p) = parts.iter().find(|p| p.weight.cols != cols) {
@@ -28,7 +28,7 @@ pub(super) fn encode_ios16(parts: &[Part], policy: WeightPolicy) -> Result<Encod
         )));
     }
     match policy {
-        WeightPolicy::Fp16 => super::encode_parts(parts, WeightPolicy::Fp16),
+        WeightPolicy::Fp16 => super::encode_parts(parts, WeightPolicy::Fp16, forms),
         WeightPolicy::Auto => {
             let plans: Vec<Plan> = parts
                 .iter()
@@ -51,7 +51,10 @@ pub(super) fn encode_ios16(parts: &[Part], policy: WeightPolicy) -> Result<Encod
                 .collect();
             fp16_stack(parts, &plans, 0, rows, cols)
         }
-        WeightPolicy::Int8 => affine_stack(parts, rows, cols),
+        WeightPolicy::Int8 => match forms.affine {
+            Some(why) => Err(super::cannot(parts, policy, why)),
+            None => affine_stack(parts, rows, cols),
+        },
         WeightPolicy::Int4 => Err(AneError::Unsupported(format!(
             "{}: --weights int4 needs dialect A (ios18: 4-bit blocks and a palette per 16 rows); \
              dialect B (ios16) holds weights as fp16 or per-channel int8 (--weights int8)",
@@ -166,6 +169,7 @@ mod tests {
         WeightTarget {
             policy,
             dialect: MilDialect::B,
+            forms: Forms::all(),
         }
     }
 

@@ -228,3 +228,71 @@ fn constant_blocks_and_bad_input() {
     assert!(err.contains("wide") && err.contains("columns"), "{err}");
     assert!("int5".parse::<WeightPolicy>().unwrap_err().contains("auto"));
 }
+
+fn on(forms: Forms, policy: WeightPolicy) -> WeightTarget {
+    WeightTarget {
+        policy,
+        dialect: MilDialect::A,
+        forms,
+    }
+}
+
+#[test]
+fn a_machine_without_4_bit_forms_holds_the_files_integers_as_int8() {
+    let no4 = Forms {
+        int4: Some("no 4-bit here"),
+        lut: Some("no palettes here"),
+        ..Forms::all()
+    };
+    for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
+        let w = weight("w", dtype, 4, 256, 3);
+        let narrow = encode(&[Part::whole(&w)], WeightPolicy::Auto).unwrap();
+        let wide = encode(&[Part::whole(&w)], on(no4, WeightPolicy::Auto)).unwrap();
+        assert!(
+            wide.reports[0].encoding.starts_with("int8/"),
+            "{dtype}: {:?}",
+            wide.reports[0]
+        );
+        // The same weights, in wider containers.
+        assert_eq!(wide.to_f32(), narrow.to_f32(), "{dtype}");
+        assert!(wide.bytes() > narrow.bytes());
+    }
+    let w = weight("w", GgmlType::Q8_0, 4, 64, 3);
+    let e = encode(&[Part::whole(&w)], on(no4, WeightPolicy::Int4)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("w: --weights int4 cannot apply: no 4-bit here"),
+        "{e}"
+    );
+    let f = Weight::from_f32("f", 2, 32, &[0.5; 64]);
+    let e = encode(
+        &[Part::whole(&f)],
+        on(Forms { int4: None, ..no4 }, WeightPolicy::Int4),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("no palettes here"), "{e}");
+}
+
+#[test]
+fn a_machine_without_blockwise_weights_keeps_fp16_and_says_why() {
+    let none = Forms {
+        int8: Some("probe saw it fail"),
+        ..Forms::all()
+    };
+    let w = weight("w", GgmlType::Q4_0, 4, 64, 5);
+    let e = encode(&[Part::whole(&w)], on(none, WeightPolicy::Auto)).unwrap();
+    assert!(matches!(e.encoding, Encoding::Fp16(_)));
+    let why = e.reports[0].kept_fp16.as_deref().unwrap();
+    assert!(why.contains("probe saw it fail"), "{why}");
+    let fp16: Vec<f32> = (file_values(&w).iter())
+        .map(|&v| half::f16::from_f32(v).to_f32())
+        .collect();
+    assert_eq!(e.to_f32(), fp16);
+    let err = encode(&[Part::whole(&w)], on(none, WeightPolicy::Int8)).unwrap_err();
+    assert!(
+        err.to_string().contains("--weights int8 cannot apply"),
+        "{err}"
+    );
+    // fp16 asks nothing of the machine.
+    assert!(encode(&[Part::whole(&w)], on(none, WeightPolicy::Fp16)).is_ok());
+}

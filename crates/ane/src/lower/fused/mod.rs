@@ -90,6 +90,8 @@ pub struct FusedPlan {
     pub dialect: crate::dialect::MilDialect,
     /// Ops written another way ([`super::Alternatives`]).
     pub alternatives: super::Alternatives,
+    /// The integer weight forms the machine takes.
+    pub weight_forms: super::Forms,
 }
 
 impl FusedPlan {
@@ -98,6 +100,7 @@ impl FusedPlan {
         WeightTarget {
             policy: self.weights,
             dialect: self.dialect,
+            forms: self.weight_forms,
         }
     }
 
@@ -220,6 +223,7 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         weights: opts.weights,
         dialect: opts.dialect,
         alternatives: opts.alternatives.clone(),
+        weight_forms: opts.weight_forms,
     })
 }
 
