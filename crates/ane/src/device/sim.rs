@@ -20,10 +20,12 @@ pub struct SimDevice {
     refusal: Option<SimRefusal>,
 }
 
-/// The testing hook's environment variable: `[compile:|bind:|evaluate:]<unit-name substring>`.
+/// The testing hook's environment variable: `[compile:|bind:|evaluate:]<unit-name substring>`
+/// (several substrings separated by commas).
 pub const SIM_FAIL_ENV: &str = "ANELM_SIM_FAIL";
 
-/// A testing hook: the simulator refuses, at `stage`, every unit whose name contains `unit` —
+/// A testing hook: the simulator refuses, at `stage`, every unit whose name contains `unit` (or
+/// one of its comma-separated parts) —
 /// so the paths that handle a device refusing a unit (messages, `--fallback`) run without a Mac.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimRefusal {
@@ -77,11 +79,16 @@ impl SimDevice {
 
     fn check(&self, stage: Stage, unit: &str) -> Result<(), DeviceError> {
         match &self.refusal {
-            Some(r) if r.stage == stage && unit.contains(&r.unit) => Err(Self::error(
-                stage,
-                unit,
-                format!("refused on request ({SIM_FAIL_ENV}, a testing hook)"),
-            )),
+            Some(r)
+                if r.stage == stage
+                    && r.unit.split(',').any(|u| !u.is_empty() && unit.contains(u)) =>
+            {
+                Err(Self::error(
+                    stage,
+                    unit,
+                    format!("refused on request ({SIM_FAIL_ENV}, a testing hook)"),
+                ))
+            }
             _ => Ok(()),
         }
     }

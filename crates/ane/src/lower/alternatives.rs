@@ -17,7 +17,7 @@ pub struct Alternatives {
 }
 
 /// The ops that have an alternative here.
-pub const REPLACEABLE: &[&str] = &["abs", "matmul"];
+pub const REPLACEABLE: &[&str] = &["abs", "matmul", "split", "concat"];
 
 impl Alternatives {
     /// Alternatives for those of `ops` that have one.
@@ -50,6 +50,61 @@ impl Alternatives {
             .name_next(&format!("{name}_neg"))
             .binary_scalar("mul", x, -1.0)?;
         Ok(f.name_next(name).maximum(x, neg)?)
+    }
+
+    /// `x` split along `axis` into parts of `sizes`, named `name`, `name_1`, ...: `split`, or
+    /// one `slice_by_size` per part where `split` is avoided.
+    pub fn split(
+        &self,
+        f: &mut FunctionBuilder,
+        name: &str,
+        x: ValueId,
+        axis: usize,
+        sizes: &[usize],
+    ) -> Result<Vec<ValueId>> {
+        let sizes32: Vec<i32> = sizes.iter().map(|&s| s as i32).collect();
+        if !self.avoids("split") {
+            return Ok(f.name_next(name).split_sizes(x, axis as i32, &sizes32)?);
+        }
+        let shape: Vec<i32> = f.type_of(x)?.shape.iter().map(|&d| d as i32).collect();
+        let mut begin = vec![0i32; shape.len()];
+        let mut out = Vec::with_capacity(sizes.len());
+        for (i, &s) in sizes32.iter().enumerate() {
+            let mut size = shape.clone();
+            size[axis] = s;
+            let n = if i == 0 {
+                name.to_string()
+            } else {
+                format!("{name}_{i}")
+            };
+            out.push(f.name_next(&n).slice_by_size(x, &begin, &size)?);
+            begin[axis] += s;
+        }
+        Ok(out)
+    }
+
+    /// `values` concatenated along `axis`, named `name`: `concat`, or — where `concat` is
+    /// avoided and `axis` is not the channel axis (1, the proven form) — each value transposed
+    /// to bring `axis` to 1, a channel concat, and the transpose back.
+    pub fn concat(
+        &self,
+        f: &mut FunctionBuilder,
+        name: &str,
+        values: &[ValueId],
+        axis: usize,
+    ) -> Result<ValueId> {
+        if !self.avoids("concat") || axis == 1 {
+            return Ok(f.name_next(name).concat(values, axis as i32)?);
+        }
+        let rank = f.type_of(values[0])?.rank();
+        let mut perm: Vec<i32> = (0..rank as i32).collect();
+        perm.swap(1, axis);
+        let mut moved = Vec::with_capacity(values.len());
+        for (i, &v) in values.iter().enumerate() {
+            moved.push(f.name_next(&format!("{name}_t{i}")).transpose(v, &perm)?);
+        }
+        let c = f.name_next(&format!("{name}_c1")).concat(&moved, 1)?;
+        Ok(f.name_next(name).transpose(c, &perm)?)
     }
 
     /// `matmul(x, y)` with operands transposed (last two axes) as flagged, named `name`: the
@@ -165,6 +220,64 @@ mod tests {
                 ])
                 .unwrap();
             format!("{:?}", out[0].data)
+        };
+        assert_eq!(run(&plain), run(&alt));
+    }
+
+    #[test]
+    fn split_and_concat_are_written_with_proven_forms() {
+        let build = |alts: &Alternatives| {
+            let mut f = FunctionBuilder::new("main", Opset::Ios18);
+            let x = f.input("x", TensorType::fp16([1, 6, 2, 3])).unwrap();
+            let y = f.input("y", TensorType::fp16([1, 6, 2, 2])).unwrap();
+            let parts = alts.split(&mut f, "p", x, 1, &[1, 2, 3]).unwrap();
+            let c = alts.concat(&mut f, "c", &[x, y], 3).unwrap();
+            for v in parts.into_iter().chain([c]) {
+                f.output(v).unwrap();
+            }
+            Program::single(f.finish().unwrap())
+        };
+        let plain = build(&Alternatives::default());
+        let alt = build(&Alternatives::avoiding(&["split", "concat"]));
+        let ops = |p: &Program| -> Vec<String> {
+            let f = &p.functions[0];
+            f.ops()
+                .iter()
+                .filter(|o| !o.is_const())
+                .map(|o| {
+                    let axis = f.operand_literal(o, "axis").and_then(|l| l.to_i64());
+                    format!(
+                        "{}{}",
+                        o.op_type,
+                        axis.map_or(String::new(), |a| a.to_string())
+                    )
+                })
+                .collect()
+        };
+        assert!(ops(&plain).contains(&"split1".to_string()));
+        assert!(ops(&plain).contains(&"concat3".to_string()));
+        assert!(
+            !ops(&alt).iter().any(|o| o.starts_with("split")),
+            "{:?}",
+            ops(&alt)
+        );
+        assert!(
+            ops(&alt).contains(&"concat1".to_string())
+                && !ops(&alt).contains(&"concat3".to_string())
+        );
+        let xs: Vec<f32> = (0..36).map(|i| i as f32 * 0.5 - 9.0).collect();
+        let ys: Vec<f32> = (0..24).map(|i| 2.0 - i as f32 * 0.25).collect();
+        let run = |p: &Program| {
+            let sim = Simulator::new(&p.functions[0]).unwrap();
+            let out = sim
+                .run(vec![
+                    Tensor::fp16([1, 6, 2, 3], xs.clone()).unwrap(),
+                    Tensor::fp16([1, 6, 2, 2], ys.clone()).unwrap(),
+                ])
+                .unwrap();
+            out.iter()
+                .map(|t| (t.shape.clone(), format!("{:?}", t.data)))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(&plain), run(&alt));
     }

@@ -171,7 +171,7 @@ impl ChunkGraph<'_> {
                 &[1, h, (hd - dims) as i32, w],
             )?);
         }
-        Ok(f.name_next(&format!("{p}_rot")).concat(&parts, 2)?)
+        (self.plan.alternatives).concat(f, &format!("{p}_rot"), &parts, 2)
     }
 
     /// Positions attention runs over: the cache and the new tokens side by side (inputs form),
@@ -207,9 +207,12 @@ impl ChunkGraph<'_> {
                     self.f.rename(flat, &format!("{name}_new"))?;
                     self.f.output(flat)?;
                     let cache = self.input(&name)?;
-                    self.f
-                        .name_next(&format!("{name}_all"))
-                        .concat(&[cache, flat], 3)?
+                    (self.plan.alternatives).concat(
+                        &mut self.f,
+                        &format!("{name}_all"),
+                        &[cache, flat],
+                        3,
+                    )?
                 }
                 KvForm::States => {
                     let (state, begin, end) = (
@@ -255,10 +258,12 @@ impl ChunkGraph<'_> {
             &c.attn_norm,
         )?;
         let qkv = self.linear(&format!("{p}_qkv"), xn, &c.qkv, 1.0)?;
-        let parts = self.f.name_next(&format!("{p}_split")).split_sizes(
+        let parts = (self.plan.alternatives).split(
+            &mut self.f,
+            &format!("{p}_split"),
             qkv,
             1,
-            &[qd as i32, kvd as i32, kvd as i32],
+            &[qd, kvd, kvd],
         )?;
         let (wi, hdi) = (w as i32, hd as i32);
         let mut q = self
@@ -386,11 +391,14 @@ impl ChunkGraph<'_> {
         )?;
         let gu = self.linear(&format!("{p}_gate_up"), xn, &c.gate_up, 1.0)?;
         let hidden = if c.gated {
-            let half = (c.gate_up.w.rows / 2) as i32;
-            let parts = self
-                .f
-                .name_next(&format!("{p}_gu"))
-                .split_sizes(gu, 1, &[half, half])?;
+            let half = c.gate_up.w.rows / 2;
+            let parts = (self.plan.alternatives).split(
+                &mut self.f,
+                &format!("{p}_gu"),
+                gu,
+                1,
+                &[half, half],
+            )?;
             let a = activate(&mut self.f, act, parts[0], &format!("{p}_act"))?;
             self.f.name_next(&format!("{p}_hidden")).mul(a, parts[1])?
         } else {
