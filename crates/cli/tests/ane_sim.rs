@@ -457,15 +457,25 @@ fn dialect_b_weights_of_both_models() {
 #[test]
 fn dialect_b_packages_validate_at_spec_7() {
     let m = tiny("llama");
-    for (strategy, files) in [
+    // Dialect B's weights: fp16 under auto, per-channel uint8 (constexpr_affine_dequantize)
+    // under int8.
+    for (weights, strategy, files) in [
         (
+            "auto",
             "projection",
             vec!["layer00_qkv".to_string(), "lm_head".into()],
         ),
         (
+            "auto",
             "fused",
             vec!["chunk0_prefill".into(), "chunk0_decode".into()],
         ),
+        (
+            "int8",
+            "projection",
+            vec!["layer00_ffn".to_string(), "lm_head".into()],
+        ),
+        ("int8", "fused", vec!["chunk0_decode".into()]),
     ] {
         let out = tempfile::tempdir().unwrap();
         let (ok, _, err) = anelm(&[
@@ -474,6 +484,8 @@ fn dialect_b_packages_validate_at_spec_7() {
             m.to_str().unwrap(),
             "--strategy",
             strategy,
+            "--weights",
+            weights,
             "--mil-dialect",
             "b",
             "--out",
@@ -500,6 +512,9 @@ fn dialect_b_packages_validate_at_spec_7() {
                 .unwrap_or_else(|| panic!("{strategy}: no package of {f}"));
             let (code, report) = validate_mlpackage(&pkg);
             assert_eq!(code, 0, "{f}: {report}");
+            let ops = &report["summary"]["functions"]["main"]["op_types"];
+            let affine = ops["constexpr_affine_dequantize"].as_u64().unwrap_or(0);
+            assert_eq!(affine > 0, weights == "int8", "{f}: {ops}");
             assert_eq!(
                 report["summary"]["specificationVersion"], 7,
                 "{f}: {report}"
