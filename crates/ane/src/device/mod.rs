@@ -54,7 +54,8 @@ impl IoLayout {
     /// The ANE's layout when the device says nothing else: each channel row padded to 64 bytes
     /// (FACTS §4: `rowBytes = alignUp(W * 2, 64)`, measured by H3).
     pub fn ane(name: &str, dtype: IoType, channels: usize, width: usize) -> IoLayout {
-        let row_stride = (width * dtype.bytes()).div_ceil(64) * 64;
+        let row_stride =
+            anelm_macos::layout::fallback_channel_stride(macos::elem_type(dtype), width);
         IoLayout {
             name: name.to_string(),
             dtype,

@@ -138,7 +138,10 @@ impl Case {
             dtype: ElemType::Fp16,
             channels: self.channels,
             width: self.width,
-            channel_stride: (self.width * 2).div_ceil(64) * 64,
+            channel_stride: anelm_macos::layout::fallback_channel_stride(
+                ElemType::Fp16,
+                self.width,
+            ),
         }
     }
 }

@@ -13,7 +13,7 @@ use anelm_mil::{DType, Function, ValueType};
 
 use super::{DeviceError, IoType, Stage};
 
-fn elem_type(t: IoType) -> ElemType {
+pub(crate) fn elem_type(t: IoType) -> ElemType {
     match t {
         IoType::Fp16 => ElemType::Fp16,
         IoType::Fp32 => ElemType::Fp32,
