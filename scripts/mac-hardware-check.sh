@@ -166,13 +166,17 @@ run 120 "info (json)" "$bin" info --json
 models=("SmolLM2-135M-Instruct.Q4_1.gguf" "gemma-3-270m-q4_k_m.gguf")
 for driver in private coreml; do
     # The suite: the open questions and one program per op form each model's lowering emits,
-    # in both MIL dialects; its answers are remembered for this machine (probe.json), so the
+    # in each MIL dialect; its answers are remembered for this machine (probe.json), so the
     # verify runs below use the dialect and op alternatives the hardware accepted.
     if has_flag probe --all; then
+        # One process per dialect: the private driver allows ~119 compiles per process.
         for model in "${models[@]}"; do
-            run 3600 "probe --all, $driver driver, both dialects, census of $model" \
-                "$bin" probe --all --driver "$driver" --mil-dialect all \
-                --model "$models_dir/$model" --out "$out/probe-all-$driver-${model%%.*}.json"
+            for dialect in a b; do
+                run 3600 "probe --all, $driver driver, dialect $dialect, census of $model" \
+                    "$bin" probe --all --driver "$driver" --mil-dialect "$dialect" \
+                    --model "$models_dir/$model" \
+                    --out "$out/probe-all-$driver-$dialect-${model%%.*}.json"
+            done
         done
     fi
     run 600 "probe, $driver driver, with modelAttributes" \

@@ -1,24 +1,46 @@
 use super::*;
 use crate::device::{KernelIo, SimBinding, SimKernel, SimRefusal, Stage};
 
-/// A device that binds outputs in reverse order: what a wrong binding guess looks like.
-struct Reversed(SimDevice, usize);
+/// The simulator with faults: outputs bound in reverse order (what a wrong binding guess looks
+/// like), or every compile refused with a given message.
+#[derive(Default)]
+struct Faulty {
+    sim: SimDevice,
+    reverse: bool,
+    compile_error: Option<String>,
+    outputs: usize,
+}
 
-impl Device for Reversed {
+impl Faulty {
+    fn reversed() -> Faulty {
+        Faulty {
+            reverse: true,
+            ..Faulty::default()
+        }
+    }
+}
+
+impl Device for Faulty {
     type Kernel = SimKernel;
     type Binding = SimBinding;
     fn name(&self) -> &str {
-        "reversed"
+        "faulty"
     }
     fn compile(&mut self, unit: &CompileUnit) -> Result<SimKernel, DeviceError> {
-        self.0.compile(unit)
+        if let Some(m) = &self.compile_error {
+            return Err(DeviceError::new("faulty", Stage::Compile, &unit.name, m));
+        }
+        self.sim.compile(unit)
     }
     fn io<'k>(&self, kernel: &'k SimKernel, function: &str) -> Option<&'k KernelIo> {
-        self.0.io(kernel, function)
+        self.sim.io(kernel, function)
     }
     fn bind(&mut self, kernel: &SimKernel, function: &str) -> Result<SimBinding, DeviceError> {
-        self.1 = self.0.io(kernel, function).map_or(0, |io| io.outputs.len());
-        self.0.bind(kernel, function)
+        self.outputs = self
+            .sim
+            .io(kernel, function)
+            .map_or(0, |io| io.outputs.len());
+        self.sim.bind(kernel, function)
     }
     fn write_input<R>(
         &mut self,
@@ -26,15 +48,19 @@ impl Device for Reversed {
         index: usize,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> R {
-        self.0.write_input(binding, index, f)
+        self.sim.write_input(binding, index, f)
     }
     fn read_output<R>(&self, binding: &SimBinding, index: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         // Two outputs of different sizes: the reversed one is read through the other's layout,
         // truncated or zero-padded as a driver with a wrong guess would.
-        let other = if self.1 == 2 { 1 - index } else { index };
-        self.0.read_output(binding, other, |b| {
+        let other = if self.reverse && self.outputs == 2 {
+            1 - index
+        } else {
+            index
+        };
+        self.sim.read_output(binding, other, |b| {
             let mut v = b.to_vec();
-            self.0
+            self.sim
                 .read_output(binding, index, |mine| v.resize(mine.len(), 0));
             f(&v)
         })
@@ -45,7 +71,7 @@ impl Device for Reversed {
         binding: &mut SimBinding,
         live: usize,
     ) -> Result<(), DeviceError> {
-        self.0.evaluate(kernel, binding, live)
+        self.sim.evaluate(kernel, binding, live)
     }
 }
 
@@ -85,7 +111,7 @@ fn every_question_passes_on_the_simulator_in_both_dialects() {
 fn a_swapped_binding_fails_the_comparison() {
     let (cases, _) = questions::cases(MilDialect::A).unwrap();
     let several = cases.iter().find(|c| c.name == "io.several").unwrap();
-    let r = run(&mut Reversed(SimDevice::new(), 0), several, MilDialect::A);
+    let r = run(&mut Faulty::reversed(), several, MilDialect::A);
     match &r.verdict {
         Verdict::Fail { stage, reason, .. } => {
             assert_eq!(stage, "comparing");
@@ -96,7 +122,7 @@ fn a_swapped_binding_fails_the_comparison() {
     // A one-output case is not affected by the order.
     let one = cases.iter().find(|c| c.name == "io.width1").unwrap();
     assert!(matches!(
-        run(&mut Reversed(SimDevice::new(), 0), one, MilDialect::A).verdict,
+        run(&mut Faulty::reversed(), one, MilDialect::A).verdict,
         Verdict::Pass { .. }
     ));
 }
@@ -138,4 +164,31 @@ fn inputs_are_deterministic_and_in_their_ranges() {
     assert!(input_values(&c, "main", 0, 64)
         .iter()
         .all(|&v| v == 0.0 || v == 1.0));
+}
+
+#[test]
+fn an_exhausted_compile_budget_is_no_answer_about_the_program() {
+    let (cases, _) = questions::cases(MilDialect::A).unwrap();
+    let mut dev = Faulty {
+        compile_error: Some(
+            "compile budget exhausted: 119 ANE compiles in this process, the limit is 119".into(),
+        ),
+        ..Faulty::default()
+    };
+    let r = run(&mut dev, &cases[0], MilDialect::A);
+    match &r.verdict {
+        Verdict::Skip { reason } => assert!(reason.starts_with("not asked"), "{reason}"),
+        v => panic!("{v:?}"),
+    }
+    let mut census = r.clone();
+    census.form = Some("abs(x=r4:fp16) -> r4:fp16".into());
+    assert!(form_verdicts(&[census]).is_empty());
+    let mut refused = Faulty {
+        compile_error: Some("InvalidMILProgram".into()),
+        ..Faulty::default()
+    };
+    assert!(matches!(
+        run(&mut refused, &cases[0], MilDialect::A).verdict,
+        Verdict::Fail { .. }
+    ));
 }
