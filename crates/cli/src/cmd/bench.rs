@@ -2,6 +2,8 @@
 //! them: `pp N` runs an N-token prompt through a fresh state in one forward pass, `tg N` decodes
 //! N tokens one at a time from an empty state; each is repeated and reported as median, min and
 //! max tokens/s, with the weight bandwidth generation achieves and the process's peak RSS.
+//! `-d N` runs both on top of an N-token prompt already in the KV cache, as llama-bench's `-d`:
+//! the depth is filled once, untimed, and the cache is cut back to it before every run.
 //! Beside generation it measures the limit: a streaming read of a buffer beyond the caches by as
 //! many threads, alternated with the runs so that both see the same machine load.
 
@@ -10,8 +12,9 @@ use std::time::Instant;
 use std::sync::Arc;
 
 use anelm_cpu::membw::{StreamBuffer, STREAM_BYTES};
+use anelm_engine::session::PREFILL_CHUNK;
 use anelm_engine::LoadedModel;
-use anelm_model::{Executor, Logits};
+use anelm_model::{Executor, KvState, Logits};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
@@ -28,6 +31,10 @@ pub struct Args {
     /// Tokens of the generation test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub gen: usize,
+    /// Prompt tokens in the KV cache before each test (llama-bench's `-d`): filled once,
+    /// untimed; pp and tg are measured on top of them.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
@@ -53,25 +60,94 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Seconds of one prompt-processing run.
-fn prompt_run(exec: &mut dyn Executor, ids: &[u32], logits: &mut Vec<f32>) -> Result<f64> {
-    let mut state = exec.new_state(ids.len())?;
+/// The KV cache the runs start from: `depth` positions of prompt, filled once (untimed, in
+/// prefill chunks) and restored before each run by cutting the cache back to them, as
+/// llama-bench restores its saved depth state.
+struct Prefix {
+    state: Box<dyn KvState>,
+    ids: Vec<u32>,
+}
+
+impl Prefix {
+    fn new(exec: &dyn Executor, depth: usize, capacity: usize, vocab: usize) -> Result<Prefix> {
+        Ok(Prefix {
+            state: exec.new_state(depth + capacity)?,
+            ids: tokens(depth, vocab, 3),
+        })
+    }
+
+    /// The state at the depth, refilled if it could not be cut back (a recurrent state).
+    fn restore(
+        &mut self,
+        exec: &mut dyn Executor,
+        logits: &mut Vec<f32>,
+    ) -> Result<&mut dyn KvState> {
+        let depth = self.ids.len();
+        self.state.truncate(depth);
+        if self.state.len() != depth {
+            self.state.truncate(0);
+            for chunk in self.ids.chunks(PREFILL_CHUNK) {
+                exec.forward(self.state.as_mut(), chunk, Logits::None, logits)
+                    .with_context(|| format!("filling the KV cache to depth {depth}"))?;
+            }
+        }
+        Ok(self.state.as_mut())
+    }
+
+    /// A state with no positions (the warm-up runs), forgetting the depth until the next restore.
+    fn empty(&mut self) -> &mut dyn KvState {
+        self.state.truncate(0);
+        self.state.as_mut()
+    }
+}
+
+/// The one-line refusal when the depth and the longer test do not fit the model's positions.
+fn check_fit(max: usize, depth: usize, prompt: usize, gen: usize) -> Result<()> {
+    let need = depth + prompt.max(gen);
+    if need <= max {
+        return Ok(());
+    }
+    let test = if prompt >= gen {
+        format!("-p {prompt}")
+    } else {
+        format!("-n {gen}")
+    };
+    if depth == 0 {
+        bail!("the model holds {max} positions; {test} does not fit");
+    }
+    bail!("the model holds {max} positions; -d {depth} + {test} needs {need}")
+}
+
+/// llama-bench's name of a test: `pp512`, `tg128`, with ` @ d2048` at a depth.
+fn test_name(kind: &str, n: usize, depth: usize) -> String {
+    match depth {
+        0 => format!("{kind}{n}"),
+        d => format!("{kind}{n} @ d{d}"),
+    }
+}
+
+/// Seconds of one prompt-processing run: the prompt in one forward pass on top of `state`.
+fn prompt_run(
+    exec: &mut dyn Executor,
+    state: &mut dyn KvState,
+    ids: &[u32],
+    logits: &mut Vec<f32>,
+) -> Result<f64> {
     let start = Instant::now();
-    exec.forward(state.as_mut(), ids, Logits::Last, logits)?;
+    exec.forward(state, ids, Logits::Last, logits)?;
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// Seconds of one generation run: each token is fed alone, as in decoding.
-fn gen_run(exec: &mut dyn Executor, ids: &[u32], logits: &mut Vec<f32>) -> Result<f64> {
-    let mut state = exec.new_state(ids.len())?;
+/// Seconds of one generation run on top of `state`: each token is fed alone, as in decoding.
+fn gen_run(
+    exec: &mut dyn Executor,
+    state: &mut dyn KvState,
+    ids: &[u32],
+    logits: &mut Vec<f32>,
+) -> Result<f64> {
     let start = Instant::now();
     for id in ids {
-        exec.forward(
-            state.as_mut(),
-            std::slice::from_ref(id),
-            Logits::Last,
-            logits,
-        )?;
+        exec.forward(state, std::slice::from_ref(id), Logits::Last, logits)?;
     }
     Ok(start.elapsed().as_secs_f64())
 }
@@ -122,26 +198,28 @@ pub fn run(a: Args) -> Result<()> {
         tokenizer: None,
     };
     let max = model.max_positions();
-    if a.prompt.max(a.gen) > max {
-        bail!(
-            "{}: the model holds {max} positions; -p {} / -n {} do not fit",
-            model.source.path().display(),
-            a.prompt,
-            a.gen
-        );
-    }
-    let mut exec = a.model.executor(&loaded, a.prompt.max(a.gen).max(1))?;
+    check_fit(max, a.depth, a.prompt, a.gen)
+        .with_context(|| model.source.path().display().to_string())?;
+    let longest = a.prompt.max(a.gen).max(1);
+    let mut exec = a.model.executor(&loaded, a.depth + longest)?;
     let vocab = exec.vocab_size();
     let mut logits = Vec::new();
+    let mut prefix = Prefix::new(exec.as_ref(), a.depth, longest, vocab)?;
 
     // Warm-up, as llama-bench does: page in the weights, size the buffers.
     if a.prompt > 0 {
-        prompt_run(exec.as_mut(), &tokens(a.prompt, vocab, 1), &mut logits)
+        let ids = tokens(a.prompt, vocab, 1);
+        prompt_run(exec.as_mut(), prefix.empty(), &ids, &mut logits)
             .context("warm-up prompt run")?;
     }
     if a.gen > 0 {
-        gen_run(exec.as_mut(), &tokens(1, vocab, 2), &mut logits)
-            .context("warm-up generation run")?;
+        gen_run(
+            exec.as_mut(),
+            prefix.empty(),
+            &tokens(1, vocab, 2),
+            &mut logits,
+        )
+        .context("warm-up generation run")?;
     }
 
     let threads = match a.model.threads {
@@ -152,24 +230,18 @@ pub fn run(a: Args) -> Result<()> {
     let (mut stream, mut limit, mut rss) = (None, Vec::new(), None);
     for r in 0..a.repetitions {
         if a.prompt > 0 {
-            let s = prompt_run(
-                exec.as_mut(),
-                &tokens(a.prompt, vocab, 10 + r as u64),
-                &mut logits,
-            )?;
+            let ids = tokens(a.prompt, vocab, 10 + r as u64);
+            let state = prefix.restore(exec.as_mut(), &mut logits)?;
+            let s = prompt_run(exec.as_mut(), state, &ids, &mut logits)?;
             pp.push(a.prompt as f64 / s);
-            runs.push(json!({"test": format!("pp{}", a.prompt), "seconds": s, "tok_s": a.prompt as f64 / s}));
+            runs.push(json!({"test": test_name("pp", a.prompt, a.depth), "seconds": s, "tok_s": a.prompt as f64 / s}));
         }
         if a.gen > 0 {
-            let s = gen_run(
-                exec.as_mut(),
-                &tokens(a.gen, vocab, 100 + r as u64),
-                &mut logits,
-            )?;
+            let ids = tokens(a.gen, vocab, 100 + r as u64);
+            let state = prefix.restore(exec.as_mut(), &mut logits)?;
+            let s = gen_run(exec.as_mut(), state, &ids, &mut logits)?;
             tg.push(a.gen as f64 / s);
-            runs.push(
-                json!({"test": format!("tg{}", a.gen), "seconds": s, "tok_s": a.gen as f64 / s}),
-            );
+            runs.push(json!({"test": test_name("tg", a.gen, a.depth), "seconds": s, "tok_s": a.gen as f64 / s}));
             if a.stream_reads > 0 {
                 // The peak RSS is the model's: read it before the buffer exists.
                 let buf = stream.get_or_insert_with(|| {
@@ -195,6 +267,8 @@ pub fn run(a: Args) -> Result<()> {
 
     if a.json {
         let out = json!({
+            "depth": a.depth,
+            "context": max,
             "pp_tok_s": pp_s.as_ref().map(|s| s.median),
             "tg_tok_s": tg_s.as_ref().map(|s| s.median),
             "tg_gb_s": tg_gbs,
@@ -211,17 +285,17 @@ pub fn run(a: Args) -> Result<()> {
         |f| f.to_string_lossy().into_owned(),
     );
     println!(
-        "| {:<40} | {:>9} | {:>7} | {:>6} | {:>9} | {:>9} | {:>9} | {:>6} |",
+        "| {:<40} | {:>9} | {:>7} | {:>15} | {:>9} | {:>9} | {:>9} | {:>6} |",
         "model", "weights", "threads", "test", "t/s", "min", "max", "GB/s"
     );
     println!(
-        "| {:-<40} | {:->9} | {:->7} | {:->6} | {:->9} | {:->9} | {:->9} | {:->6} |",
+        "| {:-<40} | {:->9} | {:->7} | {:->15} | {:->9} | {:->9} | {:->9} | {:->6} |",
         "", "", "", "", "", "", "", ""
     );
     let size = format!("{:.1} MiB", bytes / (1u64 << 20) as f64);
     for (test, s, gbs) in [
-        (format!("pp{}", a.prompt), pp_s, false),
-        (format!("tg{}", a.gen), tg_s, true),
+        (test_name("pp", a.prompt, a.depth), pp_s, false),
+        (test_name("tg", a.gen, a.depth), tg_s, true),
     ] {
         if let Some(s) = s {
             let bw = if gbs {
@@ -229,19 +303,24 @@ pub fn run(a: Args) -> Result<()> {
             } else {
                 String::new()
             };
-            println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>6} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
+            println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>15} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
         }
     }
     if let (Some(l), Some(f)) = (limit_s, of_limit) {
         println!(
             "\nlimit: a {threads}-thread streaming read of {} MiB, {:.1} GB/s (median; {:.1}-{:.1}) \
-             = {:.1} tok/s; generation at {:.0} % of it",
+             = {:.1} tok/s; generation at {:.0} % of it{}",
             STREAM_BYTES >> 20,
             l.median,
             l.min,
             l.max,
             l.median * 1e9 / bytes,
-            100.0 * f
+            100.0 * f,
+            if a.depth > 0 {
+                " (weights only: the KV cache read at depth is not counted)"
+            } else {
+                ""
+            }
         );
     }
     match rss {
@@ -254,4 +333,76 @@ pub fn run(a: Args) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anelm_cpu::CpuExecutor;
+
+    #[test]
+    fn fit_allows_exactly_the_context_and_names_the_overflow() {
+        assert!(check_fit(8192, 8192 - 512, 512, 128).is_ok());
+        assert!(check_fit(8192, 0, 8192, 0).is_ok());
+        let e = check_fit(8192, 8000, 512, 128).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "the model holds 8192 positions; -d 8000 + -p 512 needs 8512"
+        );
+        let e = check_fit(8192, 8190, 0, 16).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "the model holds 8192 positions; -d 8190 + -n 16 needs 8206"
+        );
+        let e = check_fit(8192, 9000, 0, 0).unwrap_err().to_string();
+        assert!(e.contains("-d 9000"), "{e}");
+        let e = check_fit(64, 0, 65, 1).unwrap_err().to_string();
+        assert_eq!(e, "the model holds 64 positions; -p 65 does not fit");
+    }
+
+    #[test]
+    fn test_names_follow_llama_bench() {
+        assert_eq!(test_name("pp", 512, 0), "pp512");
+        assert_eq!(test_name("tg", 128, 2048), "tg128 @ d2048");
+    }
+
+    /// After any run, restoring gives the depth's state: the next token's logits equal those of
+    /// one fresh pass over the depth's prompt and that token. Run on an attention model (the
+    /// cache is cut back) and a recurrent one (the cache is refilled).
+    #[test]
+    fn restore_returns_the_depth_prompt_state() {
+        for arch in ["llama", "qwen3_next"] {
+            let model = Arc::new(anelm_model::load(&anelm_testkit::tiny(arch)).unwrap());
+            let mut exec = CpuExecutor::new(model, 1);
+            let vocab = exec.vocab_size();
+            let depth = PREFILL_CHUNK + 3; // more than one fill chunk
+            let mut prefix = Prefix::new(&exec, depth, 8, vocab).unwrap();
+            let mut logits = Vec::new();
+            let next = tokens(1, vocab, 7);
+
+            let mut whole = prefix.ids.clone();
+            whole.extend(&next);
+            let mut fresh = exec.new_state(whole.len()).unwrap();
+            let mut want = Vec::new();
+            exec.forward(fresh.as_mut(), &whole, Logits::Last, &mut want)
+                .unwrap();
+
+            for round in 0..2 {
+                let state = prefix.restore(&mut exec, &mut logits).unwrap();
+                assert_eq!(state.len(), depth, "{arch} round {round}");
+                gen_run(&mut exec, state, &next, &mut logits).unwrap();
+                let err = logits
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(err < 1e-3, "{arch} round {round}: logits differ by {err}");
+                // Leave more than the depth behind for the next restore to cut back.
+                let more = tokens(5, vocab, 9 + round as u64);
+                gen_run(&mut exec, state, &more, &mut logits).unwrap();
+                assert_eq!(state.len(), depth + 6);
+            }
+            assert_eq!(prefix.empty().len(), 0);
+        }
+    }
 }
