@@ -62,6 +62,7 @@ pub mod builder;
 pub mod constexpr;
 pub mod dtype;
 pub mod error;
+pub mod fuzz;
 pub mod ir;
 pub mod lint;
 pub mod literal;

@@ -132,16 +132,36 @@ impl RoleVocab for HfRoles<'_> {
 impl HfTokenizer {
     pub fn from_dir(dir: &Path) -> Result<HfTokenizer> {
         let path = dir.join("tokenizer.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| TokenizeError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config = read_json(&config_path)?;
+        let generation = read_json(&dir.join("generation_config.json"))?;
+        Self::from_parts(path, &text, config_path, config, generation)
+    }
+
+    /// Builds the tokenizer from `tokenizer.json`'s text and the parsed `tokenizer_config.json`
+    /// and `generation_config.json` (`path` and `config_path` name them in errors).
+    pub fn from_parts(
+        path: PathBuf,
+        text: &str,
+        config_path: PathBuf,
+        config: Option<Value>,
+        generation: Option<Value>,
+    ) -> Result<HfTokenizer> {
         let hf_err = |msg: String| TokenizeError::HfTokenizer {
             path: path.clone(),
             msg,
         };
-        let json = read_json(&path)?.ok_or_else(|| TokenizeError::Io {
+        let json: Value = serde_json::from_str(text).map_err(|e| TokenizeError::Json {
             path: path.clone(),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            msg: e.to_string(),
         })?;
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(&path).map_err(|e| hf_err(e.to_string()))?;
+        let tokenizer: tokenizers::Tokenizer = text
+            .parse()
+            .map_err(|e: tokenizers::Error| hf_err(e.to_string()))?;
         let (style, strip_leading) = decoder_style(json.get("decoder"));
         let added = tokenizer
             .get_added_tokens_decoder()
@@ -149,8 +169,6 @@ impl HfTokenizer {
             .map(|(id, t)| (id, (t.content, t.special)))
             .collect();
 
-        let config_path = dir.join("tokenizer_config.json");
-        let config = read_json(&config_path)?;
         let named = |key: &str| {
             config
                 .as_ref()
@@ -164,7 +182,6 @@ impl HfTokenizer {
             ..SpecialIds::default()
         };
         let mut eog = special::assign_roles(&mut HfRoles(&tokenizer), &mut ids);
-        let generation = read_json(&dir.join("generation_config.json"))?;
         if let Some(v) = generation.as_ref().and_then(|g| g.get("eos_token_id")) {
             let listed: Vec<&Value> = v.as_array().map_or_else(|| vec![v], |a| a.iter().collect());
             eog.extend(
