@@ -27,10 +27,12 @@ for t in "${targets[@]}"; do
   mkdir -p "$work" "fuzz/artifacts/$t" "$corpus"
   echo "== $t: ${secs}s"
   ANELM_FUZZ_TARGET=$t "$bin" "$work" "$corpus" -max_total_time="$secs" -timeout=1 \
-    -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-    -artifact_prefix="fuzz/artifacts/$t/" 2>&1 | tee "fuzz/work/$t.log" | grep -E "^(#|==|stat::number_of_executed_units|Done)" | tail -3
+    -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
+    -artifact_prefix="fuzz/artifacts/$t/" >"fuzz/work/$t.log" 2>&1 ||
+    echo "!! $t: crash or hang, input in fuzz/artifacts/$t/ (log fuzz/work/$t.log)"
+  grep -E "^(stat::number_of_executed_units|Done)" "fuzz/work/$t.log" || true
   # Minimise: keep only inputs that add coverage, back into the committed corpus.
   tmp=$(mktemp -d)
-  ANELM_FUZZ_TARGET=$t "$bin" -merge=1 -timeout=1 -max_len=65536 "$tmp" "$corpus" "$work" >/dev/null 2>&1
+  ANELM_FUZZ_TARGET=$t "$bin" -merge=1 -timeout=1 -max_len=4096 "$tmp" "$corpus" "$work" >/dev/null 2>&1
   rm -rf "$corpus" && mv "$tmp" "$corpus"
 done

@@ -648,7 +648,7 @@ pub fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)
                     format!(
                         "tensor '{}' data (offset {}, {} bytes) runs past the end of the file ({} bytes)",
                         r.name,
-                        data_start + r.offset,
+                        data_start.saturating_add(r.offset),
                         len,
                         buf.len()
                     ),

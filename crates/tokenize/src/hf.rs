@@ -65,6 +65,42 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
         })
 }
 
+/// Checks that every special token a `TemplateProcessing` template names is in its
+/// `special_tokens` table: the tokenizers crate does not check on load and panics on encode.
+fn check_post_processor(p: Option<&Value>) -> std::result::Result<(), String> {
+    let Some(p) = p else { return Ok(()) };
+    if let Some(list) = p.get("processors").and_then(Value::as_array) {
+        return list.iter().try_for_each(|q| check_post_processor(Some(q)));
+    }
+    if p.get("type").and_then(Value::as_str) != Some("TemplateProcessing") {
+        return Ok(());
+    }
+    let table = p.get("special_tokens").and_then(Value::as_object);
+    for key in ["single", "pair"] {
+        let pieces: Vec<String> = match p.get(key) {
+            Some(Value::String(t)) => t
+                .split_whitespace()
+                .filter(|w| !w.starts_with('$'))
+                .map(|w| w.rsplit_once(':').map_or(w, |(name, _)| name).to_string())
+                .collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|piece| piece.get("SpecialToken")?.get("id")?.as_str())
+                .map(String::from)
+                .collect(),
+            _ => Vec::new(),
+        };
+        for name in pieces {
+            if !table.is_some_and(|t| t.contains_key(&name)) {
+                return Err(format!(
+                    "post_processor.{key} uses special token '{name}', which post_processor.special_tokens does not define"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A token named in tokenizer_config.json: a string or an AddedToken object.
 fn token_content(v: &Value) -> Option<&str> {
     v.as_str()
@@ -159,6 +195,7 @@ impl HfTokenizer {
             path: path.clone(),
             msg: e.to_string(),
         })?;
+        check_post_processor(json.get("post_processor")).map_err(hf_err)?;
         let tokenizer: tokenizers::Tokenizer = text
             .parse()
             .map_err(|e: tokenizers::Error| hf_err(e.to_string()))?;

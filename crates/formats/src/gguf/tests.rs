@@ -221,3 +221,19 @@ fn zero_hyperparameters_are_named() {
     );
     assert!(g.metadata.positive_opt("absent").unwrap().is_none());
 }
+
+#[test]
+fn a_tensor_offset_near_u64_max_is_named_without_overflow() {
+    // Found by fuzzing: the error message added the offset to the data start and overflowed.
+    let mut w = GgufWriter::new();
+    w.tensor_f32("t", &[4], &[1., 2., 3., 4.]);
+    let mut b = w.to_bytes();
+    let name_pos = b.windows(1).position(|x| x == b"t").unwrap();
+    let offset_at = name_pos + 1 + 4 + 8 + 4; // name, n_dims, one dim, type
+    b[offset_at..offset_at + 8].copy_from_slice(&(u64::MAX - 31).to_le_bytes());
+    let msg = open_err(&b);
+    assert!(
+        msg.contains(&format!("offset {}", u64::MAX)) && msg.contains("runs past the end"),
+        "{msg}"
+    );
+}
