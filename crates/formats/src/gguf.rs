@@ -15,6 +15,13 @@ use crate::GgmlType;
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 
+/// The heap the parser may use for metadata and tensor infos: this many bytes per byte of file,
+/// plus [`MEMORY_FLOOR`]. A real model's metadata is a small fraction of its file, while a crafted
+/// array of one-byte elements would otherwise cost `size_of::<MetaValue>()` (32) bytes per byte.
+pub const MEMORY_PER_FILE_BYTE: usize = 8;
+/// Heap allowed regardless of the file's size (small fixtures, empty files).
+pub const MEMORY_FLOOR: usize = 64 << 10;
+
 /// One metadata value. Strings keep their raw bytes: GGUF says UTF-8, but tokenizer vocabularies
 /// are byte strings to llama.cpp and must reach the tokenizer unchanged.
 #[derive(Clone, Debug, PartialEq)]
@@ -173,6 +180,18 @@ impl Metadata {
         self.usize_opt(key)?.ok_or_else(|| self.missing(key))
     }
 
+    /// An optional count that must be at least 1 (heads, layers, widths: a zero would divide).
+    pub fn positive_opt(&self, key: &str) -> Result<Option<usize>> {
+        match self.usize_opt(key)? {
+            Some(0) => Err(self.bad(key, "must be at least 1, found 0".to_string())),
+            v => Ok(v),
+        }
+    }
+
+    pub fn positive(&self, key: &str) -> Result<usize> {
+        self.positive_opt(key)?.ok_or_else(|| self.missing(key))
+    }
+
     pub fn f32_opt(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
@@ -307,22 +326,52 @@ impl Gguf {
         })
     }
 
+    /// Parses GGUF bytes held in memory (copied to an anonymous map, so the result owns them).
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: &[u8]) -> Result<Gguf> {
+        let path = path.as_ref();
+        let (version, metadata, infos) = parse(path, bytes)?;
+        let map = crate::store::anon_map(bytes).map_err(|e| FormatError::io(path, e))?;
+        let tensors = TensorStore::from_parts(vec![(path.to_path_buf(), map)], infos);
+        Ok(Gguf {
+            version,
+            metadata,
+            tensors,
+        })
+    }
+
     /// The `general.architecture` value.
     pub fn architecture(&self) -> Result<&str> {
         self.metadata.str("general.architecture")
     }
 }
 
-/// A bounds-checked little-endian cursor over the file bytes.
+/// A bounds-checked little-endian cursor over the file bytes, with the heap budget the file's
+/// size justifies.
 struct Cursor<'a> {
     path: &'a Path,
     buf: &'a [u8],
     pos: usize,
+    heap_left: usize,
 }
 
 impl<'a> Cursor<'a> {
     fn err(&self, msg: impl Into<String>) -> FormatError {
         FormatError::malformed(self.path, format!("{} (at byte {})", msg.into(), self.pos))
+    }
+
+    /// Takes `bytes` from the heap budget before they are allocated.
+    fn charge(&mut self, bytes: usize, what: &str) -> Result<()> {
+        match self.heap_left.checked_sub(bytes) {
+            Some(left) => {
+                self.heap_left = left;
+                Ok(())
+            }
+            None => Err(self.err(format!(
+                "{what} would need more memory than a {}-byte file justifies (at most {} bytes per file byte)",
+                self.buf.len(),
+                MEMORY_PER_FILE_BYTE
+            ))),
+        }
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
@@ -376,6 +425,7 @@ impl<'a> Cursor<'a> {
 
     fn string(&mut self, what: &str) -> Result<Vec<u8>> {
         let n = self.count(1, what)?;
+        self.charge(n, what)?;
         Ok(self.take(n, what)?.to_vec())
     }
 
@@ -400,6 +450,7 @@ impl<'a> Cursor<'a> {
                 }
                 let elem_ty = self.u32()?;
                 let n = self.count(elem_min_bytes(elem_ty), "array")?;
+                self.charge(n.saturating_mul(size_of::<MetaValue>()), "array")?;
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
                     v.push(self.value(elem_ty, depth + 1)?);
@@ -414,6 +465,10 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Heap per metadata entry in [`Metadata`]'s index besides the key: a `String` and a `usize`, with
+/// the hash table's slack.
+const INDEX_ENTRY_BYTES: usize = 2 * (size_of::<String>() + size_of::<usize>());
+
 /// Smallest encoding of one element of type `ty` (used to bound array counts).
 fn elem_min_bytes(ty: u32) -> usize {
     match ty {
@@ -426,8 +481,18 @@ fn elem_min_bytes(ty: u32) -> usize {
     }
 }
 
-fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
-    let mut c = Cursor { path, buf, pos: 0 };
+/// Parses the GGUF bytes `buf` (named `path` in errors): version, metadata, tensor infos (their
+/// byte ranges in `buf`). [`Gguf::open`] runs it on a memory map; fuzzing and tools on a buffer.
+pub fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
+    let mut c = Cursor {
+        path,
+        buf,
+        pos: 0,
+        heap_left: buf
+            .len()
+            .saturating_mul(MEMORY_PER_FILE_BYTE)
+            .saturating_add(MEMORY_FLOOR),
+    };
     let magic = c.take(4, "magic").map_err(|_| {
         FormatError::malformed(
             path,
@@ -458,9 +523,15 @@ fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
     let n_tensors = c.count(24, "tensor")?;
     let n_kv = c.count(12, "metadata key/value")?;
 
+    c.charge(
+        n_kv.saturating_mul(size_of::<(String, MetaValue)>() + INDEX_ENTRY_BYTES),
+        "metadata",
+    )?;
     let mut entries = Vec::with_capacity(n_kv);
     for _ in 0..n_kv {
         let key = c.string("metadata key")?;
+        // The key is stored twice: in the entry and in the index.
+        c.charge(key.len(), "metadata key")?;
         let key = String::from_utf8(key).map_err(|_| c.err("metadata key is not UTF-8"))?;
         let ty = c.u32()?;
         let value = c.value(ty, 0).map_err(|e| match e {
@@ -488,14 +559,21 @@ fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
         type_id: u32,
         offset: u64,
     }
+    // Each tensor is held twice (raw, then checked), its name and dims each time.
+    c.charge(
+        n_tensors.saturating_mul(size_of::<RawInfo>() + size_of::<TensorInfo>()),
+        "tensor infos",
+    )?;
     let mut raw = Vec::with_capacity(n_tensors);
     for _ in 0..n_tensors {
         let name = c.string("tensor name")?;
+        c.charge(name.len(), "tensor name")?;
         let name = String::from_utf8(name).map_err(|_| c.err("tensor name is not UTF-8"))?;
         let n_dims = c.u32()? as usize;
         if n_dims == 0 || n_dims > 8 {
             return Err(c.err(format!("tensor '{name}' has {n_dims} dimensions")));
         }
+        c.charge(2 * n_dims * size_of::<u64>(), "tensor dims")?;
         let mut dims = Vec::with_capacity(n_dims);
         for _ in 0..n_dims {
             dims.push(c.u64()?);
@@ -570,7 +648,7 @@ fn parse(path: &Path, buf: &[u8]) -> Result<(u32, Metadata, Vec<TensorInfo>)> {
                     format!(
                         "tensor '{}' data (offset {}, {} bytes) runs past the end of the file ({} bytes)",
                         r.name,
-                        data_start + r.offset,
+                        data_start.saturating_add(r.offset),
                         len,
                         buf.len()
                     ),

@@ -85,6 +85,14 @@ impl HfConfig {
         self.usize_opt(key)?.ok_or_else(|| self.missing(key))
     }
 
+    /// An optional count that must be at least 1 (heads, layers, widths: a zero would divide).
+    pub fn positive_opt(&self, key: &str) -> Result<Option<usize>> {
+        match self.usize_opt(key)? {
+            Some(0) => Err(self.bad(key, "must be at least 1, found 0")),
+            v => Ok(v),
+        }
+    }
+
     pub fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
@@ -153,8 +161,17 @@ impl HfConfig {
 
     /// The first of several alternative keys that is present (`n_embd` vs `hidden_size`, ...).
     pub fn usize_any(&self, keys: &[&str]) -> Result<usize> {
+        self.any(keys, Self::usize_opt)
+    }
+
+    /// [`Self::usize_any`] for a count that must be at least 1.
+    pub fn positive_any(&self, keys: &[&str]) -> Result<usize> {
+        self.any(keys, Self::positive_opt)
+    }
+
+    fn any(&self, keys: &[&str], get: fn(&Self, &str) -> Result<Option<usize>>) -> Result<usize> {
         for k in keys {
-            if let Some(v) = self.usize_opt(k)? {
+            if let Some(v) = get(self, k)? {
                 return Ok(v);
             }
         }

@@ -2,6 +2,7 @@
 //! their dequantisation, safetensors (single or sharded), and Hugging Face `config.json`.
 
 pub mod error;
+pub mod fuzz;
 pub mod ggml_type;
 pub mod gguf;
 pub mod gguf_writer;

@@ -36,7 +36,12 @@ pub fn open_dir(dir: &Path) -> Result<TensorStore> {
 /// The distinct shard file names of an index, in sorted order.
 fn shard_files(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index).map_err(|e| FormatError::io(index, e))?;
-    let json: serde_json::Value = serde_json::from_str(&text)
+    parse_index(index, &text)
+}
+
+/// The distinct shard file names of the index text `text` (read from `index`), sorted.
+pub fn parse_index(index: &Path, text: &str) -> Result<Vec<String>> {
+    let json: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| FormatError::malformed(index, format!("invalid JSON: {e}")))?;
     let map = json
         .get("weight_map")
@@ -67,45 +72,67 @@ pub fn open_files(files: &[PathBuf]) -> Result<TensorStore> {
         let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
         // SAFETY: read-only map; the file must not be truncated while the store lives.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(path, e))?;
-        let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
-            FormatError::malformed(path, format!("not a valid safetensors file: {e}"))
-        })?;
-        let data_start = 8 + header_len;
-        for (name, info) in meta.tensors() {
-            let dtype = map_dtype(info.dtype).ok_or_else(|| {
-                FormatError::malformed(
-                    path,
-                    format!("tensor '{name}' has unsupported dtype {:?}", info.dtype),
-                )
-            })?;
-            let (start, end) = info.data_offsets;
-            let len = end - start;
-            let n: usize = info.shape.iter().product();
-            if dtype.bytes_for(n) != Some(len) || data_start + end > map.len() {
+        for info in parse_file(path, &map, source)? {
+            if !seen.insert(info.name.clone()) {
                 return Err(FormatError::malformed(
                     path,
-                    format!("tensor '{name}' has inconsistent size"),
+                    format!("tensor '{}' appears in two shards", info.name),
                 ));
             }
-            if !seen.insert(name.clone()) {
-                return Err(FormatError::malformed(
-                    path,
-                    format!("tensor '{name}' appears in two shards"),
-                ));
-            }
-            infos.push(TensorInfo::new(
-                name,
-                dtype,
-                info.shape.clone(),
-                source,
-                data_start + start,
-                len,
-            ));
+            infos.push(info);
         }
         maps.push((path.clone(), map));
     }
     infos.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(TensorStore::from_parts(maps, infos))
+}
+
+/// One safetensors file held in memory (copied to an anonymous map) as a store.
+pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<TensorStore> {
+    let mut infos = parse_file(path, bytes, 0)?;
+    infos.sort_by(|a, b| a.name.cmp(&b.name));
+    let map = crate::store::anon_map(bytes).map_err(|e| FormatError::io(path, e))?;
+    Ok(TensorStore::from_parts(
+        vec![(path.to_path_buf(), map)],
+        infos,
+    ))
+}
+
+/// The tensor infos of one safetensors file's bytes `buf` (from `path`, shard number `source`),
+/// each checked against the file's length.
+pub(crate) fn parse_file(path: &Path, buf: &[u8], source: usize) -> Result<Vec<TensorInfo>> {
+    let (header_len, meta) = SafeTensors::read_metadata(buf)
+        .map_err(|e| FormatError::malformed(path, format!("not a valid safetensors file: {e}")))?;
+    let data_start = 8 + header_len;
+    let mut infos = Vec::new();
+    for (name, info) in meta.tensors() {
+        let dtype = map_dtype(info.dtype).ok_or_else(|| {
+            FormatError::malformed(
+                path,
+                format!("tensor '{name}' has unsupported dtype {:?}", info.dtype),
+            )
+        })?;
+        let (start, end) = info.data_offsets;
+        let len = end.checked_sub(start);
+        let n = info.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let fits = data_start.checked_add(end).is_some_and(|e| e <= buf.len());
+        let Some(len) = len.filter(|&l| fits && n.and_then(|n| dtype.bytes_for(n)) == Some(l))
+        else {
+            return Err(FormatError::malformed(
+                path,
+                format!("tensor '{name}' has inconsistent size"),
+            ));
+        };
+        infos.push(TensorInfo::new(
+            name,
+            dtype,
+            info.shape.clone(),
+            source,
+            data_start + start,
+            len,
+        ));
+    }
+    Ok(infos)
 }
 
 fn map_dtype(d: Dtype) -> Option<GgmlType> {

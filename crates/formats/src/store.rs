@@ -47,6 +47,11 @@ impl TensorInfo {
     pub fn n_bytes(&self) -> usize {
         self.len
     }
+
+    /// The tensor's bytes within its file.
+    pub(crate) fn byte_range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len
+    }
 }
 
 /// A borrowed tensor: metadata plus its bytes in the map.
@@ -92,6 +97,13 @@ impl Tensor<'_> {
             ))
         }
     }
+}
+
+/// A read-only anonymous map holding a copy of `bytes` (for files parsed from memory).
+pub(crate) fn anon_map(bytes: &[u8]) -> std::io::Result<Mmap> {
+    let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1))?;
+    map[..bytes.len()].copy_from_slice(bytes);
+    map.make_read_only()
 }
 
 /// All tensors of a model, memory-mapped.

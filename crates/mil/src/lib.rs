@@ -63,6 +63,7 @@ pub mod census;
 pub mod constexpr;
 pub mod dtype;
 pub mod error;
+pub mod fuzz;
 pub mod ir;
 pub mod lint;
 pub mod literal;

@@ -1,9 +1,11 @@
 //! Hyperparameters common to the decoder families, read from GGUF metadata
 //! (`<arch>.block_count`, ...) or from a Hugging Face config.json (`num_hidden_layers`, ...).
 
+use std::path::Path;
+
 use anelm_formats::{HfConfig, Metadata, RopeParams};
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 #[derive(Clone, Debug)]
 pub(crate) struct Hparams {
@@ -25,13 +27,15 @@ pub(crate) struct Hparams {
 }
 
 impl Hparams {
-    pub fn from_gguf(meta: &Metadata, arch: &str) -> Result<Hparams> {
+    /// Reads `<arch>.*` from GGUF metadata; `n_tensors` bounds the layer count (each layer needs
+    /// a tensor), so a corrupt count cannot size the per-layer tables.
+    pub fn from_gguf(meta: &Metadata, arch: &str, n_tensors: usize) -> Result<Hparams> {
         let k = |s: &str| format!("{arch}.{s}");
-        let n_heads = meta.usize(&k("attention.head_count"))?;
-        let hidden = meta.usize(&k("embedding_length"))?;
+        let n_heads = meta.positive(&k("attention.head_count"))?;
+        let hidden = meta.positive(&k("embedding_length"))?;
         let head_dim = meta
-            .usize_opt(&k("attention.key_length"))?
-            .unwrap_or(hidden / n_heads.max(1));
+            .positive_opt(&k("attention.key_length"))?
+            .unwrap_or(hidden / n_heads);
         let eps = match meta.f32_opt(&k("attention.layer_norm_rms_epsilon"))? {
             Some(e) => e,
             None => meta
@@ -52,15 +56,15 @@ impl Hparams {
         let rope_dims = meta
             .usize_opt(&k("rope.dimension_count"))?
             .unwrap_or(head_dim);
-        Ok(Hparams {
-            n_layers: meta.usize(&k("block_count"))?,
+        Hparams {
+            n_layers: meta.positive(&k("block_count"))?,
             hidden,
             ffn: meta
                 .usize_opt(&k("feed_forward_length"))?
                 .unwrap_or(4 * hidden),
             n_heads,
             n_kv_heads: meta
-                .usize_opt(&k("attention.head_count_kv"))?
+                .positive_opt(&k("attention.head_count_kv"))?
                 .unwrap_or(n_heads),
             head_dim,
             eps,
@@ -70,15 +74,15 @@ impl Hparams {
             sliding_window: meta.usize_opt(&k("attention.sliding_window"))?,
             attn_softcap: meta.f32_opt(&k("attn_logit_softcapping"))?,
             final_softcap: meta.f32_opt(&k("final_logit_softcapping"))?,
-        })
+        }
+        .checked(meta.path(), &k("block_count"), n_tensors)
     }
 
-    pub fn from_hf(cfg: &HfConfig) -> Result<Hparams> {
-        let hidden = cfg.usize_any(&["hidden_size", "n_embd"])?;
-        let n_heads = cfg.usize_any(&["num_attention_heads", "n_head"])?;
-        let head_dim = cfg
-            .usize_opt("head_dim")?
-            .unwrap_or(hidden / n_heads.max(1));
+    /// Reads config.json; `n_tensors` as in [`Self::from_gguf`].
+    pub fn from_hf(cfg: &HfConfig, n_tensors: usize) -> Result<Hparams> {
+        let hidden = cfg.positive_any(&["hidden_size", "n_embd"])?;
+        let n_heads = cfg.positive_any(&["num_attention_heads", "n_head"])?;
+        let head_dim = cfg.positive_opt("head_dim")?.unwrap_or(hidden / n_heads);
         let rope = cfg.rope(Some("full_attention"))?;
         let rope_dims = (head_dim as f64 * rope.partial_rotary_factor) as usize;
         let eps = match cfg.f64_opt("rms_norm_eps")? {
@@ -88,15 +92,15 @@ impl Hparams {
                 .or(cfg.f64_opt("layer_norm_eps")?)
                 .unwrap_or(1e-5),
         } as f32;
-        Ok(Hparams {
-            n_layers: cfg.usize_any(&["num_hidden_layers", "n_layer"])?,
+        Hparams {
+            n_layers: cfg.positive_any(&["num_hidden_layers", "n_layer"])?,
             hidden,
             ffn: match cfg.usize_opt("intermediate_size")? {
                 Some(f) => f,
                 None => cfg.usize_opt("n_inner")?.unwrap_or(4 * hidden),
             },
             n_heads,
-            n_kv_heads: cfg.usize_opt("num_key_value_heads")?.unwrap_or(n_heads),
+            n_kv_heads: cfg.positive_opt("num_key_value_heads")?.unwrap_or(n_heads),
             head_dim,
             eps,
             context: cfg
@@ -107,6 +111,31 @@ impl Hparams {
             sliding_window: cfg.usize_opt("sliding_window")?,
             attn_softcap: cfg.f64_opt("attn_logit_softcapping")?.map(|v| v as f32),
             final_softcap: cfg.f64_opt("final_logit_softcapping")?.map(|v| v as f32),
-        })
+        }
+        .checked(cfg.path(), "num_hidden_layers", n_tensors)
+    }
+
+    /// Consistency the file cannot be trusted with: a head width of at least 1, a layer count
+    /// the tensors can back.
+    fn checked(self, path: &Path, layers_key: &str, n_tensors: usize) -> Result<Hparams> {
+        if self.head_dim == 0 {
+            return Err(ModelError::invalid(
+                path,
+                format!(
+                    "{} heads in a width of {} leave no head dimension",
+                    self.n_heads, self.hidden
+                ),
+            ));
+        }
+        if self.n_layers > n_tensors {
+            return Err(ModelError::invalid(
+                path,
+                format!(
+                    "{layers_key} is {} but the weights hold only {n_tensors} tensors",
+                    self.n_layers
+                ),
+            ));
+        }
+        Ok(self)
     }
 }

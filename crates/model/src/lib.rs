@@ -6,6 +6,7 @@ mod decoder;
 pub mod error;
 pub mod exec;
 mod families;
+pub mod fuzz;
 mod hparams;
 mod hybrid;
 mod loader;

@@ -28,6 +28,11 @@ impl TensorLoader {
         }
     }
 
+    /// How many tensors the files hold (each layer needs at least one).
+    pub fn n_tensors(&self) -> usize {
+        self.store.len()
+    }
+
     /// The stored name of tensor `name` (given in the text-only convention).
     fn stored<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
         match name.strip_prefix("model.") {

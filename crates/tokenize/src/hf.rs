@@ -65,6 +65,42 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
         })
 }
 
+/// Checks that every special token a `TemplateProcessing` template names is in its
+/// `special_tokens` table: the tokenizers crate does not check on load and panics on encode.
+fn check_post_processor(p: Option<&Value>) -> std::result::Result<(), String> {
+    let Some(p) = p else { return Ok(()) };
+    if let Some(list) = p.get("processors").and_then(Value::as_array) {
+        return list.iter().try_for_each(|q| check_post_processor(Some(q)));
+    }
+    if p.get("type").and_then(Value::as_str) != Some("TemplateProcessing") {
+        return Ok(());
+    }
+    let table = p.get("special_tokens").and_then(Value::as_object);
+    for key in ["single", "pair"] {
+        let pieces: Vec<String> = match p.get(key) {
+            Some(Value::String(t)) => t
+                .split_whitespace()
+                .filter(|w| !w.starts_with('$'))
+                .map(|w| w.rsplit_once(':').map_or(w, |(name, _)| name).to_string())
+                .collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|piece| piece.get("SpecialToken")?.get("id")?.as_str())
+                .map(String::from)
+                .collect(),
+            _ => Vec::new(),
+        };
+        for name in pieces {
+            if !table.is_some_and(|t| t.contains_key(&name)) {
+                return Err(format!(
+                    "post_processor.{key} uses special token '{name}', which post_processor.special_tokens does not define"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A token named in tokenizer_config.json: a string or an AddedToken object.
 fn token_content(v: &Value) -> Option<&str> {
     v.as_str()
@@ -132,16 +168,37 @@ impl RoleVocab for HfRoles<'_> {
 impl HfTokenizer {
     pub fn from_dir(dir: &Path) -> Result<HfTokenizer> {
         let path = dir.join("tokenizer.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| TokenizeError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config = read_json(&config_path)?;
+        let generation = read_json(&dir.join("generation_config.json"))?;
+        Self::from_parts(path, &text, config_path, config, generation)
+    }
+
+    /// Builds the tokenizer from `tokenizer.json`'s text and the parsed `tokenizer_config.json`
+    /// and `generation_config.json` (`path` and `config_path` name them in errors).
+    pub fn from_parts(
+        path: PathBuf,
+        text: &str,
+        config_path: PathBuf,
+        config: Option<Value>,
+        generation: Option<Value>,
+    ) -> Result<HfTokenizer> {
         let hf_err = |msg: String| TokenizeError::HfTokenizer {
             path: path.clone(),
             msg,
         };
-        let json = read_json(&path)?.ok_or_else(|| TokenizeError::Io {
+        let json: Value = serde_json::from_str(text).map_err(|e| TokenizeError::Json {
             path: path.clone(),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            msg: e.to_string(),
         })?;
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(&path).map_err(|e| hf_err(e.to_string()))?;
+        check_post_processor(json.get("post_processor")).map_err(hf_err)?;
+        let tokenizer: tokenizers::Tokenizer = text
+            .parse()
+            .map_err(|e: tokenizers::Error| hf_err(e.to_string()))?;
         let (style, strip_leading) = decoder_style(json.get("decoder"));
         let added = tokenizer
             .get_added_tokens_decoder()
@@ -149,8 +206,6 @@ impl HfTokenizer {
             .map(|(id, t)| (id, (t.content, t.special)))
             .collect();
 
-        let config_path = dir.join("tokenizer_config.json");
-        let config = read_json(&config_path)?;
         let named = |key: &str| {
             config
                 .as_ref()
@@ -164,7 +219,6 @@ impl HfTokenizer {
             ..SpecialIds::default()
         };
         let mut eog = special::assign_roles(&mut HfRoles(&tokenizer), &mut ids);
-        let generation = read_json(&dir.join("generation_config.json"))?;
         if let Some(v) = generation.as_ref().and_then(|g| g.get("eos_token_id")) {
             let listed: Vec<&Value> = v.as_array().map_or_else(|| vec![v], |a| a.iter().collect());
             eog.extend(

@@ -8,6 +8,7 @@
 mod bpe;
 mod chat_template;
 mod error;
+pub mod fuzz;
 mod gguf;
 mod hf;
 mod merge;

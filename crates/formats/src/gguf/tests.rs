@@ -148,3 +148,92 @@ fn huge_counts_do_not_allocate() {
     b.extend_from_slice(&0u64.to_le_bytes());
     assert!(open_err(&b).contains("does not fit"));
 }
+
+/// A GGUF v3 header with no tensors and the given key/value count, then `body`.
+fn header(n_kv: u64, body: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&n_kv.to_le_bytes());
+    b.extend_from_slice(body);
+    b
+}
+
+/// One metadata key `k` holding an array of `n` elements of type `ty`, its payload `payload`.
+fn array_kv(ty: u32, n: u64, payload: &[u8]) -> Vec<u8> {
+    let mut b = 1u64.to_le_bytes().to_vec();
+    b.push(b'k');
+    b.extend_from_slice(&9u32.to_le_bytes());
+    b.extend_from_slice(&ty.to_le_bytes());
+    b.extend_from_slice(&n.to_le_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
+#[test]
+fn huge_kv_string_and_array_counts_are_refused_before_allocating() {
+    assert!(open_err(&header(u64::MAX / 2, &[])).contains("metadata key/value count"));
+    // A key whose length claims more bytes than the file has.
+    let mut long_key = u64::MAX.to_le_bytes().to_vec();
+    long_key.extend_from_slice(b"abcdefghijkl");
+    assert!(open_err(&header(1, &long_key)).contains("metadata key count"));
+    // An array of u32 claiming 2^40 elements in a file of a few bytes.
+    let msg = open_err(&header(1, &array_kv(4, 1 << 40, &[0; 16])));
+    assert!(msg.contains("array count") && msg.contains("'k'"), "{msg}");
+}
+
+#[test]
+fn byte_arrays_cannot_ask_for_more_memory_than_the_file_justifies() {
+    // 200 000 u8 elements fit the file byte for byte, but decode to 32 bytes each: 6.4 MB for a
+    // 200 kB file, past the 8-per-byte budget.
+    let n = 200_000;
+    let msg = open_err(&header(1, &array_kv(0, n, &vec![7; n as usize])));
+    assert!(msg.contains("more memory than a"), "{msg}");
+    // Many arrays, each within the budget on its own, are charged together.
+    let mut body = Vec::new();
+    for i in 0..20u8 {
+        let mut kv = array_kv(0, 20_000, &vec![1; 20_000]);
+        kv[8] = b'a' + i; // distinct keys
+        body.extend_from_slice(&kv);
+    }
+    let msg = open_err(&header(20, &body));
+    assert!(msg.contains("more memory than a"), "{msg}");
+    // A small byte array, as real files hold, still reads.
+    let ok = header(1, &array_kv(0, 1000, &vec![3; 1000]));
+    let g = Gguf::from_bytes("small.gguf", &ok).unwrap();
+    assert_eq!(g.metadata.array_opt("k").unwrap().unwrap().len(), 1000);
+}
+
+#[test]
+fn zero_hyperparameters_are_named() {
+    let mut w = GgufWriter::new();
+    w.meta("gemma.attention.head_count", MetaValue::U32(0));
+    let f = write_tmp(&w.to_bytes());
+    let g = Gguf::open(f.path()).unwrap();
+    let e = g
+        .metadata
+        .positive("gemma.attention.head_count")
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("'gemma.attention.head_count': must be at least 1, found 0"),
+        "{e}"
+    );
+    assert!(g.metadata.positive_opt("absent").unwrap().is_none());
+}
+
+#[test]
+fn a_tensor_offset_near_u64_max_is_named_without_overflow() {
+    // Found by fuzzing: the error message added the offset to the data start and overflowed.
+    let mut w = GgufWriter::new();
+    w.tensor_f32("t", &[4], &[1., 2., 3., 4.]);
+    let mut b = w.to_bytes();
+    let name_pos = b.windows(1).position(|x| x == b"t").unwrap();
+    let offset_at = name_pos + 1 + 4 + 8 + 4; // name, n_dims, one dim, type
+    b[offset_at..offset_at + 8].copy_from_slice(&(u64::MAX - 31).to_le_bytes());
+    let msg = open_err(&b);
+    assert!(
+        msg.contains(&format!("offset {}", u64::MAX)) && msg.contains("runs past the end"),
+        "{msg}"
+    );
+}

@@ -27,9 +27,15 @@ const HF_TYPES: &str =
     "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text";
 
 pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
+    from_gguf(path, Gguf::open(path)?)
+}
+
+/// Builds the model of a parsed GGUF file (`path` names it in errors).
+pub(crate) fn from_gguf(path: &Path, gguf: Gguf) -> Result<Model> {
     let Gguf {
         metadata, tensors, ..
-    } = Gguf::open(path)?;
+    } = gguf;
+    let n_tensors = tensors.len();
     let arch = metadata.str("general.architecture")?.to_string();
     let name = metadata
         .str_opt("general.name")?
@@ -38,7 +44,7 @@ pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
     let ctx = Ctx {
         loader: TensorLoader::new(tensors),
     };
-    let hp = Hparams::from_gguf(&metadata, &arch)?;
+    let hp = Hparams::from_gguf(&metadata, &arch, n_tensors)?;
     let recipe = match arch.as_str() {
         "llama" => llama::gguf(&ctx, hp)?,
         "qwen2" => qwen::gguf(Family::Qwen2, hp),
@@ -63,7 +69,17 @@ pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
 }
 
 pub(crate) fn load_hf(dir: &Path) -> Result<Model> {
-    let cfg = HfConfig::open(dir)?;
+    from_hf(dir, HfConfig::open(dir)?, || {
+        Ok(anelm_formats::safetensors::open_dir(dir)?)
+    })
+}
+
+/// Builds the model of a parsed config.json; `tensors` opens the weights once the family is known.
+pub(crate) fn from_hf(
+    dir: &Path,
+    cfg: HfConfig,
+    tensors: impl FnOnce() -> Result<anelm_formats::TensorStore>,
+) -> Result<Model> {
     let model_type = cfg.model_type()?.to_string();
     let family = match model_type.as_str() {
         "llama" => Family::Llama,
@@ -81,8 +97,8 @@ pub(crate) fn load_hf(dir: &Path) -> Result<Model> {
         "qwen3_5_moe_text" => Family::Qwen35Moe,
         other => return Err(unsupported(cfg.path(), other, HF_TYPES)),
     };
-    let hp = Hparams::from_hf(&cfg)?;
-    let loader = TensorLoader::new(anelm_formats::safetensors::open_dir(dir)?);
+    let loader = TensorLoader::new(tensors()?);
+    let hp = Hparams::from_hf(&cfg, loader.n_tensors())?;
     let name = file_stem(dir);
     let source = ModelSource::HfDir {
         dir: dir.to_path_buf(),

@@ -132,6 +132,11 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// The work one render may do (minijinja fuel: about one per instruction and one per 64 bytes
+/// of data, output included), so an untrusted template cannot hang or exhaust the process: at
+/// most about 64 MB of data. Real templates spend a few thousand on a long conversation.
+pub const TEMPLATE_FUEL: u64 = 1_000_000;
+
 /// The marker `raise_exception` puts before its message, so a refusal can be told apart from
 /// other render errors.
 const RAISED: &str = "raise_exception: ";
@@ -155,6 +160,7 @@ impl ChatTemplate {
             msg: e.to_string(),
         })?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(

@@ -244,3 +244,51 @@ fn extra_variables_reach_the_template() {
         "<B>|False|1"
     );
 }
+
+fn render_error(source: &str) -> String {
+    match render(source, &[Message::user("hi")]) {
+        Ok(out) => panic!("rendered {} bytes", out.len()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn untrusted_templates_cannot_hang_or_exhaust_memory() {
+    // An endless-looking loop, a huge string and a huge output all run out of fuel.
+    for (what, source) in [
+        (
+            "loop",
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        ),
+        ("string", "{{ 'x' * 1000000000 }}"),
+        (
+            "output",
+            "{% for i in range(10000) %}{% for j in range(10000) %}xxxxxxxxxxxxxxxx{% endfor %}{% endfor %}",
+        ),
+    ] {
+        let start = std::time::Instant::now();
+        let e = render_error(source);
+        assert!(e.contains("fuel"), "{what}: {e}");
+        assert!(start.elapsed().as_secs() < 5, "{what} took {:?}", start.elapsed());
+    }
+    // Unbounded recursion is an error, not a stack overflow.
+    let e = render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+    assert!(e.contains("recursion"), "{e}");
+}
+
+#[test]
+fn the_fuel_suffices_for_a_long_conversation_with_a_builtin_template() {
+    let t = ChatTemplate::builtin(builtin_template("qwen3").unwrap(), None, None);
+    let long = "word ".repeat(400);
+    let msgs: Vec<Message> = (0..200)
+        .map(|i| {
+            if i % 2 == 0 {
+                Message::user(&long)
+            } else {
+                Message::assistant(&long)
+            }
+        })
+        .collect();
+    let out = t.render(&msgs, &tool_options()).unwrap();
+    assert!(out.len() > 200 * long.len(), "{}", out.len());
+}
