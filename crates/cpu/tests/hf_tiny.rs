@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anelm_cpu::CpuExecutor;
 use anelm_model::{Executor, Logits};
 use anelm_testkit::{
-    argmax, ids, tiny, DENSE_TINY as DENSE, MOE_HYBRID_TINY, TINY_WITH_GGUF as WITH_GGUF,
+    argmax, ids, tiny, tiny_gguf, DENSE_TINY as DENSE, MOE_HYBRID_TINY, TINY_WITH_GGUF as WITH_GGUF,
 };
 use serde_json::Value;
 
@@ -98,4 +98,49 @@ fn dense_gguf_match_transformers() {
         let d = check(arch, &fixtures().join(arch).join("model.gguf"));
         println!("{arch:8} gguf: max |logit diff| {d:.2e}");
     }
+}
+
+/// GGUF files written by llama.cpp's converter from the MoE and hybrid fixtures
+/// (scripts/gen-gguf-fixtures.py): (fixture folder, file).
+const CONVERTED: [(&str, &str); 6] = [
+    ("qwen2_moe", "qwen2_moe"),
+    ("qwen3_moe", "qwen3_moe"),
+    ("qwen3_next", "qwen3_next"),
+    ("qwen3_next", "qwen3_next-fused"),
+    ("qwen3_5", "qwen3_5"),
+    ("qwen3_5_moe", "qwen3_5_moe"),
+];
+
+#[test]
+fn moe_and_hybrid_gguf_match_transformers_and_safetensors() {
+    for (arch, file) in CONVERTED {
+        let gguf = tiny_gguf(file);
+        let d = check(arch, &gguf);
+        let from_gguf = last_logits(&gguf);
+        let from_st = last_logits(&tiny(arch));
+        let worst = from_gguf
+            .iter()
+            .zip(&from_st)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-4,
+            "{file}: GGUF vs safetensors logits differ by {worst}"
+        );
+        println!(
+            "{file:20} gguf: max |logit diff| {d:.2e} vs transformers, {worst:.2e} vs safetensors"
+        );
+    }
+}
+
+/// Every logit at every position of an 80-token prompt (past the DeltaNet chunk of 64).
+fn last_logits(model_path: &Path) -> Vec<f32> {
+    let model = Arc::new(anelm_model::load(model_path).unwrap());
+    let mut exec = CpuExecutor::new(model, 2);
+    let prompt: Vec<u32> = (0..80u32).map(|i| 4 + (i * 37) % 500).collect();
+    let mut state = exec.new_state(prompt.len()).unwrap();
+    let mut logits = Vec::new();
+    exec.forward(state.as_mut(), &prompt, Logits::All, &mut logits)
+        .unwrap();
+    logits
 }

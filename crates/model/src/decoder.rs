@@ -132,6 +132,42 @@ pub(crate) struct Recipe {
     pub deltanet: Option<DeltaNetSpec>,
     /// `q_proj` carries a per-head output gate (Qwen3-Next, Qwen3.5).
     pub gated_attention: bool,
+    /// The stored name of the FFN pre-norm: `ffn_norm` in most GGUF files, `post_attention_norm`
+    /// in llama.cpp's Qwen3-Next / Qwen3.5 files.
+    pub ffn_norm: Role,
+}
+
+impl Recipe {
+    /// The plain pre-norm SwiGLU decoder that most families are, so a family states only what
+    /// differs (`Recipe { sandwich: true, ..Recipe::new(..) }`): every layer global with the
+    /// model's RoPE and a `head_dim^-0.5` scale, stored norms used as they are, rotate-half RoPE.
+    pub fn new(family: Family, hp: Hparams, naming: Naming) -> Recipe {
+        let layers = vec![
+            AttnKind {
+                window: None,
+                rope: hp.rope.clone(),
+                scale: (hp.head_dim as f32).powf(-0.5),
+                softcap: None,
+            };
+            hp.n_layers
+        ];
+        Recipe {
+            family,
+            hp,
+            naming,
+            norm_plus_one: false,
+            sandwich: false,
+            act: Activation::Silu,
+            embed_scale: None,
+            pairing: RopePairing::HalfSplit,
+            freq_factors: None,
+            layers,
+            moe: None,
+            deltanet: None,
+            gated_attention: false,
+            ffn_norm: Role::FfnNorm,
+        }
+    }
 }
 
 /// Inverse RoPE frequencies for `dims` rotated dimensions under `p`'s scaling.
@@ -290,7 +326,7 @@ pub(crate) fn build(
             }
         };
         let ffn = match &r.moe {
-            Some(m) if m.layers[i] => Ffn::Moe(hybrid::moe(loader, i, m, r.act, hp.hidden)?),
+            Some(m) if m.layers[i] => Ffn::Moe(hybrid::moe(loader, i, m, r.act, hp.hidden, n)?),
             _ => Ffn::Gated {
                 act: r.act,
                 gate: lin(Role::Gate, hp.ffn, hp.hidden)?,
@@ -302,7 +338,7 @@ pub(crate) fn build(
             attn_norm: rms(&n.layer(i, Role::AttnNorm), hp.hidden)?,
             mixer,
             post_attn_norm: post(Role::PostAttnNorm)?,
-            ffn_norm: rms(&n.layer(i, Role::FfnNorm), hp.hidden)?,
+            ffn_norm: rms(&n.layer(i, r.ffn_norm), hp.hidden)?,
             ffn,
             post_ffn_norm: post(Role::PostFfnNorm)?,
         });

@@ -68,6 +68,23 @@ impl TensorLoader {
         Ok(w)
     }
 
+    /// The `n` matrices `[rows, cols]` stacked in the 3-D tensor `name` (`[n, rows, cols]`, as
+    /// llama.cpp merges experts), each a view of the same bytes.
+    pub fn stacked(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Weight>> {
+        let t = self.require(name)?;
+        if t.shape != [n, rows, cols] {
+            return Err(ModelError::shape(
+                t.file,
+                name,
+                format!("shape {:?}, expected [{n}, {rows}, {cols}]", t.shape),
+            ));
+        }
+        let all = Weight::mapped_flat(&self.store, &t)?;
+        Ok((0..n)
+            .map(|e| all.slice_rows(&format!("{name}[{e}]"), e * rows, rows))
+            .collect())
+    }
+
     /// A vector of `n` values as f32.
     pub fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.require(name)?;

@@ -41,11 +41,25 @@ impl std::fmt::Debug for Weight {
 impl Weight {
     /// A mapped matrix from a 2-D tensor (or a 1-D one as a single row).
     pub fn mapped(store: &Arc<TensorStore>, t: &Tensor<'_>) -> Result<Weight> {
+        if t.shape.len() > 2 {
+            return Err(ModelError::shape(
+                t.file,
+                t.name,
+                format!("{:?} is not a matrix", t.shape),
+            ));
+        }
+        Self::mapped_flat(store, t)
+    }
+
+    /// A mapped matrix over a tensor of any rank: the last dimension is the row, every other
+    /// dimension counts rows (llama.cpp's merged experts `[n_expert, rows, cols]` are
+    /// `n_expert · rows` rows, sliced per expert with [`Self::slice_rows`]).
+    pub fn mapped_flat(store: &Arc<TensorStore>, t: &Tensor<'_>) -> Result<Weight> {
         let index = store
             .index_of(t.name)
             .ok_or_else(|| ModelError::shape(t.file, t.name, "tensor is not in the given store"))?;
         let (rows, cols) = t.rows_cols();
-        if t.shape.len() > 2 || cols % t.dtype.block_elems() != 0 {
+        if cols % t.dtype.block_elems() != 0 {
             return Err(ModelError::shape(
                 t.file,
                 t.name,

@@ -49,6 +49,12 @@ pub fn tiny(arch: &str) -> PathBuf {
     shared(&format!("fixtures/hf-tiny/{arch}"))
 }
 
+/// A GGUF that llama.cpp's converter made from a tiny HF fixture (scripts/gen-gguf-fixtures.py),
+/// e.g. `tiny_gguf("qwen3_moe")` for `crates/testkit/fixtures/gguf-tiny/qwen3_moe.gguf`.
+pub fn tiny_gguf(name: &str) -> PathBuf {
+    workspace_root().join(format!("crates/testkit/fixtures/gguf-tiny/{name}.gguf"))
+}
+
 /// A JSON file under `../shared`.
 pub fn shared_json(rel: &str) -> Value {
     let p = shared(rel);

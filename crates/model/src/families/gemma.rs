@@ -9,23 +9,16 @@ use crate::decoder::{AttnKind, Naming, Recipe};
 use crate::error::{ModelError, Result};
 use crate::hparams::Hparams;
 use crate::model::Family;
-use crate::plan::{Activation, RopePairing};
+use crate::plan::Activation;
 
 fn recipe(family: Family, hp: Hparams, naming: Naming, layers: Vec<AttnKind>) -> Recipe {
     Recipe {
-        family,
         embed_scale: Some((hp.hidden as f32).sqrt()),
-        hp,
-        naming,
         norm_plus_one: matches!(naming, Naming::Hf { .. }),
         sandwich: family != Family::Gemma,
         act: Activation::GeluTanh,
-        pairing: RopePairing::HalfSplit,
-        freq_factors: None,
         layers,
-        moe: None,
-        deltanet: None,
-        gated_attention: false,
+        ..Recipe::new(family, hp, naming)
     }
 }
 

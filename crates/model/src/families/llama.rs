@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::families::Ctx;
 use crate::hparams::Hparams;
 use crate::model::Family;
-use crate::plan::{Activation, RopePairing};
+use crate::plan::RopePairing;
 
 fn uniform_layers(hp: &Hparams, rope: RopeParams, window: Option<usize>) -> Vec<AttnKind> {
     let kind = AttnKind {
@@ -31,19 +31,10 @@ pub(crate) fn gguf(ctx: &Ctx, hp: Hparams) -> Result<Recipe> {
         rope.rope_type = "default".into();
     }
     Ok(Recipe {
-        family: Family::Llama,
         layers: uniform_layers(&hp, rope, None),
-        hp,
-        naming: Naming::Gguf,
-        norm_plus_one: false,
-        sandwich: false,
-        act: Activation::Silu,
-        embed_scale: None,
         pairing: RopePairing::Adjacent,
         freq_factors,
-        moe: None,
-        deltanet: None,
-        gated_attention: false,
+        ..Recipe::new(Family::Llama, hp, Naming::Gguf)
     })
 }
 
@@ -54,18 +45,7 @@ pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> 
         None
     };
     Ok(Recipe {
-        family,
         layers: uniform_layers(&hp, hp.rope.clone(), window),
-        hp,
-        naming: Naming::Hf { sandwich: false },
-        norm_plus_one: false,
-        sandwich: false,
-        act: Activation::Silu,
-        embed_scale: None,
-        pairing: RopePairing::HalfSplit,
-        freq_factors: None,
-        moe: None,
-        deltanet: None,
-        gated_attention: false,
+        ..Recipe::new(family, hp, Naming::Hf { sandwich: false })
     })
 }

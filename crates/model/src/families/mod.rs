@@ -22,7 +22,8 @@ pub(crate) struct Ctx {
     pub loader: TensorLoader,
 }
 
-const GGUF_ARCHS: &str = "llama, qwen2, qwen3, gemma, gemma2, gemma3, gpt2";
+const GGUF_ARCHS: &str =
+    "llama, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, qwen35, qwen35moe, gemma, gemma2, gemma3, gpt2";
 const HF_TYPES: &str =
     "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text";
 
@@ -49,6 +50,11 @@ pub(crate) fn from_gguf(path: &Path, gguf: Gguf) -> Result<Model> {
         "llama" => llama::gguf(&ctx, hp)?,
         "qwen2" => qwen::gguf(Family::Qwen2, hp),
         "qwen3" => qwen::gguf(Family::Qwen3, hp),
+        "qwen2moe" => qwen_moe::gguf_moe(&metadata, &arch, &ctx.loader, hp, Family::Qwen2Moe)?,
+        "qwen3moe" => qwen_moe::gguf_moe(&metadata, &arch, &ctx.loader, hp, Family::Qwen3Moe)?,
+        "qwen3next" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen3Next)?,
+        "qwen35" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen35)?,
+        "qwen35moe" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen35Moe)?,
         "gemma" => gemma::gguf(&metadata, &arch, Family::Gemma, hp)?,
         "gemma2" => gemma::gguf(&metadata, &arch, Family::Gemma2, hp)?,
         "gemma3" => gemma::gguf(&metadata, &arch, Family::Gemma3, hp)?,

@@ -7,7 +7,6 @@ use crate::decoder::{AttnKind, Naming, Recipe};
 use crate::error::Result;
 use crate::hparams::Hparams;
 use crate::model::Family;
-use crate::plan::{Activation, RopePairing};
 
 fn recipe(family: Family, hp: Hparams, naming: Naming, windows: Vec<Option<usize>>) -> Recipe {
     let scale = (hp.head_dim as f32).powf(-0.5);
@@ -21,19 +20,8 @@ fn recipe(family: Family, hp: Hparams, naming: Naming, windows: Vec<Option<usize
         })
         .collect();
     Recipe {
-        family,
-        hp,
-        naming,
-        norm_plus_one: false,
-        sandwich: false,
-        act: Activation::Silu,
-        embed_scale: None,
-        pairing: RopePairing::HalfSplit,
-        freq_factors: None,
         layers,
-        moe: None,
-        deltanet: None,
-        gated_attention: false,
+        ..Recipe::new(family, hp, naming)
     }
 }
 

@@ -3,14 +3,14 @@
 //! Qwen3.5 (dense or MoE): gated DeltaNet layers interleaved with output-gated full attention,
 //! partial RoPE, `(1 + w)` norms (ARCHITECTURES.md §3–4).
 
-use anelm_formats::HfConfig;
+use anelm_formats::{HfConfig, Metadata};
 
-use crate::decoder::{AttnKind, Naming, Recipe};
+use crate::decoder::{Naming, Recipe, Role};
 use crate::error::{ModelError, Result};
 use crate::hparams::Hparams;
 use crate::hybrid::{DeltaNetLayout, DeltaNetSpec, MoeSpec};
+use crate::loader::TensorLoader;
 use crate::model::Family;
-use crate::plan::{Activation, RopePairing};
 
 pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> {
     let hybrid = matches!(
@@ -58,30 +58,12 @@ pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> 
         None
     };
     let moe = moe_spec(cfg, &hp, family)?;
-    let scale = (hp.head_dim as f32).powf(-0.5);
-    let layers = vec![
-        AttnKind {
-            window: None,
-            rope: hp.rope.clone(),
-            scale,
-            softcap: None
-        };
-        hp.n_layers
-    ];
     Ok(Recipe {
-        family,
-        hp,
-        naming: Naming::Hf { sandwich: false },
         norm_plus_one: hybrid,
-        sandwich: false,
-        act: Activation::Silu,
-        embed_scale: None,
-        pairing: RopePairing::HalfSplit,
-        freq_factors: None,
-        layers,
         moe,
         deltanet,
         gated_attention: hybrid,
+        ..Recipe::new(family, hp, Naming::Hf { sandwich: false })
     })
 }
 
@@ -126,4 +108,139 @@ fn moe_spec(cfg: &HfConfig, hp: &Hparams, family: Family) -> Result<Option<MoeSp
             .map(|i| !mlp_only.contains(&i) && (i + 1) % step == 0)
             .collect(),
     }))
+}
+
+/// Qwen2-MoE and Qwen3-MoE from llama.cpp's GGUF (`qwen2moe`, `qwen3moe`): the dense recipe of
+/// Qwen2/Qwen3 with the mixture from `{arch}.expert_*` keys. A layer is a mixture where its router
+/// `blk.N.ffn_gate_inp` is stored (llama.cpp keeps no `mlp_only_layers`); the top-k weights are
+/// renormalised as llama.cpp does: never for qwen2moe, always for the later families, unless the
+/// file says
+/// `{arch}.expert_weights_norm`.
+pub(crate) fn gguf_moe(
+    meta: &Metadata,
+    arch: &str,
+    l: &TensorLoader,
+    hp: Hparams,
+    family: Family,
+) -> Result<Recipe> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let n_experts = meta.positive(&k("expert_count"))?;
+    let layers: Vec<bool> = (0..hp.n_layers)
+        .map(|i| l.has(&format!("blk.{i}.ffn_gate_inp.weight")))
+        .collect();
+    let shared = meta
+        .usize_opt(&k("expert_shared_feed_forward_length"))?
+        .filter(|&f| f > 0);
+    let norm_top_k = meta
+        .bool_opt(&k("expert_weights_norm"))?
+        .unwrap_or(family != Family::Qwen2Moe);
+    let moe = MoeSpec {
+        n_experts,
+        top_k: meta.positive(&k("expert_used_count"))?,
+        norm_top_k,
+        expert_ffn: meta.positive(&k("expert_feed_forward_length"))?,
+        shared_ffn: shared,
+        layers,
+    };
+    Ok(Recipe {
+        moe: Some(moe),
+        ..super::qwen::gguf(family, hp)
+    })
+}
+
+/// Qwen3-Next and Qwen3.5 (dense or MoE) from llama.cpp's GGUF (`qwen3next`, `qwen35`,
+/// `qwen35moe`). The converter has already added 1 to the `(1 + w)` norms (not the DeltaNet's
+/// gated norm), stored `-exp(A_log)`, flattened Qwen3-Next's grouped `q|k|v|z` and, for Qwen3.5,
+/// tiled the value heads; it names the FFN pre-norm `post_attention_norm`. Multi-token-prediction
+/// blocks (`nextn_predict_layers`) are counted in `block_count` but are not decoder layers.
+pub(crate) fn gguf_hybrid(
+    meta: &Metadata,
+    arch: &str,
+    l: &TensorLoader,
+    mut hp: Hparams,
+    family: Family,
+) -> Result<Recipe> {
+    let k = |s: &str| format!("{arch}.{s}");
+    if let Some(n) = meta.usize_opt(&k("nextn_predict_layers"))? {
+        hp.n_layers = hp
+            .n_layers
+            .checked_sub(n)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                ModelError::invalid(
+                    meta.path(),
+                    format!(
+                        "{}: {n} of {} blocks",
+                        k("nextn_predict_layers"),
+                        hp.n_layers
+                    ),
+                )
+            })?;
+    }
+    let layers: Vec<bool> = match meta.array_opt(&k("attention.recurrent_layers"))? {
+        Some(a) => {
+            if a.len() < hp.n_layers {
+                return Err(ModelError::invalid(
+                    meta.path(),
+                    format!(
+                        "{} has {} entries for {} layers",
+                        k("attention.recurrent_layers"),
+                        a.len(),
+                        hp.n_layers
+                    ),
+                ));
+            }
+            a[..hp.n_layers]
+                .iter()
+                .map(|v| v.as_i64().map(|x| x != 0))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    ModelError::invalid(
+                        meta.path(),
+                        format!("{} must hold booleans", k("attention.recurrent_layers")),
+                    )
+                })?
+        }
+        None => {
+            let interval = meta
+                .positive_opt(&k("full_attention_interval"))?
+                .unwrap_or(4);
+            (0..hp.n_layers).map(|i| (i + 1) % interval != 0).collect()
+        }
+    };
+    let n_v = meta.positive(&k("ssm.time_step_rank"))?;
+    let inner = meta.positive(&k("ssm.inner_size"))?;
+    if inner % n_v != 0 {
+        return Err(ModelError::invalid(
+            meta.path(),
+            format!(
+                "{}: {inner} is not a multiple of {n_v} value heads",
+                k("ssm.inner_size")
+            ),
+        ));
+    }
+    let deltanet = DeltaNetSpec {
+        n_k: meta.positive(&k("ssm.group_count"))?,
+        n_v,
+        dk: meta.positive(&k("ssm.state_size"))?,
+        dv: inner / n_v,
+        kernel: meta.positive(&k("ssm.conv_kernel"))?,
+        layout: DeltaNetLayout::Gguf {
+            tiled: family != Family::Qwen3Next,
+        },
+        layers,
+    };
+    let moe = if family == Family::Qwen35 {
+        None
+    } else {
+        let mut r = gguf_moe(meta, arch, l, hp.clone(), family)?;
+        r.moe.take()
+    };
+    Ok(Recipe {
+        moe,
+        deltanet: Some(deltanet),
+        gated_attention: true,
+        ffn_norm: Role::PostAttnNorm,
+        ..Recipe::new(family, hp, Naming::Gguf)
+    })
 }
