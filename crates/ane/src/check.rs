@@ -31,6 +31,8 @@ pub fn kernel_name(p: Projection) -> String {
         Projection::Qkv(i) => format!("layer{i:02}_qkv"),
         Projection::O(i) => format!("layer{i:02}_o"),
         Projection::Ffn(i) => format!("layer{i:02}_ffn"),
+        Projection::Expert(i, e) => format!("layer{i:02}_expert{e:03}"),
+        Projection::Shared(i) => format!("layer{i:02}_shared"),
         Projection::Head => "lm_head".into(),
     }
 }

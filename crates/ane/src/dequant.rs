@@ -6,12 +6,12 @@
 //! where they map exactly, the re-quantised ones where the policy compresses), so that the
 //! only difference left is the device's fp16 arithmetic.
 
-use anelm_model::plan::{Attention, Ffn, Layer, Linear, Mixer, Norm};
+use anelm_model::plan::{Attention, Ffn, GatedMlp, Layer, Linear, Mixer, Moe, Norm, SharedExpert};
 use anelm_model::{Model, ModelSource, Weight};
 
 use crate::error::Result;
 use crate::lower::encode::{encode, Encoding, Part, WeightPolicy, WeightTarget};
-use crate::support::{attention, unsupported};
+use crate::support::attention;
 
 fn f32_weight(w: &Weight, target: WeightTarget) -> Result<Weight> {
     let values = match target.policy {
@@ -85,7 +85,29 @@ fn layer(l: &Layer, index: usize, p: WeightTarget) -> Result<Layer> {
             up: linear(up, p)?,
             down: linear(down, p)?,
         },
-        Ffn::Moe(_) => return Err(unsupported(index, "a mixture-of-experts FFN")),
+        Ffn::Moe(m) => {
+            let mlp = |g: &GatedMlp| -> Result<GatedMlp> {
+                Ok(GatedMlp {
+                    gate: linear(&g.gate, p)?,
+                    up: linear(&g.up, p)?,
+                    down: linear(&g.down, p)?,
+                })
+            };
+            Ffn::Moe(Moe {
+                act: m.act,
+                router: f32_weight(&m.router, p)?,
+                experts: m.experts.iter().map(mlp).collect::<Result<_>>()?,
+                top_k: m.top_k,
+                norm_top_k: m.norm_top_k,
+                shared: match &m.shared {
+                    Some(s) => Some(SharedExpert {
+                        mlp: mlp(&s.mlp)?,
+                        gate: s.gate.as_ref().map(|g| f32_weight(g, p)).transpose()?,
+                    }),
+                    None => None,
+                },
+            })
+        }
     };
     Ok(Layer {
         attn_norm: norm(&l.attn_norm),

@@ -1,8 +1,9 @@
 //! What the ANE programs compute: in every layer softmax attention (without an output gate) and
-//! a dense FFN. Mixtures of experts and gated DeltaNet layers run on the CPU engine only; the
-//! ways into the ANE path refuse them here with one clear error.
+//! a dense FFN, or (projection strategy) a mixture of experts routed on the host. Gated DeltaNet
+//! layers run on the CPU engine only; the ways into the ANE path refuse them here with one clear
+//! error.
 
-use anelm_model::plan::{Activation, Attention, Ffn, Layer, Mixer};
+use anelm_model::plan::{Activation, Attention, Ffn, Layer, Mixer, Moe};
 use anelm_model::Model;
 
 use crate::error::{AneError, Result};
@@ -13,13 +14,21 @@ pub(crate) fn unsupported(layer: usize, what: &str) -> AneError {
     ))
 }
 
-/// Ok when every layer of `model` is one the lowering expresses.
+/// Ok when every layer of `model` is one the projection strategy expresses (the fused strategy
+/// also refuses mixtures: [`dense_ffn`]).
 pub fn ensure_lowerable(model: &Model) -> Result<()> {
     for (i, l) in model.layers.iter().enumerate() {
         attention(l, i)?;
-        ffn_activation(l, i)?;
     }
     Ok(())
+}
+
+/// The refusal of a mixture of experts in the fused strategy.
+pub(crate) fn moe_in_fused(index: usize) -> AneError {
+    AneError::Unsupported(format!(
+        "layer {index}: a mixture-of-experts FFN is not lowered to fused chunks yet; \
+         use --strategy projection (experts routed on the host) or --device cpu"
+    ))
 }
 
 /// The attention of layer `index`.
@@ -35,6 +44,16 @@ pub fn attention(l: &Layer, index: usize) -> Result<&Attention> {
 pub fn ffn_activation(l: &Layer, index: usize) -> Result<Activation> {
     match &l.ffn {
         Ffn::Gated { act, .. } | Ffn::Plain { act, .. } => Ok(*act),
-        Ffn::Moe(_) => Err(unsupported(index, "a mixture-of-experts FFN")),
+        Ffn::Moe(_) => Err(moe_in_fused(index)),
+    }
+}
+
+/// The mixture of experts of layer `index` (for its router and expert kernels).
+pub fn mixture(l: &Layer, index: usize) -> Result<&Moe> {
+    match &l.ffn {
+        Ffn::Moe(m) => Ok(m),
+        _ => Err(AneError::Unsupported(format!(
+            "layer {index}: expert kernels for a dense FFN"
+        ))),
     }
 }

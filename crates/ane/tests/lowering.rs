@@ -127,25 +127,43 @@ fn a_tiled_head_gives_the_same_logits() {
 }
 
 #[test]
-fn mixtures_and_deltanet_layers_are_refused_with_a_clear_error() {
+fn deltanet_layers_and_fused_mixtures_are_refused_with_a_clear_error() {
     let opts = LoweringOptions::default();
     for family in anelm_testkit::MOE_HYBRID_TINY {
         let m = tiny(family);
-        let errors = [
-            projection_kernels(&m, &opts).err().map(|e| e.to_string()),
-            anelm_ane::lower::fused::fused_plan(&m, &opts)
-                .err()
-                .map(|e| e.to_string()),
-            anelm_ane::dequant::dequantized(&m)
-                .err()
-                .map(|e| e.to_string()),
-        ];
-        for e in errors {
-            let e = e.unwrap_or_else(|| panic!("{family}: lowered"));
-            assert!(
-                e.contains("layer 0") && e.contains("--device cpu"),
-                "{family}: {e}"
+        let hybrid = !family.ends_with("_moe") || family.starts_with("qwen3_5");
+        let fused = anelm_ane::lower::fused::fused_plan(&m, &opts)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| panic!("{family}: fused chunks lowered"));
+        let want = if hybrid {
+            "--device cpu"
+        } else {
+            "--strategy projection"
+        };
+        assert!(
+            fused.contains("layer 0") && fused.contains(want),
+            "{family}: {fused}"
+        );
+        let projection = projection_kernels(&m, &opts).map(|k| k.len());
+        let dequantized = anelm_ane::dequant::dequantized(&m).map(|_| ());
+        if hybrid {
+            for e in [projection.err(), dequantized.err()] {
+                let e = e.unwrap_or_else(|| panic!("{family}: lowered")).to_string();
+                assert!(
+                    e.contains("layer 0") && e.contains("--device cpu"),
+                    "{family}: {e}"
+                );
+            }
+        } else {
+            // Per layer qkv, o, 4 experts (and a shared expert), and the head.
+            let shared = usize::from(family == "qwen2_moe");
+            assert_eq!(
+                projection.unwrap(),
+                m.layers.len() * (2 + 4 + shared) + 1,
+                "{family}"
             );
+            dequantized.unwrap();
         }
     }
 }

@@ -10,7 +10,7 @@ mod kv;
 pub mod matmul;
 pub mod mem;
 pub mod membw;
-mod moe;
+pub mod moe;
 pub mod ops;
 pub mod pool;
 pub mod q8;

@@ -2,7 +2,7 @@
 //! `top_k` most probable, their probabilities renormalised when the model says so.
 
 /// The experts of one token and their weights, most probable first; `probs` is scratch.
-pub(crate) fn route(
+pub fn route(
     logits: &[f32],
     top_k: usize,
     normalise: bool,

@@ -17,8 +17,9 @@ pub use reference::{activation, ReferenceProjections};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use anelm_cpu::moe::route;
 use anelm_cpu::ops::{norm_row, rope_head, softcap};
-use anelm_model::plan::Norm;
+use anelm_model::plan::{Ffn, Moe, Norm};
 use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model};
 
 use crate::compare::NEAR_TIE;
@@ -218,7 +219,10 @@ impl<P: Projections> ProjectionExecutor<P> {
             x.iter_mut().zip(&y).for_each(|(x, y)| *x += y);
             xn.copy_from_slice(&x);
             norm_rows(&layer.ffn_norm, &mut xn, h);
-            self.proj.project(Projection::Ffn(li), &xn, n, &mut y)?;
+            match &layer.ffn {
+                Ffn::Moe(moe) => self.routed(li, moe, &xn, n, &mut y)?,
+                _ => self.proj.project(Projection::Ffn(li), &xn, n, &mut y)?,
+            }
             if let Some(pn) = &layer.post_ffn_norm {
                 norm_rows(pn, &mut y, h);
             }
@@ -236,6 +240,73 @@ impl<P: Projections> ProjectionExecutor<P> {
         }
         Ok(())
     }
+}
+
+impl<P: Projections> ProjectionExecutor<P> {
+    /// A mixture of experts over the `n` normed rows `xn`, into `y`: the router in f32 on the
+    /// host (an `experts × hidden` product, small beside the experts, exact where routing is
+    /// decided — a choice that flips on fp16 rounding changes the output by a whole expert —
+    /// and one dispatch fewer per layer), the CPU engine's selection, then each chosen expert's
+    /// kernel once over the tokens routed to it, and the shared expert's kernel over all of
+    /// them, scaled by its gate.
+    fn routed(&mut self, li: usize, m: &Moe, xn: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
+        let h = self.model.config.hidden_size;
+        let ne = m.experts.len();
+        let (mut logits, mut probs, mut picked) = (vec![0f32; ne], Vec::new(), Vec::new());
+        let mut row = vec![0f32; h];
+        let mut per_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
+        for (t, x) in xn.chunks_exact(h).enumerate() {
+            for (e, l) in logits.iter_mut().enumerate() {
+                m.router.dequantize_row(e, &mut row)?;
+                *l = dot(&row, x);
+            }
+            route(&logits, m.top_k, m.norm_top_k, &mut probs, &mut picked);
+            for &(e, w) in &picked {
+                per_expert[e].push((t, w));
+            }
+        }
+        y.fill(0.0);
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        for (e, tokens) in per_expert.iter().enumerate() {
+            if tokens.is_empty() {
+                continue;
+            }
+            xs.clear();
+            for &(t, _) in tokens {
+                xs.extend_from_slice(&xn[t * h..(t + 1) * h]);
+            }
+            ys.resize(tokens.len() * h, 0.0);
+            self.proj
+                .project(Projection::Expert(li, e), &xs, tokens.len(), &mut ys)?;
+            for (&(t, w), out) in tokens.iter().zip(ys.chunks_exact(h)) {
+                axpy(w, out, &mut y[t * h..(t + 1) * h]);
+            }
+        }
+        if let Some(shared) = &m.shared {
+            ys.resize(n * h, 0.0);
+            self.proj.project(Projection::Shared(li), xn, n, &mut ys)?;
+            if let Some(g) = &shared.gate {
+                g.dequantize_row(0, &mut row)?;
+            }
+            for (t, x) in xn.chunks_exact(h).enumerate() {
+                let g = match &shared.gate {
+                    Some(_) => 1.0 / (1.0 + (-dot(&row, x)).exp()),
+                    None => 1.0,
+                };
+                axpy(g, &ys[t * h..(t + 1) * h], &mut y[t * h..(t + 1) * h]);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(a, b)| a * b).sum()
+}
+
+/// `y += a · x`.
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
 }
 
 impl<D: Device> ProjectionExecutor<DeviceProjections<D>> {

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::Projections;
 use crate::error::{AneError, Result};
 use crate::lower::Projection;
-use crate::support::{attention, unsupported};
+use crate::support::{attention, mixture, unsupported};
 
 pub struct ReferenceProjections {
     model: Arc<Model>,
@@ -68,6 +68,26 @@ fn linear(l: &Linear, x: &[f32], n: usize, out: &mut [f32], ld: usize, first: us
     product(&l.weight, l.bias.as_deref(), x, n, out, ld, first)
 }
 
+/// `down(act(gate x) * up x)` of the `n` rows of `x`.
+fn gated(
+    act: Activation,
+    gate: &Linear,
+    up: &Linear,
+    down: &Linear,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let f = gate.out_features();
+    let (mut g, mut u) = (vec![0f32; n * f], vec![0f32; n * f]);
+    linear(gate, x, n, &mut g, f, 0)?;
+    linear(up, x, n, &mut u, f, 0)?;
+    g.iter_mut()
+        .zip(&u)
+        .for_each(|(g, u)| *g = activation(act, *g) * u);
+    linear(down, &g, n, out, down.out_features(), 0)
+}
+
 /// The activations exactly as transformers defines them.
 pub fn activation(act: Activation, g: f32) -> f32 {
     match act {
@@ -99,33 +119,37 @@ impl Projections for ReferenceProjections {
                 let o = &attention(layer(i)?, i)?.o;
                 linear(o, x, n, out, o.out_features(), 0)
             }
-            Projection::Ffn(i) => {
-                let (down, h) = match &layer(i)?.ffn {
-                    Ffn::Gated {
-                        act,
-                        gate,
-                        up,
-                        down,
-                    } => {
-                        let f = gate.out_features();
-                        let (mut g, mut u) = (vec![0f32; n * f], vec![0f32; n * f]);
-                        linear(gate, x, n, &mut g, f, 0)?;
-                        linear(up, x, n, &mut u, f, 0)?;
-                        g.iter_mut()
-                            .zip(&u)
-                            .for_each(|(g, u)| *g = activation(*act, *g) * u);
-                        (down, g)
-                    }
-                    Ffn::Plain { act, up, down } => {
-                        let f = up.out_features();
-                        let mut u = vec![0f32; n * f];
-                        linear(up, x, n, &mut u, f, 0)?;
-                        u.iter_mut().for_each(|v| *v = activation(*act, *v));
-                        (down, u)
-                    }
-                    Ffn::Moe(_) => return Err(unsupported(i, "a mixture-of-experts FFN")),
-                };
-                linear(down, &h, n, out, down.out_features(), 0)
+            Projection::Ffn(i) => match &layer(i)?.ffn {
+                Ffn::Gated {
+                    act,
+                    gate,
+                    up,
+                    down,
+                } => gated(*act, gate, up, down, x, n, out),
+                Ffn::Plain { act, up, down } => {
+                    let f = up.out_features();
+                    let mut u = vec![0f32; n * f];
+                    linear(up, x, n, &mut u, f, 0)?;
+                    u.iter_mut().for_each(|v| *v = activation(*act, *v));
+                    linear(down, &u, n, out, down.out_features(), 0)
+                }
+                Ffn::Moe(_) => Err(unsupported(i, "a mixture as one FFN kernel")),
+            },
+            Projection::Expert(i, e) => {
+                let m = mixture(layer(i)?, i)?;
+                let mlp = m
+                    .experts
+                    .get(e)
+                    .ok_or_else(|| AneError::Unsupported(format!("layer {i}: no expert {e}")))?;
+                gated(m.act, &mlp.gate, &mlp.up, &mlp.down, x, n, out)
+            }
+            Projection::Shared(i) => {
+                let m = mixture(layer(i)?, i)?;
+                let s = m
+                    .shared
+                    .as_ref()
+                    .ok_or_else(|| AneError::Unsupported(format!("layer {i}: no shared expert")))?;
+                gated(m.act, &s.mlp.gate, &s.mlp.up, &s.mlp.down, x, n, out)
             }
             Projection::Head => product(&m.lm_head, None, x, n, out, m.lm_head.rows, 0),
         }

@@ -115,6 +115,11 @@ pub enum Projection {
     O(usize),
     /// The whole FFN: `down(act(gate x) * up x)` or `down(act(up x))`.
     Ffn(usize),
+    /// Expert `e`'s FFN of layer `i`, run on the tokens the host routed to it (the router runs
+    /// in f32 on the host: [`crate::exec`]).
+    Expert(usize, usize),
+    /// The shared expert's FFN (ungated: the host applies `sigmoid` of the router's last row).
+    Shared(usize),
     /// Logits from the final-normed hidden state (possibly several programs of tiles).
     Head,
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use anelm_mil::{FunctionBuilder, Program, TensorType, ValueId, WeightData};
-use anelm_model::plan::{Ffn, Linear};
+use anelm_model::plan::{Activation, Ffn, GatedMlp, Linear};
 use anelm_model::Model;
 
 use super::encode::{Encoded, TensorReport, WeightTarget};
@@ -11,7 +11,7 @@ use super::graph::{activate, linear, normalize};
 use super::weights::{bias_data, linear_biases, row_range, stacked};
 use super::{KernelSpec, LoweringOptions, Port, Projection, DESCALE};
 use crate::error::{AneError, Result};
-use crate::support::{attention, ensure_lowerable, unsupported};
+use crate::support::{attention, ensure_lowerable, mixture, unsupported};
 use crate::unit::CompileUnit;
 
 fn port(name: &str, channels: usize) -> Port {
@@ -49,7 +49,28 @@ pub fn projection_kernels(model: &Model, opts: &LoweringOptions) -> Result<Vec<K
             port("x", a.o.in_features()),
             port("y", h),
         ));
-        out.push(spec("ffn", Projection::Ffn(i), port("x", h), port("y", h)));
+        match &l.ffn {
+            Ffn::Moe(m) => {
+                for e in 0..m.experts.len() {
+                    let name = format!("expert{e:03}");
+                    out.push(spec(
+                        &name,
+                        Projection::Expert(i, e),
+                        port("x", h),
+                        port("y", h),
+                    ));
+                }
+                if m.shared.is_some() {
+                    out.push(spec(
+                        "shared",
+                        Projection::Shared(i),
+                        port("x", h),
+                        port("y", h),
+                    ));
+                }
+            }
+            _ => out.push(spec("ffn", Projection::Ffn(i), port("x", h), port("y", h))),
+        }
     }
     let vocab = model.lm_head.rows;
     let tile = opts.head_tile_rows.max(1);
@@ -126,6 +147,33 @@ impl Builder {
         self.input_linear(name, x, w, bias_data(linear_biases(&[l])))
     }
 
+    /// `down(act(gate x) * up x)`, named `name`.
+    fn gated_ffn(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        act: Activation,
+        gate: &Linear,
+        up: &Linear,
+        down: &Linear,
+    ) -> Result<ValueId> {
+        let g = self.input_linear_of("gate", x, gate)?;
+        let u = self.input_linear_of("up", x, up)?;
+        let a = activate(&mut self.f, act, g, "act")?;
+        let hidden = self.f.name_next("hidden").mul(a, u)?;
+        self.normalized_linear(name, hidden, down)
+    }
+
+    fn gated_mlp(
+        &mut self,
+        name: &str,
+        x: ValueId,
+        act: Activation,
+        m: &GatedMlp,
+    ) -> Result<ValueId> {
+        self.gated_ffn(name, x, act, &m.gate, &m.up, &m.down)
+    }
+
     /// A linear over an intermediate value `h` (the FFN's hidden state): `h` is first brought
     /// per column to a largest magnitude of `2^14 / L1` (`L1` the weights' largest row L1 norm),
     /// so that partial sums stay ≤ 2^14 and products far above the flush threshold, and the
@@ -187,24 +235,35 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
             &attention(layer(i)?, i)?.o,
         )?),
         Projection::Ffn(i) => {
-            let hidden = match &layer(i)?.ffn {
-                Ffn::Gated { act, gate, up, .. } => {
-                    let g = b.input_linear_of("gate", x, gate)?;
+            let y = match &layer(i)?.ffn {
+                Ffn::Gated {
+                    act,
+                    gate,
+                    up,
+                    down,
+                } => b.gated_ffn(&spec.outputs[0].name, x, *act, gate, up, down)?,
+                Ffn::Plain { act, up, down } => {
                     let u = b.input_linear_of("up", x, up)?;
-                    let a = activate(&mut b.f, *act, g, "act")?;
-                    b.f.name_next("hidden").mul(a, u)?
+                    let hidden = activate(&mut b.f, *act, u, "hidden")?;
+                    b.normalized_linear(&spec.outputs[0].name, hidden, down)?
                 }
-                Ffn::Plain { act, up, .. } => {
-                    let u = b.input_linear_of("up", x, up)?;
-                    activate(&mut b.f, *act, u, "hidden")?
-                }
-                Ffn::Moe(_) => return Err(unsupported(i, "a mixture-of-experts FFN")),
+                Ffn::Moe(_) => return Err(unsupported(i, "a mixture as one FFN kernel")),
             };
-            let down = match &layer(i)?.ffn {
-                Ffn::Gated { down, .. } | Ffn::Plain { down, .. } => down,
-                Ffn::Moe(_) => return Err(unsupported(i, "a mixture-of-experts FFN")),
-            };
-            outputs.push(b.normalized_linear(&spec.outputs[0].name, hidden, down)?);
+            outputs.push(y);
+        }
+        Projection::Expert(i, e) => {
+            let m = mixture(layer(i)?, i)?;
+            let mlp = m.experts.get(e).ok_or_else(|| {
+                AneError::Unsupported(format!("{}: layer {i} has no expert {e}", spec.name))
+            })?;
+            outputs.push(b.gated_mlp(&spec.outputs[0].name, x, m.act, mlp)?);
+        }
+        Projection::Shared(i) => {
+            let m = mixture(layer(i)?, i)?;
+            let s = m.shared.as_ref().ok_or_else(|| {
+                AneError::Unsupported(format!("{}: layer {i} has no shared expert", spec.name))
+            })?;
+            outputs.push(b.gated_mlp(&spec.outputs[0].name, x, m.act, &s.mlp)?);
         }
         Projection::Head => {
             let head = &model.lm_head;

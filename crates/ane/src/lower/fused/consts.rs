@@ -11,7 +11,7 @@ use anelm_model::Weight;
 use super::super::encode::{Encoded, WeightTarget};
 use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
 use crate::error::Result;
-use crate::support::{attention, unsupported};
+use crate::support::attention;
 
 /// A norm's weight (and bias) as constants of `shape`, times `scale`.
 pub(super) struct NormConst {
@@ -168,7 +168,7 @@ impl LayerConsts {
                 false,
                 down,
             ),
-            Ffn::Moe(_) => return Err(unsupported(index, "a mixture-of-experts FFN")),
+            Ffn::Moe(_) => return Err(crate::support::moe_in_fused(index)),
         };
         // Layer outputs join the residual stream scaled by 2^-shift: through the sandwich norm
         // when there is one, else through the projection.

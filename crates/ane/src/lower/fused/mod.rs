@@ -34,7 +34,7 @@ use super::graph::{linear, normalize};
 use super::weights::row_range;
 use super::{LoweringOptions, WeightPolicy};
 use crate::error::{AneError, Result};
-use crate::support::{attention, ensure_lowerable, unsupported};
+use crate::support::{attention, ensure_lowerable};
 use crate::unit::CompileUnit;
 use consts::{LayerConsts, LinearConst, NormConst};
 use graph::ChunkGraph;
@@ -121,7 +121,7 @@ fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
             linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
         }
         Ffn::Plain { up, down, .. } => linear_bytes(up) + linear_bytes(down),
-        Ffn::Moe(_) => return Err(unsupported(index, "a mixture-of-experts FFN")),
+        Ffn::Moe(_) => return Err(crate::support::moe_in_fused(index)),
     };
     Ok(linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o) + ffn)
 }
