@@ -8,13 +8,14 @@ use anelm_model::Weight;
 
 use super::layer::{Forward, Src};
 use super::ATTN_BLOCK;
-use crate::attention::{attend, attend_parts, combine, parts, positions, Cache};
+use crate::attention::{attend, attend_parts, combine, parts, positions, MAX_PARTS};
 use crate::ops::{norm_row, rope_head};
 use crate::shared::SharedSlice;
 use crate::vecmath::KvElem;
 
 impl<E: KvElem> Forward<'_, E> {
-    pub(super) unsafe fn attention(&mut self, layer: &Layer, a: &Attention, cache_at: usize) {
+    /// Layer `li`'s attention (`a`) over every row's own sequence.
+    pub(super) unsafe fn attention(&mut self, layer: &Layer, a: &Attention, li: usize) {
         let (ctx, v, n, isa) = (self.ctx, self.v, self.n, self.isa);
         let h = self.m.config.hidden_size;
         let (hd, qd, kvd) = (
@@ -22,7 +23,7 @@ impl<E: KvElem> Forward<'_, E> {
             a.n_heads * a.head_dim,
             a.n_kv_heads * a.head_dim,
         );
-        let p0 = self.c.p0;
+        let c = self.c;
 
         self.norm_into_xn(&layer.attn_norm);
         let gate_w = a.output_gate.as_ref().map(|g| &g.weight);
@@ -37,7 +38,7 @@ impl<E: KvElem> Forward<'_, E> {
             let half = rope.dims / 2;
             for (t, cs) in angles.chunks_exact_mut(2 * half).take(n).enumerate() {
                 let (cos, sin) = cs.split_at_mut(half);
-                rope.angles(p0 + t, cos, sin);
+                rope.angles(c.at(t).1, cos, sin);
             }
         }
         // The projections, each finished per block of whole heads: q and k get their norms and
@@ -61,26 +62,27 @@ impl<E: KvElem> Forward<'_, E> {
                 }
             }
         };
-        let store = |buf: &SharedSlice<'_, f32>,
-                     cache: &SharedSlice<'_, E>,
-                     rows: Range<usize>,
-                     tokens: Range<usize>| {
-            for t in tokens {
-                let at = cache_at + (p0 + t) * kvd;
-                let dst = cache.range_mut(at + rows.start..at + rows.end);
-                let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
-                E::from_f32_slice(dst, src);
-            }
-        };
+        // Each row's keys or values (`values`) into its sequence's cache.
+        let store =
+            |buf: &SharedSlice<'_, f32>, values: bool, rows: Range<usize>, tokens: Range<usize>| {
+                for t in tokens {
+                    let (seq, pos) = c.at(t);
+                    let cache = if values { &seq.vc } else { &seq.kc };
+                    let at = seq.kv_at[li] + pos * kvd;
+                    let dst = cache.range_mut(at + rows.start..at + rows.end);
+                    let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
+                    E::from_f32_slice(dst, src);
+                }
+            };
         self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {
             rope_heads(&v.q, qd, r, t, a.q_norm.as_ref())
         });
         self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r, t| {
             rope_heads(&v.k, kvd, r.clone(), t.clone(), a.k_norm.as_ref());
-            store(&v.k, &v.kc, r, t);
+            store(&v.k, false, r, t);
         });
         self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r, t| {
-            store(&v.v, &v.vc, r, t)
+            store(&v.v, true, r, t)
         });
         if let Some(g) = &a.output_gate {
             self.linear(g, &v.z);
@@ -88,15 +90,13 @@ impl<E: KvElem> Forward<'_, E> {
         self.p.angles = angles;
         ctx.barrier();
 
-        let cache = Cache {
-            k: v.kc.range(cache_at..cache_at + self.capacity * kvd),
-            v: v.vc.range(cache_at..cache_at + self.capacity * kvd),
-            kv_dim: kvd,
-        };
-        if n == 1 {
-            self.decode_attention(a, &cache);
-            self.prepare(Src::Xn, qd, 0..1, &[&a.o.weight]);
+        if c.decode() {
+            self.decode_attention(a, li);
+            self.prepare(Src::Xn, qd, 0..n, &[&a.o.weight]);
         } else {
+            // One sequence, several tokens (a prefill).
+            debug_assert!(c.seqs.len() == 1);
+            let cache = c.seqs[0].cache(li, kvd);
             // (Block of query tokens, KV head) pairs: a head's keys and values are read once for
             // its group of query heads (adjacent in a row of q) and a block of tokens.
             let g = a.n_heads / a.n_kv_heads;
@@ -108,7 +108,7 @@ impl<E: KvElem> Forward<'_, E> {
                 for t in blk * ATTN_BLOCK..((blk + 1) * ATTN_BLOCK).min(n) {
                     let at = t * qd + kvh * gw;
                     let (q, out) = (v.q.range(at..at + gw), v.att.range_mut(at..at + gw));
-                    let over = positions(a, p0 + t);
+                    let over = positions(a, c.at(t).1);
                     attend_parts(isa, a, kvh, q, over, &cache, scores, po, ps, out);
                     if a.output_gate.is_some() {
                         output_gate(out, v.z.range(at..at + gw));
@@ -123,45 +123,67 @@ impl<E: KvElem> Forward<'_, E> {
         self.residual(layer.post_attn_norm.as_ref());
     }
 
-    /// Attention of the one new token, into `xn`. The threads share items of a part of the
-    /// positions and some query heads of one KV head — enough items for two per thread where the
-    /// heads allow (how the heads are grouped does not change a head's result; how the
-    /// positions are split does, and [`parts`] splits them by their number only). After the
+    /// Attention of each row's one new token over its own sequence, into `xn`. The threads
+    /// share items of a row: a part of its positions and some query heads of one KV head —
+    /// enough items for two per thread where the heads allow (how the heads are grouped does
+    /// not change a head's result; how the positions are split does, and [`parts`] splits them
+    /// by their number only, so a row's result does not depend on the others). After the
     /// barrier every thread combines the parts for itself (no barrier of its own).
-    pub(super) unsafe fn decode_attention(&mut self, a: &Attention, cache: &Cache<'_, E>) {
-        let (ctx, v, isa) = (self.ctx, self.v, self.isa);
+    pub(super) unsafe fn decode_attention(&mut self, a: &Attention, li: usize) {
+        let (ctx, v, isa, c, n) = (self.ctx, self.v, self.isa, self.c, self.n);
         let (hd, nh, g) = (a.head_dim, a.n_heads, a.n_heads / a.n_kv_heads);
-        let over = positions(a, self.c.p0);
-        let n_parts = parts(over.clone()).count();
-        let groups = (2 * ctx.n).div_ceil(a.n_kv_heads * n_parts).clamp(1, g);
-        // Head `j`'s output and statistics over part `s` go to row `s * nh + j`.
-        let scores = &mut self.p.scratch;
-        ctx.chunks(a.n_kv_heads * groups * n_parts, |item| {
-            let (kvh, sg, s) = (
-                item / (groups * n_parts),
-                item / n_parts % groups,
-                item % n_parts,
-            );
+        let (qd, kvd) = (nh * hd, a.n_kv_heads * hd);
+        // Row `t`'s positions, their number of parts, and its groups of query heads.
+        let split = |t: usize| {
+            let over = positions(a, c.at(t).1);
+            let n_parts = parts(over.clone()).count();
+            let groups = (2 * ctx.n).div_ceil(n * a.n_kv_heads * n_parts).clamp(1, g);
+            (over, n_parts, groups)
+        };
+        let p = &mut *self.p;
+        p.items.clear();
+        let mut total = 0;
+        for t in 0..n {
+            p.items.push(total);
+            let (_, n_parts, groups) = split(t);
+            total += a.n_kv_heads * groups * n_parts;
+        }
+        // Head `j`'s output and statistics over part `s` of row `t` go to row
+        // `t * MAX_PARTS * nh + s * nh + j`.
+        let (scores, starts) = (&mut p.scratch, &p.items);
+        ctx.chunks(total, |item| {
+            let t = starts.partition_point(|&s| s <= item) - 1;
+            let (over, n_parts, groups) = split(t);
+            let i = item - starts[t];
+            let (kvh, sg, s) = (i / (groups * n_parts), i / n_parts % groups, i % n_parts);
             let heads = kvh * g + sg * g / groups..kvh * g + (sg + 1) * g / groups;
-            let q = v.q.range(heads.start * hd..heads.end * hd);
-            let rows = s * nh + heads.start..s * nh + heads.end;
+            let q =
+                v.q.range(t * qd + heads.start * hd..t * qd + heads.end * hd);
+            let base = t * MAX_PARTS * nh + s * nh;
+            let rows = base + heads.start..base + heads.end;
             let out = v.part.range_mut(rows.start * hd..rows.end * hd);
             let stats = v.part_stats.range_mut(rows);
-            let part = parts(over.clone()).nth(s).expect("s < n_parts");
-            attend(isa, a, kvh, q, part, cache, scores, out, stats);
+            let part = parts(over).nth(s).expect("s < n_parts");
+            let cache = c.at(t).0.cache(li, kvd);
+            attend(isa, a, kvh, q, part, &cache, scores, out, stats);
         });
         ctx.barrier();
-        let (part, stats) = (
-            v.part.range(0..n_parts * nh * hd),
-            v.part_stats.range(0..n_parts * nh),
-        );
-        for j in 0..nh {
-            let pieces =
-                (0..n_parts).map(|s| (&part[(s * nh + j) * hd..][..hd], stats[s * nh + j]));
-            let out = &mut self.p.xn[j * hd..(j + 1) * hd];
-            combine(pieces, out);
-            if a.output_gate.is_some() {
-                output_gate(out, v.z.range(j * hd..(j + 1) * hd));
+        for t in 0..n {
+            let n_parts = split(t).1;
+            let base = t * MAX_PARTS * nh;
+            let (part, stats) = (
+                v.part.range(base * hd..(base + n_parts * nh) * hd),
+                v.part_stats.range(base..base + n_parts * nh),
+            );
+            for j in 0..nh {
+                let pieces =
+                    (0..n_parts).map(|s| (&part[(s * nh + j) * hd..][..hd], stats[s * nh + j]));
+                let at = t * qd + j * hd..t * qd + (j + 1) * hd;
+                let out = &mut self.p.xn[at.clone()];
+                combine(pieces, out);
+                if a.output_gate.is_some() {
+                    output_gate(out, v.z.range(at));
+                }
             }
         }
     }

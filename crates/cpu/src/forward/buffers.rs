@@ -93,6 +93,8 @@ pub(super) struct Buffers {
     /// Decode attention's parts: outputs and softmax statistics of each query head and part.
     pub(super) part: Vec<f32>,
     pub(super) part_stats: Vec<(f32, f32)>,
+    /// Values of `part` one decoded row takes.
+    pub(super) part_row: usize,
     pub(super) own: Vec<Mutex<Private>>,
 }
 
@@ -117,9 +119,20 @@ pub(super) struct Private {
     pub(super) routes: Vec<Vec<(usize, f32)>>,
     pub(super) probs: Vec<f32>,
     pub(super) picked: Vec<(usize, f32)>,
+    /// Decode attention: where each row's work items begin.
+    pub(super) items: Vec<usize>,
 }
 
 impl Buffers {
+    /// Room in the decode attention's parts for `rows` rows decoded at once.
+    pub(super) fn reserve_decode(&mut self, rows: usize) {
+        let len = rows * self.part_row;
+        if self.part.len() < len {
+            self.part.resize(len, 0.0);
+            self.part_stats.resize(len, (0.0, 0.0));
+        }
+    }
+
     pub(super) fn new(d: &Dims, cap: usize, threads: usize) -> Buffers {
         let z = |w: usize| vec![0f32; cap * w];
         let widest = d.widest();
@@ -139,6 +152,7 @@ impl Buffers {
             // A head is at least one value wide, so `q` bounds the number of heads too.
             part: vec![0.0; MAX_PARTS * d.q],
             part_stats: vec![(0.0, 0.0); MAX_PARTS * d.q],
+            part_row: MAX_PARTS * d.q,
             own: (0..threads)
                 .map(|_| {
                     Mutex::new(Private {
@@ -164,6 +178,7 @@ impl Buffers {
                         routes: vec![Vec::new(); d.experts],
                         probs: Vec::new(),
                         picked: Vec::new(),
+                        items: Vec::new(),
                     })
                 })
                 .collect(),
@@ -172,7 +187,7 @@ impl Buffers {
 }
 
 /// The shared buffers as the pool's threads see them.
-pub(super) struct Views<'a, E> {
+pub(super) struct Views<'a> {
     pub(super) q: SharedSlice<'a, f32>,
     pub(super) k: SharedSlice<'a, f32>,
     pub(super) v: SharedSlice<'a, f32>,
@@ -186,9 +201,5 @@ pub(super) struct Views<'a, E> {
     pub(super) r: SharedSlice<'a, f32>,
     pub(super) part: SharedSlice<'a, f32>,
     pub(super) part_stats: SharedSlice<'a, (f32, f32)>,
-    pub(super) kc: SharedSlice<'a, E>,
-    pub(super) vc: SharedSlice<'a, E>,
-    pub(super) conv: SharedSlice<'a, f32>,
-    pub(super) s: SharedSlice<'a, f32>,
     pub(super) out: SharedSlice<'a, f32>,
 }

@@ -25,10 +25,10 @@ pub(super) struct Forward<'a, E> {
     pub(super) exact: bool,
     pub(super) resident: &'a Resident,
     pub(super) ctx: &'a Ctx<'a>,
-    pub(super) v: &'a Views<'a, E>,
-    pub(super) c: &'a Chunk<'a>,
+    pub(super) v: &'a Views<'a>,
+    pub(super) c: &'a Chunk<'a, E>,
+    /// Rows of the current product's inputs (the chunk's tokens, or those routed to an expert).
     pub(super) n: usize,
-    pub(super) capacity: usize,
     pub(super) p: &'a mut Private,
 }
 
@@ -157,7 +157,7 @@ impl<E: KvElem> Forward<'_, E> {
             }
             if let Some(pe) = &m.pos_embedding {
                 let pos = &mut p.scratch[..h];
-                pe.dequantize_row(self.c.p0 + t, pos)
+                pe.dequantize_row(self.c.at(t).1, pos)
                     .expect("position rows are whole blocks (checked at load)");
                 row.iter_mut().zip(pos.iter()).for_each(|(v, p)| *v += p);
             }

@@ -15,17 +15,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anelm_model::plan::{Ffn, GatedMlp, Layer, Linear, Mixer};
-use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, Weight};
+use anelm_model::{
+    check_batch, checked_state, ExecError, Executor, KvState, Logits, Model, Weight,
+};
+use half::f16;
 
 use crate::adaptive::Adaptive;
+use crate::attention::Cache;
 use crate::deltanet;
-use crate::kv::{CpuKv, KvData, KvDtype, Layers, Recurrent};
+use crate::kv::{CpuKv, KvDtype, KvType, Layers, Recurrent};
 use crate::ops::softcap;
 use crate::pool::{physical_cores, Ctx, Pool};
 use crate::resident::Resident;
 use crate::shared::SharedSlice;
 use crate::simd::Isa;
-use crate::vecmath::KvElem;
 
 use buffers::{Buffers, Dims, Views};
 use layer::Forward;
@@ -214,37 +217,7 @@ impl Executor for CpuExecutor {
         let n = tokens.len();
         let want = n - logits.rows(n)..n;
         out.resize(want.len() * vocab, 0.0);
-
-        let cap = n.min(MAX_BATCH);
-        if self.bufs.cap < cap {
-            self.bufs = Buffers::new(&Dims::of(&self.model), cap, self.pool.threads());
-        }
-        // Attention scores span the whole cache, for a group of heads.
-        let group = self
-            .model
-            .layers
-            .iter()
-            .filter_map(|l| l.attention())
-            .map(|a| a.n_heads / a.n_kv_heads)
-            .max()
-            .unwrap_or(1);
-        let dn_scratch = self
-            .model
-            .layers
-            .iter()
-            .map(|l| match &l.mixer {
-                Mixer::DeltaNet(d) => deltanet::scratch_len(d),
-                Mixer::Attention(_) => 0,
-            })
-            .max()
-            .unwrap_or(0);
-        for p in &self.bufs.own {
-            let s = &mut p.lock().unwrap_or_else(|e| e.into_inner()).scratch;
-            let need = (kv.capacity * group).max(dn_scratch);
-            if s.len() < need {
-                s.resize(need, 0.0);
-            }
-        }
+        self.reserve(n.min(MAX_BATCH), kv.capacity);
 
         let mut done = 0;
         while done < n {
@@ -257,39 +230,54 @@ impl Executor for CpuExecutor {
             } else {
                 (0..0, 0..0)
             };
-            let chunk = Chunk {
-                tokens: &tokens[done..done + len],
-                p0: kv.len,
-                rows,
-            };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
             // A decode step may go on one thread while the machine is contended (see
             // `adaptive`).
             let step = len == 1;
-            let env = Env {
-                m: &self.model,
-                pool: &self.pool,
-                isa: self.isa,
-                exact: self.exact,
-                resident: &self.resident,
-                solo: step && self.adaptive.solo_next(),
-            };
+            let solo = step && self.adaptive.solo_next();
             let started = Instant::now();
-            let rec = &mut kv.recurrent;
-            match &mut kv.data {
-                KvData::F32(l) => {
-                    run_chunk(&env, &mut self.bufs, l, rec, kv.capacity, &chunk, out_chunk)
-                }
-                KvData::F16(l) => {
-                    run_chunk(&env, &mut self.bufs, l, rec, kv.capacity, &chunk, out_chunk)
-                }
-            }
+            let tokens = &tokens[done..done + len];
+            self.run(&mut [&mut *kv], tokens, rows, out_chunk, solo);
             if step {
-                let contended = !env.solo && self.pool.contended();
+                let contended = !solo && self.pool.contended();
                 self.adaptive.record(started.elapsed(), contended);
             }
-            kv.len += len;
             done += len;
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
+        Ok(())
+    }
+
+    /// The sequences' tokens go through the layers as the rows of one chunk: each product
+    /// reads its weight once for all of them, with each row's arithmetic what it is alone (its
+    /// own activation quantisation, the kernels' per-row accumulation), and attention and the
+    /// recurrent layers run per sequence on its own state. A single sequence is the same pass.
+    fn forward_batch(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let vocab = self.model.config.vocab_size;
+        check_batch(states, tokens, vocab)?;
+        let mut kvs = Vec::with_capacity(states.len());
+        for s in states.iter_mut() {
+            kvs.push(checked_state::<CpuKv>(&mut **s, self.id, &[], vocab)?);
+        }
+        out.clear();
+        out.resize(tokens.len() * vocab, 0.0);
+        let capacity = kvs.iter().map(|kv| kv.capacity).max().unwrap_or(0);
+        self.reserve(tokens.len().min(MAX_BATCH), capacity);
+        let per = self.bufs.cap;
+        self.bufs.reserve_decode(per.min(tokens.len()));
+        for ((kvs, tokens), out) in kvs
+            .chunks_mut(per)
+            .zip(tokens.chunks(per))
+            .zip(out.chunks_mut(per * vocab))
+        {
+            self.run(kvs, tokens, 0..tokens.len(), out, false);
         }
         if let Some(cap) = self.model.final_softcap {
             softcap(out, cap);
@@ -302,11 +290,117 @@ impl Executor for CpuExecutor {
     }
 }
 
-/// Tokens at positions `p0..`, and the rows whose logits are wanted.
-struct Chunk<'a> {
-    tokens: &'a [u32],
+impl CpuExecutor {
+    /// Buffers for chunks of `rows` tokens, and scratch for attention over `capacity`
+    /// positions.
+    fn reserve(&mut self, rows: usize, capacity: usize) {
+        if self.bufs.cap < rows {
+            self.bufs = Buffers::new(&Dims::of(&self.model), rows, self.pool.threads());
+        }
+        // Attention scores span the whole cache, for a group of heads.
+        let layers = &self.model.layers;
+        let group = layers
+            .iter()
+            .filter_map(|l| l.attention())
+            .map(|a| a.n_heads / a.n_kv_heads)
+            .max()
+            .unwrap_or(1);
+        let dn_scratch = layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => deltanet::scratch_len(d),
+                Mixer::Attention(_) => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        for p in &self.bufs.own {
+            let s = &mut p.lock().unwrap_or_else(|e| e.into_inner()).scratch;
+            let need = (capacity * group).max(dn_scratch);
+            if s.len() < need {
+                s.resize(need, 0.0);
+            }
+        }
+    }
+
+    /// One pass over `tokens`: all of them the next tokens of `kvs[0]`, or one for each of
+    /// `kvs`. Writes the logits of the chunk rows `rows` into `out` and advances the states.
+    fn run(
+        &mut self,
+        kvs: &mut [&mut CpuKv],
+        tokens: &[u32],
+        rows: Range<usize>,
+        out: &mut [f32],
+        solo: bool,
+    ) {
+        debug_assert!(kvs.len() == 1 || kvs.len() == tokens.len());
+        let env = Env {
+            m: &self.model,
+            pool: &self.pool,
+            isa: self.isa,
+            exact: self.exact,
+            resident: &self.resident,
+            solo,
+        };
+        match self.kv {
+            KvDtype::F32 => run_chunk::<f32>(&env, &mut self.bufs, kvs, tokens, rows, out),
+            KvDtype::F16 => run_chunk::<f16>(&env, &mut self.bufs, kvs, tokens, rows, out),
+        }
+        let per = tokens.len() / kvs.len();
+        kvs.iter_mut().for_each(|kv| kv.len += per);
+    }
+}
+
+/// One sequence of a chunk: its cache and recurrent state, the position of its first token,
+/// and the rows of the chunk that are its tokens.
+struct Seq<'a, E> {
+    kc: SharedSlice<'a, E>,
+    vc: SharedSlice<'a, E>,
+    conv: SharedSlice<'a, f32>,
+    s: SharedSlice<'a, f32>,
+    /// Where each layer's keys and values, conv history and states begin.
+    kv_at: &'a [usize],
+    conv_at: &'a [usize],
+    s_at: &'a [usize],
+    capacity: usize,
     p0: usize,
     rows: Range<usize>,
+}
+
+impl<E> Seq<'_, E> {
+    /// Layer `li`'s keys and values (`kvd` of each a position).
+    ///
+    /// # Safety
+    /// No thread writes them until the next barrier.
+    unsafe fn cache(&self, li: usize, kvd: usize) -> Cache<'_, E> {
+        let at = self.kv_at[li]..self.kv_at[li] + self.capacity * kvd;
+        Cache {
+            k: self.kc.range(at.clone()),
+            v: self.vc.range(at),
+            kv_dim: kvd,
+        }
+    }
+}
+
+/// The tokens of one pass, each sequence's rows in a run, and the rows whose logits are
+/// wanted.
+struct Chunk<'a, E> {
+    tokens: &'a [u32],
+    seqs: Vec<Seq<'a, E>>,
+    rows: Range<usize>,
+}
+
+impl<E> Chunk<'_, E> {
+    /// The sequence of row `t`, and the position of its token.
+    fn at(&self, t: usize) -> (&Seq<'_, E>, usize) {
+        let i = self.seqs.partition_point(|s| s.rows.end <= t);
+        let s = &self.seqs[i];
+        (s, s.p0 + t - s.rows.start)
+    }
+
+    /// Every sequence has one token: a decode step.
+    fn decode(&self) -> bool {
+        self.seqs.len() == self.tokens.len()
+    }
 }
 
 /// What a forward pass reads and never changes.
@@ -320,16 +414,44 @@ struct Env<'a> {
     solo: bool,
 }
 
-fn run_chunk<E: KvElem>(
+fn run_chunk<E: KvType>(
     env: &Env<'_>,
     b: &mut Buffers,
-    cache: &mut Layers<E>,
-    rec: &mut Recurrent,
-    capacity: usize,
-    c: &Chunk<'_>,
+    kvs: &mut [&mut CpuKv],
+    tokens: &[u32],
+    rows: Range<usize>,
     out: &mut [f32],
 ) {
     let (m, isa) = (env.m, env.isa);
+    let per = tokens.len() / kvs.len();
+    let seqs = kvs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, kv)| {
+            let (p0, capacity) = (kv.len, kv.capacity);
+            let Layers { k, v, offset } =
+                E::layers(&mut kv.data).expect("an executor's states share its KV type");
+            let Recurrent {
+                conv,
+                s,
+                conv_offset,
+                s_offset,
+            } = &mut kv.recurrent;
+            Seq {
+                kc: SharedSlice::new(k),
+                vc: SharedSlice::new(v),
+                conv: SharedSlice::new(conv),
+                s: SharedSlice::new(s),
+                kv_at: offset,
+                conv_at: conv_offset,
+                s_at: s_offset,
+                capacity,
+                p0,
+                rows: i * per..(i + 1) * per,
+            }
+        })
+        .collect();
+    let c = &Chunk { tokens, seqs, rows };
     let views = Views {
         q: SharedSlice::new(&mut b.q),
         k: SharedSlice::new(&mut b.k),
@@ -344,15 +466,9 @@ fn run_chunk<E: KvElem>(
         r: SharedSlice::new(&mut b.r),
         part: SharedSlice::new(&mut b.part),
         part_stats: SharedSlice::new(&mut b.part_stats),
-        kc: SharedSlice::new(&mut cache.k),
-        vc: SharedSlice::new(&mut cache.v),
-        conv: SharedSlice::new(&mut rec.conv),
-        s: SharedSlice::new(&mut rec.s),
         out: SharedSlice::new(out),
     };
     let own = &b.own;
-    let offsets = &cache.offset;
-    let (conv_at, s_at) = (&rec.conv_offset, &rec.s_offset);
     let job = |ctx: &Ctx| {
         let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
         let mut f = Forward {
@@ -364,7 +480,6 @@ fn run_chunk<E: KvElem>(
             v: &views,
             c,
             n: c.tokens.len(),
-            capacity,
             p: &mut p,
         };
         // SAFETY (for every step): each step writes only the shared rows or elements its thread
@@ -373,8 +488,8 @@ fn run_chunk<E: KvElem>(
             f.embed();
             for (li, layer) in m.layers.iter().enumerate() {
                 match &layer.mixer {
-                    Mixer::Attention(a) => f.attention(layer, a, offsets[li]),
-                    Mixer::DeltaNet(d) => f.deltanet(layer, d, conv_at[li], s_at[li]),
+                    Mixer::Attention(a) => f.attention(layer, a, li),
+                    Mixer::DeltaNet(d) => f.deltanet(layer, d, li),
                 }
                 f.ffn(layer);
             }
