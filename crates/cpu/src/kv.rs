@@ -54,6 +54,29 @@ pub(crate) enum KvData {
     F16(Layers<f16>),
 }
 
+/// A cache element type, and its cache inside a [`KvData`].
+pub(crate) trait KvType: KvElem {
+    fn layers(data: &mut KvData) -> Option<&mut Layers<Self>>;
+}
+
+impl KvType for f32 {
+    fn layers(data: &mut KvData) -> Option<&mut Layers<f32>> {
+        match data {
+            KvData::F32(l) => Some(l),
+            KvData::F16(_) => None,
+        }
+    }
+}
+
+impl KvType for f16 {
+    fn layers(data: &mut KvData) -> Option<&mut Layers<f16>> {
+        match data {
+            KvData::F16(l) => Some(l),
+            KvData::F32(_) => None,
+        }
+    }
+}
+
 /// The recurrent state of the linear-attention (DeltaNet) layers: per layer its conv history
 /// and its per-head matrices, f32, each layer at its offset (zero-sized for other layers).
 pub(crate) struct Recurrent {

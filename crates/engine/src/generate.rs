@@ -2,7 +2,7 @@
 //! complete UTF-8 and clear of stop strings, and a finish with its reason, the usage and the
 //! timings.
 //!
-//! A [`Generation`] borrows its session but not the executor: each [`Generation::next_event`]
+//! A [`Generation`] borrows (or owns) its session but not the executor: each [`Generation::next_event`]
 //! call takes the executor, so one executor can step several generations in turn, and a caller
 //! can stop between any two tokens ([`Generation::cancel`]).
 
@@ -154,9 +154,35 @@ enum Phase {
     Done,
 }
 
+/// The session of a generation: borrowed, or owned by a generation that must outlive the
+/// caller's frame (a server's loop keeps its generations between steps).
+enum Held<'s> {
+    Borrowed(&'s mut Session),
+    Owned(Box<Session>),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        match self {
+            Held::Borrowed(s) => s,
+            Held::Owned(s) => s,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Session {
+        match self {
+            Held::Borrowed(s) => s,
+            Held::Owned(s) => s,
+        }
+    }
+}
+
 /// One generation in progress over a session.
 pub struct Generation<'s> {
-    session: &'s mut Session,
+    session: Held<'s>,
     tokenizer: Option<Arc<Tokenizer>>,
     stop_ids: Vec<u32>,
     prompt: Vec<u32>,
@@ -174,6 +200,70 @@ pub struct Generation<'s> {
     step_started: Option<Instant>,
     /// Whether a prefill chunk has run (the first one tells how much was cached).
     prefill_started: bool,
+    /// A batched step in progress will draw a token for this generation.
+    drawing: bool,
+}
+
+/// A checked prompt and parameters, before a session is attached.
+struct Start {
+    prompt: Vec<u32>,
+    usage: Usage,
+}
+
+impl Start {
+    fn new(
+        model: &LoadedModel,
+        input: &Input,
+        params: &GenerateParams,
+        capacity: usize,
+    ) -> Result<Start> {
+        params
+            .sampling
+            .validate(model.model.config.vocab_size)
+            .map_err(EngineError::BadParams)?;
+        if params.max_tokens == 0 {
+            return Err(EngineError::BadParams(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        let prompt = prepare(model, input, capacity, params.max_tokens, params.overflow)?;
+        let usage = Usage {
+            prompt_tokens: prompt.ids.len(),
+            dropped_messages: prompt.dropped_messages,
+            ..Usage::default()
+        };
+        Ok(Start {
+            prompt: prompt.ids,
+            usage,
+        })
+    }
+
+    fn generation<'s>(
+        self,
+        session: Held<'s>,
+        model: &LoadedModel,
+        params: GenerateParams,
+    ) -> Generation<'s> {
+        Generation {
+            session,
+            tokenizer: model.tokenizer.clone(),
+            stop_ids: model.stop_ids(),
+            prompt: self.prompt,
+            max_tokens: params.max_tokens,
+            top_logprobs: params.logprobs,
+            sampler: Sampler::new(params.sampling),
+            logits: Vec::new(),
+            utf8: Utf8Stream::new(),
+            stops: StopStrings::new(&params.stop),
+            pending: VecDeque::new(),
+            phase: Phase::Prefill,
+            usage: self.usage,
+            timings: Timings::default(),
+            step_started: None,
+            prefill_started: false,
+            drawing: false,
+        }
+    }
 }
 
 impl Session {
@@ -186,45 +276,22 @@ impl Session {
         input: &Input,
         params: GenerateParams,
     ) -> Result<Generation<'s>> {
-        params
-            .sampling
-            .validate(model.model.config.vocab_size)
-            .map_err(EngineError::BadParams)?;
-        if params.max_tokens == 0 {
-            return Err(EngineError::BadParams(
-                "max_tokens must be at least 1".into(),
-            ));
+        let start = Start::new(model, input, &params, self.capacity())?;
+        Ok(start.generation(Held::Borrowed(self), model, params))
+    }
+
+    /// [`Session::generate`] on a session the generation takes with it (and gives back with
+    /// [`Generation::into_session`]); on an error the session comes back with it.
+    pub fn into_generation(
+        self,
+        model: &LoadedModel,
+        input: &Input,
+        params: GenerateParams,
+    ) -> std::result::Result<Generation<'static>, (EngineError, Session)> {
+        match Start::new(model, input, &params, self.capacity()) {
+            Ok(start) => Ok(start.generation(Held::Owned(Box::new(self)), model, params)),
+            Err(e) => Err((e, self)),
         }
-        let prompt = prepare(
-            model,
-            input,
-            self.capacity(),
-            params.max_tokens,
-            params.overflow,
-        )?;
-        let usage = Usage {
-            prompt_tokens: prompt.ids.len(),
-            dropped_messages: prompt.dropped_messages,
-            ..Usage::default()
-        };
-        Ok(Generation {
-            session: self,
-            tokenizer: model.tokenizer.clone(),
-            stop_ids: model.stop_ids(),
-            prompt: prompt.ids,
-            max_tokens: params.max_tokens,
-            top_logprobs: params.logprobs,
-            sampler: Sampler::new(params.sampling),
-            logits: Vec::new(),
-            utf8: Utf8Stream::new(),
-            stops: StopStrings::new(&params.stop),
-            pending: VecDeque::new(),
-            phase: Phase::Prefill,
-            usage,
-            timings: Timings::default(),
-            step_started: None,
-            prefill_started: false,
-        })
     }
 
     /// Runs a whole generation, handing each event to `on_event`; `ControlFlow::Break` cancels
@@ -313,29 +380,109 @@ impl Generation<'_> {
         }
     }
 
+    /// The session of a generation made by [`Session::into_generation`] (None for a borrowed
+    /// one). It holds the prompt and the tokens generated so far.
+    pub fn into_session(self) -> Option<Session> {
+        match self.session {
+            Held::Owned(s) => Some(*s),
+            Held::Borrowed(_) => None,
+        }
+    }
+
+    /// Whether the generation has ended (events may still be queued).
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// The next event already computed, computing nothing ([`crate::Batch::step`] computes).
+    pub fn pop_event(&mut self) -> Option<Event> {
+        self.pending.pop_front()
+    }
+
+    /// The first half of a batched step: a prefill chunk, or the check that the context has
+    /// room. Returns the token this generation feeds to the batched pass, if any.
+    pub(crate) fn batch_begin(
+        &mut self,
+        exec: &mut dyn Executor,
+        start: Instant,
+    ) -> Result<Option<u32>> {
+        self.drawing = false;
+        match self.phase {
+            Phase::Done => Ok(None),
+            Phase::Prefill => {
+                self.prefill_step(exec)?;
+                Ok(None)
+            }
+            Phase::Decode(feed) => {
+                self.step_started = Some(start);
+                if feed.is_some() && !self.room() {
+                    return Ok(None);
+                }
+                self.drawing = true;
+                Ok(feed)
+            }
+        }
+    }
+
+    /// The state a batched pass appends the fed token to.
+    pub(crate) fn state_mut(&mut self) -> &mut dyn anelm_model::KvState {
+        self.session.state_mut()
+    }
+
+    /// The second half of a batched step: takes the logits after the fed token (`fed`: the
+    /// token and its row) and draws the next token.
+    pub(crate) fn batch_end(&mut self, fed: Option<(u32, &[f32])>) {
+        if let Some((token, row)) = fed {
+            self.session.appended(token);
+            self.logits.clear();
+            self.logits.extend_from_slice(row);
+        }
+        if std::mem::take(&mut self.drawing) {
+            self.draw();
+        }
+        if let Some(s) = self.step_started.take() {
+            self.timings.decode += s.elapsed();
+        }
+    }
+
+    /// Whether the session has room for one more token; finishes the generation if not.
+    fn room(&mut self) -> bool {
+        let full = self.session.tokens().len() >= self.session.capacity();
+        if full {
+            self.finish(FinishReason::ContextFull);
+        }
+        !full
+    }
+
     /// Feeds the previous token (if any) and draws the next one.
     fn step(&mut self, exec: &mut dyn Executor, feed: Option<u32>) -> Result<()> {
         if let Some(token) = feed {
-            if self.session.tokens().len() >= self.session.capacity() {
-                self.finish(FinishReason::ContextFull);
+            if !self.room() {
                 return Ok(());
             }
             self.session
                 .run(exec, &[token], Logits::Last, &mut self.logits)?;
         }
+        self.draw();
+        Ok(())
+    }
+
+    /// Draws the next token from the logits: its events, and the end of the generation when
+    /// it stops, completes a stop string or reaches the limit.
+    fn draw(&mut self) {
         let id = self.sampler.sample(&mut self.logits, self.session.tokens());
         let logprob = self.top_logprobs.map(|n| logprobs(&self.logits, id, n));
         self.usage.completion_tokens += 1;
         self.pending.push_back(Event::Token { id, logprob });
         if self.stop_ids.contains(&id) {
             self.finish(FinishReason::Stop);
-            return Ok(());
+            return;
         }
         if let Some(tok) = self.tokenizer.as_ref().filter(|t| !t.is_special(id)) {
             let text = self.utf8.push(&tok.token_to_piece(id));
             if !text.is_empty() && self.scan_text(&text) {
                 self.finish(FinishReason::StopString);
-                return Ok(());
+                return;
             }
         }
         if self.usage.completion_tokens >= self.max_tokens {
@@ -343,7 +490,6 @@ impl Generation<'_> {
         } else {
             self.phase = Phase::Decode(Some(id));
         }
-        Ok(())
     }
 
     /// Passes text through the stop strings; true when one of them ended the stream.

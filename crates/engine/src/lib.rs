@@ -19,6 +19,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod batch;
 pub mod error;
 pub mod generate;
 pub mod loaded;
@@ -31,6 +32,7 @@ pub mod stop;
 pub mod utf8_stream;
 
 pub use anelm_tokenize::{ChatTemplate, Message, RenderOptions};
+pub use batch::Batch;
 pub use error::{EngineError, Result};
 pub use generate::{Event, Finish, FinishReason, GenerateParams, Generation, Timings, Usage};
 pub use loaded::{LoadError, LoadedModel};

@@ -104,6 +104,17 @@ impl Session {
         Ok(PrefillStep { reused, done })
     }
 
+    /// The state, for a batched pass that appends one token ([`Session::appended`] records it).
+    pub(crate) fn state_mut(&mut self) -> &mut dyn KvState {
+        self.state.as_mut()
+    }
+
+    /// Records a token a batched pass appended to the state.
+    pub(crate) fn appended(&mut self, token: u32) {
+        self.tokens.push(token);
+        debug_assert_eq!(self.tokens.len(), self.state.len());
+    }
+
     /// Appends `tokens` and writes the requested logits.
     pub fn run(
         &mut self,

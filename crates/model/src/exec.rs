@@ -52,6 +52,8 @@ pub enum ExecError {
     ContextFull { needed: usize, capacity: usize },
     #[error("state belongs to a different executor")]
     ForeignState,
+    #[error("a batch of {states} states was given {tokens} tokens (one each)")]
+    BatchMismatch { states: usize, tokens: usize },
     #[error("{0}")]
     Device(String),
 }
@@ -103,6 +105,57 @@ pub trait Executor: Send {
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError>;
 
+    /// One decode step of several sequences at once: `tokens[i]` is appended to `states[i]`
+    /// and `out` gets the logits after it, one row of `vocab` floats per sequence, in order,
+    /// replacing its contents. Each row is what [`Executor::forward`] of that token alone gives
+    /// (bit for bit); an executor that batches reads its weights once for all of them. The
+    /// default runs the sequences one after the other. On an error no state has advanced,
+    /// unless the executor failed mid-step (a device error), which may leave earlier states
+    /// advanced: callers check [`KvState::len`].
+    fn forward_batch(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        check_batch(states, tokens, self.vocab_size())?;
+        out.clear();
+        let mut row = Vec::new();
+        for (state, &token) in states.iter_mut().zip(tokens) {
+            self.forward(&mut **state, &[token], Logits::Last, &mut row)?;
+            out.extend_from_slice(&row);
+        }
+        Ok(())
+    }
+
     /// Vocabulary size (length of one logits row).
     fn vocab_size(&self) -> usize;
+}
+
+/// The checks of a batch that need no executor: one token per state, every token in the
+/// vocabulary, and room for it in each state (so that the default [`Executor::forward_batch`]
+/// fails before it advances any state).
+pub fn check_batch(
+    states: &[&mut dyn KvState],
+    tokens: &[u32],
+    vocab: usize,
+) -> Result<(), ExecError> {
+    if states.len() != tokens.len() {
+        return Err(ExecError::BatchMismatch {
+            states: states.len(),
+            tokens: tokens.len(),
+        });
+    }
+    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ExecError::TokenOutOfRange { id, vocab });
+    }
+    for s in states {
+        if s.len() >= s.capacity() {
+            return Err(ExecError::ContextFull {
+                needed: s.len() + 1,
+                capacity: s.capacity(),
+            });
+        }
+    }
+    Ok(())
 }

@@ -17,7 +17,7 @@ pub mod weight;
 use std::path::Path;
 
 pub use error::{ModelError, Result};
-pub use exec::{checked_state, ExecError, Executor, KvState, Logits, OwnedState};
+pub use exec::{check_batch, checked_state, ExecError, Executor, KvState, Logits, OwnedState};
 pub use model::{Family, Model, ModelConfig, ModelSource};
 pub use weight::Weight;
 

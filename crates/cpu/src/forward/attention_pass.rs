@@ -1,0 +1,197 @@
+//! The attention mixer of one layer: the q/k/v projections finished per block of heads (norms,
+//! RoPE, cache writes), attention over the cache (split over positions in decode), the output.
+
+use std::ops::Range;
+
+use anelm_model::plan::{Attention, Layer};
+use anelm_model::Weight;
+
+use super::layer::{Forward, Src};
+use super::ATTN_BLOCK;
+use crate::attention::{attend, attend_parts, combine, parts, positions, MAX_PARTS};
+use crate::ops::{norm_row, rope_head};
+use crate::shared::SharedSlice;
+use crate::vecmath::KvElem;
+
+impl<E: KvElem> Forward<'_, E> {
+    /// Layer `li`'s attention (`a`) over every row's own sequence.
+    pub(super) unsafe fn attention(&mut self, layer: &Layer, a: &Attention, li: usize) {
+        let (ctx, v, n, isa) = (self.ctx, self.v, self.n, self.isa);
+        let h = self.m.config.hidden_size;
+        let (hd, qd, kvd) = (
+            a.head_dim,
+            a.n_heads * a.head_dim,
+            a.n_kv_heads * a.head_dim,
+        );
+        let c = self.c;
+
+        self.norm_into_xn(&layer.attn_norm);
+        let gate_w = a.output_gate.as_ref().map(|g| &g.weight);
+        let inputs: Vec<&Weight> = [&a.q.weight, &a.k.weight, &a.v.weight]
+            .into_iter()
+            .chain(gate_w)
+            .collect();
+        self.prepare(Src::Xn, h, 0..n, &inputs);
+        // RoPE's cos and sin for each token, once per layer (layers may differ in frequencies).
+        let mut angles = std::mem::take(&mut self.p.angles);
+        if let Some(rope) = &a.rope {
+            let half = rope.dims / 2;
+            for (t, cs) in angles.chunks_exact_mut(2 * half).take(n).enumerate() {
+                let (cos, sin) = cs.split_at_mut(half);
+                rope.angles(c.at(t).1, cos, sin);
+            }
+        }
+        // The projections, each finished per block of whole heads: q and k get their norms and
+        // RoPE, and k and v go into the cache.
+        let rope_heads = |buf: &SharedSlice<'_, f32>,
+                          width: usize,
+                          rows: Range<usize>,
+                          tokens: Range<usize>,
+                          norm: Option<&anelm_model::plan::Norm>| {
+            for t in tokens {
+                let heads = buf.range_mut(t * width + rows.start..t * width + rows.end);
+                if let Some(nm) = norm {
+                    heads.chunks_exact_mut(hd).for_each(|hh| norm_row(nm, hh));
+                }
+                if let Some(rope) = &a.rope {
+                    let half = rope.dims / 2;
+                    let (cos, sin) = angles[2 * half * t..2 * half * (t + 1)].split_at(half);
+                    heads
+                        .chunks_exact_mut(hd)
+                        .for_each(|hh| rope_head(rope, hh, cos, sin));
+                }
+            }
+        };
+        // Each row's keys or values (`values`) into its sequence's cache.
+        let store =
+            |buf: &SharedSlice<'_, f32>, values: bool, rows: Range<usize>, tokens: Range<usize>| {
+                for t in tokens {
+                    let (seq, pos) = c.at(t);
+                    let cache = if values { &seq.vc } else { &seq.kc };
+                    let at = seq.kv_at[li] + pos * kvd;
+                    let dst = cache.range_mut(at + rows.start..at + rows.end);
+                    let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
+                    E::from_f32_slice(dst, src);
+                }
+            };
+        self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {
+            rope_heads(&v.q, qd, r, t, a.q_norm.as_ref())
+        });
+        self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r, t| {
+            rope_heads(&v.k, kvd, r.clone(), t.clone(), a.k_norm.as_ref());
+            store(&v.k, false, r, t);
+        });
+        self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r, t| {
+            store(&v.v, true, r, t)
+        });
+        if let Some(g) = &a.output_gate {
+            self.linear(g, &v.z);
+        }
+        self.p.angles = angles;
+        ctx.barrier();
+
+        if c.decode() {
+            self.decode_attention(a, li);
+            self.prepare(Src::Xn, qd, 0..n, &[&a.o.weight]);
+        } else {
+            // One sequence, several tokens (a prefill).
+            debug_assert!(c.seqs.len() == 1);
+            let cache = c.seqs[0].cache(li, kvd);
+            // (Block of query tokens, KV head) pairs: a head's keys and values are read once for
+            // its group of query heads (adjacent in a row of q) and a block of tokens.
+            let g = a.n_heads / a.n_kv_heads;
+            let gw = g * hd;
+            let p = &mut *self.p;
+            let (scores, po, ps) = (&mut p.scratch, &mut p.part, &mut p.part_stats);
+            ctx.chunks(n.div_ceil(ATTN_BLOCK) * a.n_kv_heads, |item| {
+                let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
+                for t in blk * ATTN_BLOCK..((blk + 1) * ATTN_BLOCK).min(n) {
+                    let at = t * qd + kvh * gw;
+                    let (q, out) = (v.q.range(at..at + gw), v.att.range_mut(at..at + gw));
+                    let over = positions(a, c.at(t).1);
+                    attend_parts(isa, a, kvh, q, over, &cache, scores, po, ps, out);
+                    if a.output_gate.is_some() {
+                        output_gate(out, v.z.range(at..at + gw));
+                    }
+                }
+            });
+            ctx.barrier();
+            self.prepare(Src::Shared(&v.att), qd, 0..n, &[&a.o.weight]);
+        }
+        self.linear(&a.o, &v.o);
+        ctx.barrier();
+        self.residual(layer.post_attn_norm.as_ref());
+    }
+
+    /// Attention of each row's one new token over its own sequence, into `xn`. The threads
+    /// share items of a row: a part of its positions and some query heads of one KV head —
+    /// enough items for two per thread where the heads allow (how the heads are grouped does
+    /// not change a head's result; how the positions are split does, and [`parts`] splits them
+    /// by their number only, so a row's result does not depend on the others). After the
+    /// barrier every thread combines the parts for itself (no barrier of its own).
+    pub(super) unsafe fn decode_attention(&mut self, a: &Attention, li: usize) {
+        let (ctx, v, isa, c, n) = (self.ctx, self.v, self.isa, self.c, self.n);
+        let (hd, nh, g) = (a.head_dim, a.n_heads, a.n_heads / a.n_kv_heads);
+        let (qd, kvd) = (nh * hd, a.n_kv_heads * hd);
+        // Row `t`'s positions, their number of parts, and its groups of query heads.
+        let split = |t: usize| {
+            let over = positions(a, c.at(t).1);
+            let n_parts = parts(over.clone()).count();
+            let groups = (2 * ctx.n).div_ceil(n * a.n_kv_heads * n_parts).clamp(1, g);
+            (over, n_parts, groups)
+        };
+        let p = &mut *self.p;
+        p.items.clear();
+        let mut total = 0;
+        for t in 0..n {
+            p.items.push(total);
+            let (_, n_parts, groups) = split(t);
+            total += a.n_kv_heads * groups * n_parts;
+        }
+        // Head `j`'s output and statistics over part `s` of row `t` go to row
+        // `t * MAX_PARTS * nh + s * nh + j`.
+        let (scores, starts) = (&mut p.scratch, &p.items);
+        ctx.chunks(total, |item| {
+            let t = starts.partition_point(|&s| s <= item) - 1;
+            let (over, n_parts, groups) = split(t);
+            let i = item - starts[t];
+            let (kvh, sg, s) = (i / (groups * n_parts), i / n_parts % groups, i % n_parts);
+            let heads = kvh * g + sg * g / groups..kvh * g + (sg + 1) * g / groups;
+            let q =
+                v.q.range(t * qd + heads.start * hd..t * qd + heads.end * hd);
+            let base = t * MAX_PARTS * nh + s * nh;
+            let rows = base + heads.start..base + heads.end;
+            let out = v.part.range_mut(rows.start * hd..rows.end * hd);
+            let stats = v.part_stats.range_mut(rows);
+            let part = parts(over).nth(s).expect("s < n_parts");
+            let cache = c.at(t).0.cache(li, kvd);
+            attend(isa, a, kvh, q, part, &cache, scores, out, stats);
+        });
+        ctx.barrier();
+        for t in 0..n {
+            let n_parts = split(t).1;
+            let base = t * MAX_PARTS * nh;
+            let (part, stats) = (
+                v.part.range(base * hd..(base + n_parts * nh) * hd),
+                v.part_stats.range(base..base + n_parts * nh),
+            );
+            for j in 0..nh {
+                let pieces =
+                    (0..n_parts).map(|s| (&part[(s * nh + j) * hd..][..hd], stats[s * nh + j]));
+                let at = t * qd + j * hd..t * qd + (j + 1) * hd;
+                let out = &mut self.p.xn[at.clone()];
+                combine(pieces, out);
+                if a.output_gate.is_some() {
+                    output_gate(out, v.z.range(at));
+                }
+            }
+        }
+    }
+}
+
+/// `out *= sigmoid(z)`: the attention output gate (one gate value per element of a head).
+fn output_gate(out: &mut [f32], z: &[f32]) {
+    out.iter_mut()
+        .zip(z)
+        .for_each(|(o, g)| *o /= 1.0 + (-g).exp());
+}

@@ -1,0 +1,504 @@
+//! The CPU executor: runs the LayerPlan over a batch of new tokens appended to a KV cache.
+//!
+//! One forward pass is one job of the thread pool: every thread walks the layers. Products and
+//! attention hand out tiles dynamically and write shared buffers, followed by a barrier; the
+//! cheap per-token steps in between (residuals, norms, the gate activation, quantising the next
+//! input) every thread does for itself on its own copy of the residual stream, which saves the
+//! barriers they would need — five per layer remain (after q/k/v, attention, o, gate/up, down).
+//! RoPE, the q/k norms and the cache writes run as the q/k/v products finish each block of heads.
+//! All buffers live in [`Buffers`], sized for the largest batch seen (at most [`MAX_BATCH`]
+//! tokens; longer batches run in chunks), so a token allocates nothing.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anelm_model::plan::{Ffn, GatedMlp, Layer, Linear, Mixer};
+use anelm_model::{
+    check_batch, checked_state, ExecError, Executor, KvState, Logits, Model, Weight,
+};
+use half::f16;
+
+use crate::adaptive::Adaptive;
+use crate::attention::Cache;
+use crate::deltanet;
+use crate::kv::{CpuKv, KvDtype, KvType, Layers, Recurrent};
+use crate::ops::softcap;
+use crate::pool::{physical_cores, Ctx, Pool};
+use crate::resident::Resident;
+use crate::shared::SharedSlice;
+use crate::simd::Isa;
+
+use buffers::{Buffers, Dims, Views};
+use layer::Forward;
+
+mod attention_pass;
+mod buffers;
+mod deltanet_pass;
+mod ffn_pass;
+mod layer;
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// Tokens one pass of the layers processes; longer batches are split.
+pub const MAX_BATCH: usize = 512;
+/// Query tokens per attention work item in prefill.
+const ATTN_BLOCK: usize = 8;
+
+/// How a [`CpuExecutor`] runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuOptions {
+    /// Threads (0: one per physical core).
+    pub threads: usize,
+    /// KV cache element type (None: f16 when every layer matrix is quantised and `exact` is
+    /// off, else f32, so that unquantised models and exact runs keep f32 attention).
+    pub kv: Option<KvDtype>,
+    /// Instruction set (None: the best the CPU has).
+    pub isa: Option<Isa>,
+    /// Exact f32 products for quantised weights too (rows dequantised, activations kept f32)
+    /// instead of 8-bit activations; several times slower, for checking results.
+    pub exact: bool,
+}
+
+pub struct CpuExecutor {
+    model: Arc<Model>,
+    pool: Pool,
+    isa: Isa,
+    kv: KvDtype,
+    id: usize,
+    bufs: Buffers,
+    exact: bool,
+    /// The copies of the weights the products read.
+    resident: Resident,
+    /// Whether decode steps run on all threads or one.
+    adaptive: Adaptive,
+}
+
+impl CpuExecutor {
+    /// An executor running on `threads` threads (0: one per physical core).
+    pub fn new(model: Arc<Model>, threads: usize) -> Self {
+        Self::with_options(
+            model,
+            CpuOptions {
+                threads,
+                ..CpuOptions::default()
+            },
+        )
+    }
+
+    pub fn with_options(model: Arc<Model>, opts: CpuOptions) -> Self {
+        let threads = if opts.threads == 0 {
+            physical_cores()
+        } else {
+            opts.threads
+        };
+        let isa = opts
+            .isa
+            .filter(|i| Isa::available().contains(i))
+            .unwrap_or_else(Isa::detect);
+        let kv = opts.kv.unwrap_or_else(|| {
+            if all_quantized(&model) && !opts.exact {
+                KvDtype::F16
+            } else {
+                KvDtype::F32
+            }
+        });
+        let bufs = Buffers::new(&Dims::of(&model), 0, threads);
+        let resident = Resident::new(matrices(&model), isa, !opts.exact);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        CpuExecutor {
+            model,
+            pool: Pool::new(threads),
+            isa,
+            kv,
+            id,
+            bufs,
+            exact: opts.exact,
+            resident,
+            adaptive: Adaptive::default(),
+        }
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv
+    }
+}
+
+fn mlp_linears(m: &GatedMlp) -> [&Linear; 3] {
+    [&m.gate, &m.up, &m.down]
+}
+
+fn linears(l: &Layer) -> Vec<&Linear> {
+    let mut v = l.mixer.linears();
+    let mlp = mlp_linears;
+    match &l.ffn {
+        Ffn::Gated { gate, up, down, .. } => v.extend([gate, up, down]),
+        Ffn::Plain { up, down, .. } => v.extend([up, down]),
+        Ffn::Moe(m) => {
+            v.extend(m.experts.iter().flat_map(mlp));
+            v.extend(m.shared.iter().flat_map(|s| mlp(&s.mlp)));
+        }
+    }
+    v
+}
+
+/// The matrices of the products: every layer's and the output head (the token embedding stays
+/// mapped: lookups read a row at a time).
+fn matrices(m: &Model) -> impl Iterator<Item = &Weight> {
+    m.layers
+        .iter()
+        .flat_map(linears)
+        .map(|l| &l.weight)
+        .chain(std::iter::once(&m.lm_head))
+}
+
+fn all_quantized(m: &Model) -> bool {
+    m.layers
+        .iter()
+        .flat_map(linears)
+        .all(|l| l.weight.dtype.is_quantized())
+}
+
+impl Executor for CpuExecutor {
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
+        let max = self.model.max_positions();
+        if capacity > max {
+            return Err(ExecError::ContextFull {
+                needed: capacity,
+                capacity: max,
+            });
+        }
+        let layers = &self.model.layers;
+        let dims: Vec<usize> = layers
+            .iter()
+            .map(|l| l.attention().map_or(0, |a| a.n_kv_heads * a.head_dim))
+            .collect();
+        let recurrent: Vec<(usize, usize)> = layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => (
+                    d.conv_channels() * (d.conv_kernel - 1),
+                    d.n_v_heads * d.k_dim * d.v_dim,
+                ),
+                Mixer::Attention(_) => (0, 0),
+            })
+            .collect();
+        Ok(Box::new(CpuKv::new(
+            &dims, &recurrent, capacity, self.kv, self.id,
+        )))
+    }
+
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let vocab = self.model.config.vocab_size;
+        let kv: &mut CpuKv = checked_state(state, self.id, tokens, vocab)?;
+        out.clear();
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        let n = tokens.len();
+        let want = n - logits.rows(n)..n;
+        out.resize(want.len() * vocab, 0.0);
+        self.reserve(n.min(MAX_BATCH), kv.capacity);
+
+        let mut done = 0;
+        while done < n {
+            let len = (n - done).min(self.bufs.cap);
+            // Rows of logits inside this chunk, relative to the chunk and to `out`.
+            let lo = want.start.max(done);
+            let hi = done + len;
+            let (rows, out_rows) = if lo < hi {
+                (lo - done..hi - done, lo - want.start..hi - want.start)
+            } else {
+                (0..0, 0..0)
+            };
+            let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
+            // A decode step may go on one thread while the machine is contended (see
+            // `adaptive`).
+            let step = len == 1;
+            let solo = step && self.adaptive.solo_next();
+            let started = Instant::now();
+            let tokens = &tokens[done..done + len];
+            self.run(&mut [&mut *kv], tokens, rows, out_chunk, solo);
+            if step {
+                let contended = !solo && self.pool.contended();
+                self.adaptive.record(started.elapsed(), contended);
+            }
+            done += len;
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
+        Ok(())
+    }
+
+    /// The sequences' tokens go through the layers as the rows of one chunk: each product
+    /// reads its weight once for all of them, with each row's arithmetic what it is alone (its
+    /// own activation quantisation, the kernels' per-row accumulation), and attention and the
+    /// recurrent layers run per sequence on its own state. A single sequence is the same pass.
+    fn forward_batch(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let vocab = self.model.config.vocab_size;
+        check_batch(states, tokens, vocab)?;
+        let mut kvs = Vec::with_capacity(states.len());
+        for s in states.iter_mut() {
+            kvs.push(checked_state::<CpuKv>(&mut **s, self.id, &[], vocab)?);
+        }
+        out.clear();
+        out.resize(tokens.len() * vocab, 0.0);
+        let capacity = kvs.iter().map(|kv| kv.capacity).max().unwrap_or(0);
+        self.reserve(tokens.len().min(MAX_BATCH), capacity);
+        let per = self.bufs.cap;
+        self.bufs.reserve_decode(per.min(tokens.len()));
+        for ((kvs, tokens), out) in kvs
+            .chunks_mut(per)
+            .zip(tokens.chunks(per))
+            .zip(out.chunks_mut(per * vocab))
+        {
+            self.run(kvs, tokens, 0..tokens.len(), out, false);
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
+        Ok(())
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+}
+
+impl CpuExecutor {
+    /// Buffers for chunks of `rows` tokens, and scratch for attention over `capacity`
+    /// positions.
+    fn reserve(&mut self, rows: usize, capacity: usize) {
+        if self.bufs.cap < rows {
+            self.bufs = Buffers::new(&Dims::of(&self.model), rows, self.pool.threads());
+        }
+        // Attention scores span the whole cache, for a group of heads.
+        let layers = &self.model.layers;
+        let group = layers
+            .iter()
+            .filter_map(|l| l.attention())
+            .map(|a| a.n_heads / a.n_kv_heads)
+            .max()
+            .unwrap_or(1);
+        let dn_scratch = layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => deltanet::scratch_len(d),
+                Mixer::Attention(_) => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        for p in &self.bufs.own {
+            let s = &mut p.lock().unwrap_or_else(|e| e.into_inner()).scratch;
+            let need = (capacity * group).max(dn_scratch);
+            if s.len() < need {
+                s.resize(need, 0.0);
+            }
+        }
+    }
+
+    /// One pass over `tokens`: all of them the next tokens of `kvs[0]`, or one for each of
+    /// `kvs`. Writes the logits of the chunk rows `rows` into `out` and advances the states.
+    fn run(
+        &mut self,
+        kvs: &mut [&mut CpuKv],
+        tokens: &[u32],
+        rows: Range<usize>,
+        out: &mut [f32],
+        solo: bool,
+    ) {
+        debug_assert!(kvs.len() == 1 || kvs.len() == tokens.len());
+        let env = Env {
+            m: &self.model,
+            pool: &self.pool,
+            isa: self.isa,
+            exact: self.exact,
+            resident: &self.resident,
+            solo,
+        };
+        match self.kv {
+            KvDtype::F32 => run_chunk::<f32>(&env, &mut self.bufs, kvs, tokens, rows, out),
+            KvDtype::F16 => run_chunk::<f16>(&env, &mut self.bufs, kvs, tokens, rows, out),
+        }
+        let per = tokens.len() / kvs.len();
+        kvs.iter_mut().for_each(|kv| kv.len += per);
+    }
+}
+
+/// One sequence of a chunk: its cache and recurrent state, the position of its first token,
+/// and the rows of the chunk that are its tokens.
+struct Seq<'a, E> {
+    kc: SharedSlice<'a, E>,
+    vc: SharedSlice<'a, E>,
+    conv: SharedSlice<'a, f32>,
+    s: SharedSlice<'a, f32>,
+    /// Where each layer's keys and values, conv history and states begin.
+    kv_at: &'a [usize],
+    conv_at: &'a [usize],
+    s_at: &'a [usize],
+    capacity: usize,
+    p0: usize,
+    rows: Range<usize>,
+}
+
+impl<E> Seq<'_, E> {
+    /// Layer `li`'s keys and values (`kvd` of each a position).
+    ///
+    /// # Safety
+    /// No thread writes them until the next barrier.
+    unsafe fn cache(&self, li: usize, kvd: usize) -> Cache<'_, E> {
+        let at = self.kv_at[li]..self.kv_at[li] + self.capacity * kvd;
+        Cache {
+            k: self.kc.range(at.clone()),
+            v: self.vc.range(at),
+            kv_dim: kvd,
+        }
+    }
+}
+
+/// The tokens of one pass, each sequence's rows in a run, and the rows whose logits are
+/// wanted.
+struct Chunk<'a, E> {
+    tokens: &'a [u32],
+    seqs: Vec<Seq<'a, E>>,
+    rows: Range<usize>,
+}
+
+impl<E> Chunk<'_, E> {
+    /// The sequence of row `t`, and the position of its token.
+    fn at(&self, t: usize) -> (&Seq<'_, E>, usize) {
+        let i = self.seqs.partition_point(|s| s.rows.end <= t);
+        let s = &self.seqs[i];
+        (s, s.p0 + t - s.rows.start)
+    }
+
+    /// Every sequence has one token: a decode step.
+    fn decode(&self) -> bool {
+        self.seqs.len() == self.tokens.len()
+    }
+}
+
+/// What a forward pass reads and never changes.
+struct Env<'a> {
+    m: &'a Model,
+    pool: &'a Pool,
+    isa: Isa,
+    exact: bool,
+    resident: &'a Resident,
+    /// Run on the caller's thread alone.
+    solo: bool,
+}
+
+fn run_chunk<E: KvType>(
+    env: &Env<'_>,
+    b: &mut Buffers,
+    kvs: &mut [&mut CpuKv],
+    tokens: &[u32],
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let (m, isa) = (env.m, env.isa);
+    let per = tokens.len() / kvs.len();
+    let seqs = kvs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, kv)| {
+            let (p0, capacity) = (kv.len, kv.capacity);
+            let Layers { k, v, offset } =
+                E::layers(&mut kv.data).expect("an executor's states share its KV type");
+            let Recurrent {
+                conv,
+                s,
+                conv_offset,
+                s_offset,
+            } = &mut kv.recurrent;
+            Seq {
+                kc: SharedSlice::new(k),
+                vc: SharedSlice::new(v),
+                conv: SharedSlice::new(conv),
+                s: SharedSlice::new(s),
+                kv_at: offset,
+                conv_at: conv_offset,
+                s_at: s_offset,
+                capacity,
+                p0,
+                rows: i * per..(i + 1) * per,
+            }
+        })
+        .collect();
+    let c = &Chunk { tokens, seqs, rows };
+    let views = Views {
+        q: SharedSlice::new(&mut b.q),
+        k: SharedSlice::new(&mut b.k),
+        v: SharedSlice::new(&mut b.v),
+        att: SharedSlice::new(&mut b.att),
+        o: SharedSlice::new(&mut b.o),
+        g: SharedSlice::new(&mut b.g),
+        u: SharedSlice::new(&mut b.u),
+        z: SharedSlice::new(&mut b.z),
+        b: SharedSlice::new(&mut b.b),
+        a: SharedSlice::new(&mut b.a),
+        r: SharedSlice::new(&mut b.r),
+        part: SharedSlice::new(&mut b.part),
+        part_stats: SharedSlice::new(&mut b.part_stats),
+        out: SharedSlice::new(out),
+    };
+    let own = &b.own;
+    let job = |ctx: &Ctx| {
+        let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = Forward {
+            m,
+            isa,
+            exact: env.exact,
+            resident: env.resident,
+            ctx,
+            v: &views,
+            c,
+            n: c.tokens.len(),
+            p: &mut p,
+        };
+        // SAFETY (for every step): each step writes only the shared rows or elements its thread
+        // claimed, and a barrier separates it from the steps that read them.
+        unsafe {
+            f.embed();
+            for (li, layer) in m.layers.iter().enumerate() {
+                match &layer.mixer {
+                    Mixer::Attention(a) => f.attention(layer, a, li),
+                    Mixer::DeltaNet(d) => f.deltanet(layer, d, li),
+                }
+                f.ffn(layer);
+            }
+            f.head();
+        }
+    };
+    if env.solo {
+        env.pool.run_solo(job);
+    } else {
+        env.pool.run(job);
+    }
+}

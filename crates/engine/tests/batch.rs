@@ -1,0 +1,150 @@
+//! Batched generation on the real models: four conversations advanced together (one batched
+//! executor pass per token), joining and finishing at different steps, give exactly what each
+//! gives alone — greedy, and sampled with a seed — tokens, text and finish.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use anelm_cpu::CpuExecutor;
+use anelm_engine::{
+    Batch, Event, FinishReason, GenerateParams, Generation, Input, LoadedModel, Message,
+    SamplingParams, Session,
+};
+use anelm_testkit::{model as model_path, GEMMA3, SMOLLM2};
+
+/// What one generation produced.
+#[derive(Debug, Default, PartialEq)]
+struct Output {
+    ids: Vec<u32>,
+    text: String,
+    reason: Option<FinishReason>,
+    completion_tokens: usize,
+}
+
+impl Output {
+    fn take(&mut self, e: Event) {
+        match e {
+            Event::Token { id, .. } => self.ids.push(id),
+            Event::Text(t) => self.text.push_str(&t),
+            Event::Finish(f) => {
+                self.reason = Some(f.reason);
+                self.completion_tokens = f.usage.completion_tokens;
+            }
+        }
+    }
+}
+
+const PROMPTS: [&str; 4] = [
+    "Name three colours.",
+    "What is the capital of France? Answer in one word.",
+    "Write a short poem about the rain falling on a quiet town at night.",
+    "Count from one to ten.",
+];
+
+/// Each prompt's parameters: different limits, so that they finish at different steps.
+fn params(i: usize, sampled: bool) -> GenerateParams {
+    let sampling = if sampled {
+        SamplingParams {
+            temperature: 0.9,
+            seed: Some(7 + i as u64),
+            ..SamplingParams::default()
+        }
+    } else {
+        SamplingParams::greedy()
+    };
+    GenerateParams {
+        sampling,
+        max_tokens: [40, 12, 48, 30][i],
+        ..GenerateParams::default()
+    }
+}
+
+fn input(i: usize) -> Input {
+    Input::Messages(vec![Message::user(PROMPTS[i])])
+}
+
+fn solo(exec: &mut CpuExecutor, model: &LoadedModel, i: usize, sampled: bool) -> Output {
+    let mut session = Session::new(&*exec, 512).unwrap();
+    let mut out = Output::default();
+    session
+        .generate_with(exec, model, &input(i), params(i, sampled), |e| {
+            out.take(e.clone());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    out
+}
+
+/// All four in batched steps; prompt `i` joins at step `join[i]`.
+fn batched(
+    exec: &mut CpuExecutor,
+    model: &LoadedModel,
+    join: [usize; 4],
+    sampled: bool,
+) -> (Vec<Output>, usize) {
+    let mut sessions: Vec<Session> = (0..4).map(|_| Session::new(&*exec, 512).unwrap()).collect();
+    let mut gens: Vec<Option<Generation<'_>>> = (0..4).map(|_| None).collect();
+    let mut outs: Vec<Output> = (0..4).map(|_| Output::default()).collect();
+    let mut batch = Batch::new();
+    let mut pending: Vec<Option<&mut Session>> = sessions.iter_mut().map(Some).collect();
+    let mut widest = 0;
+    for step in 0.. {
+        for i in 0..4 {
+            if join[i] == step {
+                let s = pending[i].take().unwrap();
+                gens[i] = Some(s.generate(model, &input(i), params(i, sampled)).unwrap());
+            }
+        }
+        let mut live: Vec<&mut Generation<'_>> = gens
+            .iter_mut()
+            .flatten()
+            .filter(|g| !g.is_finished())
+            .collect();
+        if live.is_empty() && step > *join.iter().max().unwrap() {
+            break;
+        }
+        widest = widest.max(live.len());
+        batch.step(exec, &mut live).unwrap();
+        for (g, out) in gens.iter_mut().zip(&mut outs) {
+            if let Some(g) = g {
+                while let Some(e) = g.pop_event() {
+                    out.take(e);
+                }
+            }
+        }
+    }
+    (outs, widest)
+}
+
+fn batched_equals_solo(file: &str) {
+    let model =
+        Arc::new(LoadedModel::load(&model_path(file)).unwrap_or_else(|e| panic!("{file}: {e}")));
+    let mut exec = CpuExecutor::new(model.model.clone(), 2);
+    for sampled in [false, true] {
+        let want: Vec<Output> = (0..4)
+            .map(|i| solo(&mut exec, &model, i, sampled))
+            .collect();
+        assert!(want.iter().all(|o| o.reason.is_some() && !o.ids.is_empty()));
+        for join in [[0, 0, 0, 0], [0, 3, 1, 6]] {
+            let (got, widest) = batched(&mut exec, &model, join, sampled);
+            let all = if join == [0; 4] { 4 } else { 3 };
+            assert!(widest >= all, "{file}: {widest} at most in one step");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g, w,
+                    "{file}: prompt {i} (sampled {sampled}, joins {join:?}) differs from alone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn smollm2_batched_generations_equal_solo_generations() {
+    batched_equals_solo(SMOLLM2);
+}
+
+#[test]
+fn gemma3_batched_generations_equal_solo_generations() {
+    batched_equals_solo(GEMMA3);
+}
