@@ -30,7 +30,7 @@ pub mod speculative;
 pub mod stop;
 pub mod utf8_stream;
 
-pub use anelm_tokenize::{ChatTemplate, Message, RenderOptions};
+pub use anelm_tokenize::{template_kwargs, ChatTemplate, Message, RenderOptions, TemplateKwargs};
 pub use error::{EngineError, Result};
 pub use generate::{Event, Finish, FinishReason, GenerateParams, Generation, Timings, Usage};
 pub use loaded::{LoadError, LoadedModel};

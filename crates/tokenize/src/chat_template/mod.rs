@@ -91,6 +91,30 @@ impl Message {
     }
 }
 
+/// Template variables by name: transformers' extra keyword arguments of apply_chat_template.
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+/// Template kwargs given as JSON (`--chat-template-kwargs`, a request's `chat_template_kwargs`):
+/// an object, whose keys become template variables.
+pub fn template_kwargs(value: serde_json::Value) -> Result<TemplateKwargs, String> {
+    match value {
+        serde_json::Value::Object(map) => Ok(map),
+        other => {
+            let kind = match other {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::String(_) => "a string",
+                _ => "an array",
+            };
+            Err(format!(
+                "chat template kwargs must be a JSON object of template variables \
+                 (e.g. {{\"enable_thinking\": false}}), got {kind}"
+            ))
+        }
+    }
+}
+
 /// The names a message's reasoning comes under, in transformers' order of preference.
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
@@ -103,7 +127,7 @@ pub struct RenderOptions {
     pub tools: Option<Vec<serde_json::Value>>,
     /// More template variables (e.g. `enable_thinking`), as transformers' extra keyword
     /// arguments; they override the special-token strings of the same name.
-    pub variables: serde_json::Map<String, serde_json::Value>,
+    pub variables: TemplateKwargs,
     /// The local time `strftime_now` reads; None is the system clock. Fixed in tests so that a
     /// template that prints today's date renders the same bytes every day.
     pub now: Option<jiff::civil::DateTime>,
@@ -219,6 +243,14 @@ impl ChatTemplate {
         // The built-in sources are fixed and tested; a failure here is a bug in this crate.
         ChatTemplate::new(t.source, TemplateOrigin::Builtin(t.name), bos, eos)
             .expect("built-in chat templates compile")
+    }
+
+    /// Whether the template reads variable `name` without setting it (e.g. `enable_thinking`),
+    /// so that a setting can be mapped to the template's own switch.
+    pub fn uses_variable(&self, name: &str) -> bool {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .is_ok_and(|t| t.undeclared_variables(false).contains(name))
     }
 
     pub fn origin(&self) -> &TemplateOrigin {
