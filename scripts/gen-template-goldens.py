@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Writes the chat-template goldens that crates/engine/tests/chat_templates.rs compares byte for byte.
+"""Writes the chat-template goldens that anelm's tests compare byte for byte, made by
+transformers 5.24.0 (jinja2 3.1.6): `--models` (the default) for crates/engine/tests/chat_templates.rs,
+`--real` for crates/tokenize/tests/real_templates.rs.
 
-For each model below, every conversation of crates/engine/tests/fixtures/chat_templates/conversations.json
+--models: for each model below, every conversation of crates/engine/tests/fixtures/chat_templates/conversations.json
 is rendered by transformers' apply_chat_template (tokenize=False), with and without
 add_generation_prompt, and the result (or the template's refusal) is written to
 crates/engine/tests/fixtures/chat_templates/<case>.json.
@@ -11,12 +13,19 @@ tokenizer.chat_template), else its family's built-in template from
 crates/tokenize/src/chat_template/builtin/. bos_token / eos_token are the model tokenizer's strings,
 else the family's (the tiny HF configs have no tokenizer).
 
+--real: every template of crates/tokenize/tests/fixtures/real_templates/templates/ (real models'
+templates, as llama.cpp keeps them; see ORIGIN.md there) renders every case of cases.json (messages,
+tools, template kwargs), with and without add_generation_prompt, into goldens/<template>.json. The
+special tokens are fixed stand-ins (REAL_BOS / REAL_EOS) and strftime_now sees a fixed clock
+(FIXED_NOW), which the Rust test injects too.
+
 Needs transformers, jinja2 and gguf (no torch), e.g. in a scratch venv outside the repository:
     python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install transformers jinja2 gguf
-    /tmp/tvenv/bin/python scripts/gen-template-goldens.py
+    /tmp/tvenv/bin/python scripts/gen-template-goldens.py [--models] [--real]
 CI does not run this script; it reads the committed fixtures.
 """
 
+import datetime as dt
 import json
 import os
 import sys
@@ -28,12 +37,17 @@ import transformers
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import chat_template_utils
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "crates/engine/tests/fixtures/chat_templates"
 BUILTIN = ROOT / "crates/tokenize/src/chat_template/builtin"
 MODELS = Path(os.environ.get("ANELM_MODELS", Path.home() / ".cache/anelm/models"))
 HF_TINY = ROOT.parent / "shared/fixtures/hf-tiny"
+REAL = ROOT / "crates/tokenize/tests/fixtures/real_templates"
+REAL_BOS, REAL_EOS = "<|bos|>", "<|eos|>"
+# The clock strftime_now reads for --real (local time, no zone), as the Rust test sets it.
+FIXED_NOW = dt.datetime(2026, 7, 26, 14, 30, 5)
 
 # family -> (built-in template file, bos, eos): the same table as crates/tokenize/src/chat_template/builtin.rs.
 FAMILY_BUILTIN = {
@@ -102,20 +116,69 @@ def tokenizer_with(bos, eos):
     return tok
 
 
-def render(tok, template, messages, add_generation_prompt):
+def render(tok, template, messages, add_generation_prompt, tools=None, kwargs=None):
     try:
         text = tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt)
+                                       add_generation_prompt=add_generation_prompt, tools=tools,
+                                       **(kwargs or {}))
         return {"expected": text}
     except jinja2.exceptions.TemplateError as e:
         # raise_exception raises a bare TemplateError; subclasses are Jinja's own failures.
         kind = "raised" if type(e) is jinja2.exceptions.TemplateError else "render"
         return {"error": kind, "message": str(e)}
-    except (TypeError, ValueError, KeyError, IndexError) as e:
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
         return {"error": "render", "message": f"{type(e).__name__}: {e}"}
 
 
+class FixedClock(dt.datetime):
+    """datetime whose now() is FIXED_NOW, put where transformers' strftime_now looks it up."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return FIXED_NOW
+
+
+def main_real():
+    chat_template_utils.datetime = FixedClock
+    cases = json.loads((REAL / "cases.json").read_text(encoding="utf-8"))
+    tok = tokenizer_with(REAL_BOS, REAL_EOS)
+    total = identical_errors = 0
+    for path in sorted((REAL / "templates").glob("*.jinja")):
+        template = path.read_text(encoding="utf-8")
+        renders = []
+        for name, case in cases.items():
+            for agp in (False, True):
+                r = {"case": name, "add_generation_prompt": agp}
+                r.update(render(tok, template, case["messages"], agp, case.get("tools"), case.get("kwargs")))
+                renders.append(r)
+        out = {
+            "generator": f"scripts/gen-template-goldens.py --real (transformers {transformers.__version__}, jinja2 {jinja2.__version__})",
+            "template": path.name,
+            "bos_token": REAL_BOS,
+            "eos_token": REAL_EOS,
+            "now": FIXED_NOW.isoformat(),
+            "renders": renders,
+        }
+        dest = REAL / "goldens" / f"{path.stem}.json"
+        dest.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        n_err = sum("error" in r for r in renders)
+        total += len(renders)
+        identical_errors += n_err
+        print(f"{dest.relative_to(ROOT)}: {len(renders)} renders ({n_err} refused or failed)")
+    print(f"{total} renders, {identical_errors} refused or failed")
+
+
 def main():
+    args = set(sys.argv[1:])
+    if args - {"--models", "--real"}:
+        sys.exit("usage: gen-template-goldens.py [--models] [--real]")
+    if "--real" in args:
+        main_real()
+    if "--models" in args or not args:
+        main_models()
+
+
+def main_models():
     conversations = json.loads((FIXTURES / "conversations.json").read_text(encoding="utf-8"))
     for case, (path, family) in CASES.items():
         if not path.exists():

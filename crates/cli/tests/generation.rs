@@ -232,3 +232,65 @@ fn a_model_without_tokenizer_has_a_template_but_no_chat() {
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
     );
 }
+
+#[test]
+fn template_kwargs_come_from_the_file_and_the_command_line() {
+    // A model directory whose own template prints its kwargs: hf-tiny llama's weights beside it.
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = anelm_testkit::tiny("llama");
+    for f in ["config.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(tiny.join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{{ enable_thinking }}|{{ custom.a }}|{{ messages[0].content }}",
+    )
+    .unwrap();
+    let m = dir.path().to_str().unwrap();
+    let file = dir.path().join("m.json");
+    std::fs::write(
+        &file,
+        r#"{"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"enable_thinking": true, "custom": {"a": 1}}}"#,
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let render = |extra: &[&str]| {
+        let out = anelm(&[&["template", "--model", m, "--messages", f][..], extra].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(render(&[]), "True|1|Hi");
+    // The command line wins over the file, key by key.
+    assert_eq!(
+        render(&["--kwargs", r#"{"enable_thinking": false}"#]),
+        "False|1|Hi"
+    );
+
+    // Kwargs that are not a JSON object: one clear error, on every subcommand that takes them.
+    let err = stderr_of_failure(&["template", "--model", m, "--messages", f, "--kwargs", "[1]"]);
+    assert!(
+        err.contains("--kwargs") && err.contains("JSON object"),
+        "{err}"
+    );
+    for cmd in ["run", "chat", "serve"] {
+        let err = stderr_of_failure(&[cmd, "--model", m, "--chat-template-kwargs", "{bad"]);
+        assert!(
+            err.contains("--chat-template-kwargs") && err.contains("invalid JSON"),
+            "{cmd}: {err}"
+        );
+    }
+    std::fs::write(
+        &file,
+        r#"{"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": "x"}"#,
+    )
+    .unwrap();
+    let err = stderr_of_failure(&["template", "--model", m, "--messages", f]);
+    assert!(
+        err.contains("m.json") && err.contains("chat_template_kwargs") && err.contains("a string"),
+        "{err}"
+    );
+}

@@ -31,7 +31,7 @@ pub mod speculative;
 pub mod stop;
 pub mod utf8_stream;
 
-pub use anelm_tokenize::{ChatTemplate, Message, RenderOptions};
+pub use anelm_tokenize::{template_kwargs, ChatTemplate, Message, RenderOptions, TemplateKwargs};
 pub use batch::Batch;
 pub use error::{EngineError, Result};
 pub use generate::{Event, Finish, FinishReason, GenerateParams, Generation, Timings, Usage};

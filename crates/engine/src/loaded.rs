@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anelm_model::{Model, ModelSource};
 use anelm_tokenize::{
     builtin_template, gguf_chat_template, hf_chat_template, ChatTemplate, Message, RenderOptions,
-    Tokenizer,
+    TemplateKwargs, Tokenizer,
 };
 
 use crate::error::{EngineError, Result};
@@ -16,6 +16,9 @@ use crate::error::{EngineError, Result};
 pub struct LoadedModel {
     pub model: Arc<Model>,
     pub tokenizer: Option<Arc<Tokenizer>>,
+    /// Template variables every conversation is rendered with (transformers' extra keyword
+    /// arguments of apply_chat_template, e.g. `enable_thinking`); empty when loaded.
+    pub template_kwargs: TemplateKwargs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +42,7 @@ impl LoadedModel {
         Ok(LoadedModel {
             model: Arc::new(model),
             tokenizer: tokenizer.map(Arc::new),
+            template_kwargs: TemplateKwargs::new(),
         })
     }
 

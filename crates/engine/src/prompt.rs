@@ -75,14 +75,16 @@ pub fn prepare(
     })
 }
 
-/// A conversation's tokens: the template's text with the assistant header, its special-token
-/// text read as special tokens, nothing added (templates write their own BOS).
+/// A conversation's tokens: the template's text with the assistant header (and the model's
+/// template kwargs), its special-token text read as special tokens, nothing added (templates
+/// write their own BOS).
 pub fn chat_ids(model: &LoadedModel, msgs: &[Message]) -> Result<Vec<u32>> {
     let template = model.chat_template()?;
     let text = template.render(
         msgs,
         &RenderOptions {
             add_generation_prompt: true,
+            variables: model.template_kwargs.clone(),
             ..RenderOptions::default()
         },
     )?;

@@ -20,8 +20,8 @@ mod unicode;
 mod vocab;
 
 pub use chat_template::{
-    builtin_template, gguf_chat_template, hf_chat_template, BuiltinTemplate, ChatTemplate,
-    ChatTemplateError, Message, RenderOptions, TemplateOrigin,
+    builtin_template, gguf_chat_template, hf_chat_template, template_kwargs, BuiltinTemplate,
+    ChatTemplate, ChatTemplateError, Message, RenderOptions, TemplateKwargs, TemplateOrigin,
 };
 pub use error::{Result, TokenizeError};
 pub use tokenizer::Tokenizer;

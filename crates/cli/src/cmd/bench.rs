@@ -196,6 +196,7 @@ pub fn run(a: Args) -> Result<()> {
     let loaded = LoadedModel {
         model: model.clone(),
         tokenizer: None,
+        template_kwargs: Default::default(),
     };
     let max = model.max_positions();
     check_fit(max, a.depth, a.prompt, a.gen)

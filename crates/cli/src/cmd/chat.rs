@@ -10,7 +10,7 @@ use anelm_engine::{
 };
 use anyhow::Result;
 
-use super::common::{FallbackArgs, ModelArgs};
+use super::common::{FallbackArgs, ModelArgs, TemplateKwargsArgs};
 use super::run::SamplingArgs;
 
 #[derive(clap::Args)]
@@ -34,6 +34,8 @@ pub struct Args {
     /// Stop an answer when this text appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    #[command(flatten)]
+    pub template_kwargs: TemplateKwargsArgs,
 }
 
 const HELP: &str = "\
@@ -63,7 +65,8 @@ impl Chat {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let loaded = a.model.load()?;
+    let mut loaded = a.model.load()?;
+    a.template_kwargs.apply(&mut loaded);
     // Chat needs text in and out: refuse a model without a tokenizer before the first turn.
     loaded.tokenizer()?;
     let template = loaded.chat_template()?;

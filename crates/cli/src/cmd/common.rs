@@ -12,7 +12,7 @@ use anelm_ane::{
     AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
 };
 use anelm_cpu::CpuExecutor;
-use anelm_engine::LoadedModel;
+use anelm_engine::{LoadedModel, TemplateKwargs};
 use anelm_model::{Executor, Model};
 use anelm_tokenize::Tokenizer;
 use anyhow::{bail, Result};
@@ -50,6 +50,33 @@ pub struct ModelArgs {
     /// (`$ANELM_PROGRAMS/probe.json`), else b below macOS 15 and a otherwise.
     #[arg(long, value_enum, default_value_t = MilDialectArg::Auto)]
     pub mil_dialect: MilDialectArg,
+}
+
+/// `--chat-template-kwargs`, for the subcommands that render conversations.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TemplateKwargsArgs {
+    /// Chat-template variables as a JSON object, as transformers' apply_chat_template takes
+    /// them, e.g. '{"enable_thinking": false}' (Qwen3, SmolLM3) or '{"date_string": "26 Jul
+    /// 2024"}' (Llama 3.x).
+    #[arg(long, value_name = "JSON", value_parser = parse_template_kwargs)]
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+}
+
+impl TemplateKwargsArgs {
+    /// Sets the kwargs on the model every conversation is rendered with.
+    pub fn apply(&self, loaded: &mut LoadedModel) {
+        if let Some(k) = &self.chat_template_kwargs {
+            loaded.template_kwargs = k.clone();
+        }
+    }
+}
+
+/// A JSON object of template variables, from the command line.
+pub fn parse_template_kwargs(
+    s: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let v = serde_json::from_str(s).map_err(|e| format!("invalid JSON: {e}"))?;
+    anelm_engine::template_kwargs(v)
 }
 
 /// `--mil-dialect`.

@@ -12,7 +12,7 @@ use anelm_model::Executor;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use super::common::{FallbackArgs, ModelArgs, PromptArgs};
+use super::common::{FallbackArgs, ModelArgs, PromptArgs, TemplateKwargsArgs};
 
 /// The sampling flags, shared by `run` and `chat`.
 #[derive(clap::Args, Clone, Debug)]
@@ -115,6 +115,8 @@ pub struct Args {
     /// Tokens the draft proposes per round.
     #[arg(long, default_value_t = 4)]
     pub draft_k: usize,
+    #[command(flatten)]
+    pub template_kwargs: TemplateKwargsArgs,
 }
 
 #[derive(Serialize)]
@@ -147,7 +149,8 @@ struct LogprobJson {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let loaded = a.model.load()?;
+    let mut loaded = a.model.load()?;
+    a.template_kwargs.apply(&mut loaded);
     let prompt = if a.chat {
         let text = a
             .prompt

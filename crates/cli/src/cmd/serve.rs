@@ -3,7 +3,7 @@
 use anelm_server::{SchedulerConfig, Server, ServerConfig};
 use anyhow::Result;
 
-use super::common::{FallbackArgs, ModelArgs};
+use super::common::{FallbackArgs, ModelArgs, TemplateKwargsArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -34,13 +34,16 @@ pub struct Args {
     /// The model's name in the API (default: the file name without .gguf).
     #[arg(long)]
     pub alias: Option<String>,
+    #[command(flatten)]
+    pub template_kwargs: TemplateKwargsArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     if a.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
-    let loaded = a.model.load()?;
+    let mut loaded = a.model.load()?;
+    a.template_kwargs.apply(&mut loaded);
     // An impossible --ctx is refused when the server starts; the executor never needs more.
     let max = loaded.model.max_positions();
     let ctx = anelm_server::context_size(a.ctx, max).min(max);

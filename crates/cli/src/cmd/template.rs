@@ -3,32 +3,44 @@
 
 use std::path::{Path, PathBuf};
 
-use anelm_engine::{Message, RenderOptions};
+use anelm_engine::{template_kwargs, Message, RenderOptions, TemplateKwargs};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::common::ModelArgs;
+use super::common::{parse_template_kwargs, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// A JSON file: an OpenAI-style messages array, or an object with "messages" (and "tools").
+    /// A JSON file: an OpenAI-style messages array, or an object with "messages" (and "tools",
+    /// "chat_template_kwargs").
     #[arg(long)]
     pub messages: PathBuf,
     /// Leave out the header of the assistant's turn at the end.
     #[arg(long)]
     pub no_generation_prompt: bool,
+    /// Chat-template variables as a JSON object (transformers' apply_chat_template kwargs, e.g.
+    /// '{"enable_thinking": false}'); they override the messages file's "chat_template_kwargs".
+    #[arg(long, value_name = "JSON", value_parser = parse_template_kwargs)]
+    pub kwargs: Option<TemplateKwargs>,
 }
 
-/// The messages (and tools) of a file, with errors that name it.
-fn read_messages(path: &Path) -> Result<(Vec<Message>, Option<Vec<Value>>)> {
+/// What a messages file holds.
+struct Conversation {
+    messages: Vec<Message>,
+    tools: Option<Vec<Value>>,
+    kwargs: TemplateKwargs,
+}
+
+/// The messages (tools, kwargs) of a file, with errors that name it.
+fn read_messages(path: &Path) -> Result<Conversation> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let json: Value =
         serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
-    let (messages, tools) = match json {
-        Value::Array(_) => (json, None),
+    let (messages, tools, kwargs) = match json {
+        Value::Array(_) => (json, None, TemplateKwargs::new()),
         Value::Object(mut o) => {
             let messages = o
                 .remove("messages")
@@ -38,7 +50,13 @@ fn read_messages(path: &Path) -> Result<(Vec<Message>, Option<Vec<Value>>)> {
                 Some(Value::Array(t)) => Some(t),
                 Some(_) => bail!("{}: \"tools\" must be an array", path.display()),
             };
-            (messages, tools)
+            let kwargs = match o.remove("chat_template_kwargs") {
+                None | Some(Value::Null) => TemplateKwargs::new(),
+                Some(k) => template_kwargs(k).map_err(|e| {
+                    anyhow::anyhow!("{}: \"chat_template_kwargs\": {e}", path.display())
+                })?,
+            };
+            (messages, tools, kwargs)
         }
         _ => bail!(
             "{}: expected a messages array or an object with \"messages\"",
@@ -54,17 +72,27 @@ fn read_messages(path: &Path) -> Result<(Vec<Message>, Option<Vec<Value>>)> {
     if messages.is_empty() {
         bail!("{}: the conversation is empty", path.display());
     }
-    Ok((messages, tools))
+    Ok(Conversation {
+        messages,
+        tools,
+        kwargs,
+    })
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let (messages, tools) = read_messages(&a.messages)?;
+    let Conversation {
+        messages,
+        tools,
+        mut kwargs,
+    } = read_messages(&a.messages)?;
+    kwargs.extend(a.kwargs.unwrap_or_default());
     let loaded = a.model.load()?;
     let template = loaded.chat_template()?;
     tracing::info!("template: {}", template.origin());
     let opts = RenderOptions {
         add_generation_prompt: !a.no_generation_prompt,
         tools,
+        variables: kwargs,
         ..RenderOptions::default()
     };
     print!("{}", template.render(&messages, &opts)?);

@@ -7,6 +7,8 @@
 mod builtin;
 mod pyjson;
 mod pystr;
+mod pyvalue;
+mod rewrite;
 mod source;
 
 use std::collections::BTreeMap;
@@ -64,17 +66,57 @@ impl Message {
         }
     }
 
-    /// The message as the template sees it: role, content, then the other fields, None-valued
-    /// keys dropped.
+    /// The message as the template sees it, as transformers 5 hands it over: role, content, then
+    /// the other fields, None-valued keys dropped; reasoning given under any of its names
+    /// (`reasoning_content`, `thinking`, `reasoning`, first non-null wins) is copied to
+    /// `thinking` (first, unless already there) and `reasoning_content` (gpt-oss templates read
+    /// the one, most others the other).
     fn to_template_value(&self) -> serde_json::Value {
         let mut obj = serde_json::Map::new();
         obj.insert("role".into(), self.role.clone().into());
         obj.insert("content".into(), self.content.clone());
         obj.extend(self.extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         obj.retain(|_, v| !v.is_null());
+        let reasoning = REASONING_FIELDS.iter().find_map(|k| obj.get(*k)).cloned();
+        if let Some(reasoning) = reasoning {
+            let mut aliased = serde_json::Map::new();
+            aliased.insert("thinking".into(), reasoning.clone());
+            // `{"thinking": r, **message, "reasoning_content": r}`: a message's own `thinking`
+            // keeps the first place with its own value.
+            aliased.extend(obj);
+            aliased.insert("reasoning_content".into(), reasoning);
+            obj = aliased;
+        }
         serde_json::Value::Object(obj)
     }
 }
+
+/// Template variables by name: transformers' extra keyword arguments of apply_chat_template.
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+/// Template kwargs given as JSON (`--chat-template-kwargs`, a request's `chat_template_kwargs`):
+/// an object, whose keys become template variables.
+pub fn template_kwargs(value: serde_json::Value) -> Result<TemplateKwargs, String> {
+    match value {
+        serde_json::Value::Object(map) => Ok(map),
+        other => {
+            let kind = match other {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::String(_) => "a string",
+                _ => "an array",
+            };
+            Err(format!(
+                "chat template kwargs must be a JSON object of template variables \
+                 (e.g. {{\"enable_thinking\": false}}), got {kind}"
+            ))
+        }
+    }
+}
+
+/// The names a message's reasoning comes under, in transformers' order of preference.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
 /// What a rendering adds to the messages.
 #[derive(Clone, Debug, Default)]
@@ -85,7 +127,10 @@ pub struct RenderOptions {
     pub tools: Option<Vec<serde_json::Value>>,
     /// More template variables (e.g. `enable_thinking`), as transformers' extra keyword
     /// arguments; they override the special-token strings of the same name.
-    pub variables: serde_json::Map<String, serde_json::Value>,
+    pub variables: TemplateKwargs,
+    /// The local time `strftime_now` reads; None is the system clock. Fixed in tests so that a
+    /// template that prints today's date renders the same bytes every day.
+    pub now: Option<jiff::civil::DateTime>,
 }
 
 /// Where a template came from, for messages.
@@ -168,18 +213,12 @@ impl ChatTemplate {
                 format!("{RAISED}{msg}"),
             ))
         });
-        env.add_function("strftime_now", |format: String| -> Result<Value, Error> {
-            let now = jiff::Zoned::now();
-            let text = jiff::fmt::strtime::format(&format, &now).map_err(|e| {
-                Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}"))
-            })?;
-            Ok(Value::from(text))
-        });
+        pyvalue::install(&mut env);
         env.add_filter("tojson", pyjson::tojson);
         env.add_filter("trim", pystr::trim);
         env.add_filter("string", pystr::string);
         env.set_formatter(pystr::format);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+        env.add_template_owned(TEMPLATE_NAME, rewrite::rewrite(source))
             .map_err(|e| ChatTemplateError::Syntax {
                 origin: origin.clone(),
                 msg: describe(&e),
@@ -204,6 +243,14 @@ impl ChatTemplate {
         // The built-in sources are fixed and tested; a failure here is a bug in this crate.
         ChatTemplate::new(t.source, TemplateOrigin::Builtin(t.name), bos, eos)
             .expect("built-in chat templates compile")
+    }
+
+    /// Whether the template reads variable `name` without setting it (e.g. `enable_thinking`),
+    /// so that a setting can be mapped to the template's own switch.
+    pub fn uses_variable(&self, name: &str) -> bool {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .is_ok_and(|t| t.undeclared_variables(false).contains(name))
     }
 
     pub fn origin(&self) -> &TemplateOrigin {
@@ -235,8 +282,10 @@ impl ChatTemplate {
             Some(t) => to_value(serde_json::Value::Array(t.clone()))?,
             None => Value::from(()),
         };
-        // Special tokens first, the caller's variables over them, the conversation over all.
+        // Special tokens and strftime_now first (globals in transformers), the caller's variables
+        // over them, the conversation over all.
         let mut ctx = BTreeMap::new();
+        ctx.insert("strftime_now".to_string(), strftime_now(opts.now));
         if let Some(b) = &self.bos_token {
             ctx.insert("bos_token".to_string(), Value::from(b.as_str()));
         }
@@ -274,6 +323,16 @@ impl ChatTemplate {
             },
         }
     }
+}
+
+/// `strftime_now(format)`: the clock's local time formatted as Python's `datetime.strftime`.
+fn strftime_now(now: Option<jiff::civil::DateTime>) -> Value {
+    Value::from_function(move |format: String| -> Result<Value, Error> {
+        let now = now.unwrap_or_else(|| jiff::Zoned::now().datetime());
+        let text = jiff::fmt::strtime::format(&format, now)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}")))?;
+        Ok(Value::from(text))
+    })
 }
 
 /// A minijinja error on one line: what went wrong and where.

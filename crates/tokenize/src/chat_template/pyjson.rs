@@ -5,6 +5,8 @@
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
 
+use super::pyvalue::Generator;
+
 struct Style {
     ensure_ascii: bool,
     indent: Option<String>,
@@ -58,6 +60,9 @@ fn newline(out: &mut String, style: &Style, depth: usize) {
 }
 
 fn write_value(out: &mut String, v: &Value, style: &Style, depth: usize) -> Result<(), Error> {
+    if Generator::is(v) {
+        return Err(bad("Object of type generator is not JSON serializable"));
+    }
     match v.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
