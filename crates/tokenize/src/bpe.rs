@@ -1,12 +1,14 @@
 //! Byte-level BPE (GGUF `gpt2` model) as llama.cpp runs it: pre-tokenize into words, map each
 //! byte to its printable stand-in, then repeatedly merge the adjacent pair with the lowest merge
-//! rank (leftmost first among equals).
+//! rank (leftmost first among equals). Gemma 4's SentencePiece-style variant merges the raw
+//! UTF-8 with spaces written as U+2581.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use crate::merge::{merge, PairRank, Symbol};
 use crate::pretokenize::PreTokenizer;
+use crate::spm::escape_spaces;
 use crate::unicode;
 use crate::vocab::Vocab;
 
@@ -67,7 +69,24 @@ impl Bpe {
         Bpe { pre, parts, ranks }
     }
 
+    /// Whether tokens hold raw UTF-8 with U+2581 for spaces (Gemma 4), not byte-level text.
+    pub fn spm_style(&self) -> bool {
+        self.pre.spm_style
+    }
+
     pub fn tokenize(&self, vocab: &Vocab, text: &[u8], out: &mut Vec<u32>) {
+        if self.pre.spm_style {
+            let escaped = escape_spaces(text);
+            for word in self.pre.split(&escaped) {
+                // A run of newlines that is a token is taken whole (llama.cpp's Gemma 4 rule).
+                let newlines = word.iter().all(|&b| b == b'\n');
+                match vocab.token_id(&word).filter(|_| newlines) {
+                    Some(id) => out.push(id),
+                    None => self.tokenize_word(vocab, &word, out),
+                }
+            }
+            return;
+        }
         let mut encoded = Vec::new();
         for word in self.pre.split(text) {
             encoded.clear();
@@ -97,6 +116,10 @@ impl Bpe {
             match vocab.token_id(text) {
                 Some(id) => out.push(id),
                 // Not a token: each byte of the text on its own, where that is a token.
+                None if self.pre.spm_style => out.extend(
+                    (text.iter())
+                        .filter_map(|&b| vocab.token_id(format!("<0x{b:02X}>").as_bytes())),
+                ),
                 None => out.extend(text.iter().filter_map(|&b| vocab.token_id(&[b]))),
             }
         }

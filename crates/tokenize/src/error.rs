@@ -15,8 +15,12 @@ pub enum TokenizeError {
         key: String,
         msg: String,
     },
-    #[error("{path}: unsupported tokenizer model '{model}' (tokenizer.ggml.model); supported: gpt2, llama")]
-    UnsupportedModel { path: PathBuf, model: String },
+    #[error("{path}: unsupported tokenizer model '{model}' (tokenizer.ggml.model): {why}; supported: gpt2, llama, bert, gemma4")]
+    UnsupportedModel {
+        path: PathBuf,
+        model: String,
+        why: &'static str,
+    },
     #[error("{path}: unknown pre-tokenizer '{pre}' (tokenizer.ggml.pre)")]
     UnknownPre { path: PathBuf, pre: String },
     #[error("{path}: {source}")]

@@ -12,6 +12,7 @@ use crate::special::{self, Fragment, SpecialMatcher};
 use crate::spm::{Spm, SPACE_MARK};
 use crate::unicode;
 use crate::vocab::{Attr, Entry, SpecialIds, Vocab};
+use crate::wpm::{Normalizer, Wpm};
 
 const KEY_MODEL: &str = "tokenizer.ggml.model";
 const KEY_PRE: &str = "tokenizer.ggml.pre";
@@ -27,6 +28,33 @@ const KEY_EOS: &str = "tokenizer.ggml.eos_token_id";
 enum Model {
     Bpe(Bpe),
     Spm(Box<Spm>),
+    Wpm(Wpm),
+}
+
+/// The tokenizer kinds of `tokenizer.ggml.model` we run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `gpt2`: byte-level BPE with a named pre-tokenizer.
+    Bpe,
+    /// `gemma4`: SentencePiece-style BPE (merges over raw UTF-8, spaces as U+2581).
+    Gemma4,
+    /// `llama`: SentencePiece BPE by token scores.
+    Spm,
+    /// `bert`: WordPiece.
+    Wpm,
+}
+
+/// Why a `tokenizer.ggml.model` we know of is not run, for the error message.
+fn refusal(model: &str) -> Option<&'static str> {
+    Some(match model {
+        "t5" => {
+            "the Unigram (UGM) model with its precompiled normalizer charsmap is not implemented"
+        }
+        "rwkv" => "the RWKV world tokenizer (trie over escaped byte strings) is not implemented",
+        "plamo2" => "the PLaMo-2 Aho-Corasick/Viterbi tokenizer is not implemented",
+        "none" | "no_vocab" => "the file has no vocabulary",
+        _ => return None,
+    })
 }
 
 pub(crate) struct GgufTokenizer {
@@ -56,13 +84,16 @@ impl GgufTokenizer {
         let model_name = meta
             .str_opt(KEY_MODEL)?
             .ok_or_else(|| missing(path, KEY_MODEL))?;
-        let is_bpe = match model_name {
-            "gpt2" => true,
-            "llama" => false,
+        let kind = match model_name {
+            "gpt2" => Kind::Bpe,
+            "gemma4" => Kind::Gemma4,
+            "llama" => Kind::Spm,
+            "bert" => Kind::Wpm,
             other => {
                 return Err(TokenizeError::UnsupportedModel {
                     path: path.to_path_buf(),
                     model: other.into(),
+                    why: refusal(other).unwrap_or("not a tokenizer kind we know"),
                 })
             }
         };
@@ -71,35 +102,51 @@ impl GgufTokenizer {
         let n = vocab.len();
         let in_vocab = |id: u32| (id as usize) < n;
         let mut ids = SpecialIds::default();
-        let pre = if is_bpe {
-            let name = match meta.str_opt(KEY_PRE)? {
-                Some(name) => name,
-                None => {
-                    tracing::warn!(
-                        "{}: no {KEY_PRE}; using llama.cpp's 'default' pre-tokenizer",
-                        path.display()
-                    );
-                    "default"
+        let pre = match kind {
+            Kind::Bpe | Kind::Gemma4 => {
+                let name = match (kind, meta.str_opt(KEY_PRE)?) {
+                    (Kind::Gemma4, _) => "gemma4",
+                    (_, Some(name)) => name,
+                    (_, None) => {
+                        tracing::warn!(
+                            "{}: no {KEY_PRE}; using llama.cpp's 'default' pre-tokenizer",
+                            path.display()
+                        );
+                        "default"
+                    }
+                };
+                let pre = PreTokenizer::new(name)
+                    .map_err(|msg| bad(path, KEY_PRE, msg))?
+                    .ok_or_else(|| TokenizeError::UnknownPre {
+                        path: path.to_path_buf(),
+                        pre: name.to_string(),
+                    })?;
+                if kind == Kind::Bpe {
+                    ids.bos = Some(11).filter(|&id| in_vocab(id) && !pre.no_bos);
+                    ids.eos = Some(11).filter(|&id| in_vocab(id));
                 }
-            };
-            let pre = PreTokenizer::new(name)
-                .map_err(|msg| bad(path, KEY_PRE, msg))?
-                .ok_or_else(|| TokenizeError::UnknownPre {
-                    path: path.to_path_buf(),
-                    pre: name.to_string(),
-                })?;
-            ids.bos = Some(11).filter(|&id| in_vocab(id) && !pre.no_bos);
-            ids.eos = Some(11).filter(|&id| in_vocab(id));
-            vocab.add_bos = pre.add_bos;
-            vocab.clean_spaces = pre.clean_spaces;
-            Some(pre)
-        } else {
-            ids.bos = Some(1).filter(|&id| in_vocab(id));
-            ids.eos = Some(2).filter(|&id| in_vocab(id));
-            ids.unk = Some(0).filter(|&id| in_vocab(id));
-            vocab.add_bos = true;
-            vocab.add_space_prefix = true;
-            None
+                vocab.add_bos = pre.add_bos;
+                vocab.clean_spaces = pre.clean_spaces;
+                Some(pre)
+            }
+            Kind::Spm => {
+                ids.bos = Some(1).filter(|&id| in_vocab(id));
+                ids.eos = Some(2).filter(|&id| in_vocab(id));
+                ids.unk = Some(0).filter(|&id| in_vocab(id));
+                vocab.add_bos = true;
+                vocab.add_space_prefix = true;
+                None
+            }
+            Kind::Wpm => {
+                // BERT's [CLS] (as BOS), [UNK], [SEP].
+                ids.bos = Some(101).filter(|&id| in_vocab(id));
+                ids.unk = Some(100).filter(|&id| in_vocab(id));
+                ids.sep = Some(102).filter(|&id| in_vocab(id));
+                vocab.add_bos = true;
+                vocab.add_sep = true;
+                vocab.clean_spaces = true;
+                None
+            }
         };
         if let Some(v) = meta.bool_opt("tokenizer.ggml.add_space_prefix")? {
             vocab.add_space_prefix = v;
@@ -123,6 +170,7 @@ impl GgufTokenizer {
         id_key("tokenizer.ggml.eot_token_id", &mut ids.eot)?;
         id_key("tokenizer.ggml.eom_token_id", &mut ids.eom)?;
         id_key("tokenizer.ggml.unknown_token_id", &mut ids.unk)?;
+        id_key("tokenizer.ggml.seperator_token_id", &mut ids.sep)?;
         id_key("tokenizer.ggml.fim_pre_token_id", &mut ids.fim_pre)?;
         id_key("tokenizer.ggml.fim_suf_token_id", &mut ids.fim_suf)?;
         id_key("tokenizer.ggml.fim_mid_token_id", &mut ids.fim_mid)?;
@@ -138,6 +186,20 @@ impl GgufTokenizer {
         }
         if let Some(v) = meta.bool_opt(KEY_ADD_EOS)? {
             vocab.add_eos = v;
+        }
+        if let Some(v) = meta.bool_opt("tokenizer.ggml.add_sep_token")? {
+            vocab.add_sep = v;
+        }
+        // llama.cpp always adds BOS for Gemma 4, whatever the file says.
+        if kind == Kind::Gemma4 {
+            vocab.add_bos = true;
+        }
+        if kind == Kind::Wpm && ids.sep.is_none() {
+            return Err(bad(
+                path,
+                "tokenizer.ggml.seperator_token_id",
+                "WordPiece needs a separator token",
+            ));
         }
         if vocab.add_bos && ids.bos.is_none() {
             return Err(bad(
@@ -158,14 +220,27 @@ impl GgufTokenizer {
         vocab.special = ids;
         vocab.build_partition_order();
         let matcher = SpecialMatcher::new(&vocab);
-        let model = match pre {
-            Some(pre) => {
+        let model = match (pre, kind) {
+            (Some(pre), _) => {
                 let merges = meta
                     .byte_strings_opt(KEY_MERGES)?
                     .ok_or_else(|| missing(path, KEY_MERGES))?;
                 Model::Bpe(Bpe::new(pre, &merges))
             }
-            None => Model::Spm(Box::new(Spm::new(&vocab))),
+            (None, Kind::Wpm) => {
+                let lowercase = meta
+                    .bool_opt("tokenizer.ggml.normalizer.lowercase")?
+                    .unwrap_or(true);
+                let strip_accents = meta
+                    .bool_opt("tokenizer.ggml.normalizer.strip_accents")?
+                    .unwrap_or(lowercase);
+                let normalizer = Normalizer {
+                    lowercase,
+                    strip_accents,
+                };
+                Model::Wpm(Wpm::new(&vocab, normalizer))
+            }
+            (None, _) => Model::Spm(Box::new(Spm::new(&vocab))),
         };
         Ok(GgufTokenizer {
             vocab,
@@ -182,6 +257,21 @@ impl GgufTokenizer {
             out.extend(v.special.bos);
         }
         match &self.model {
+            Model::Wpm(wpm) => {
+                // WordPiece always opens with [CLS] and closes with [SEP] when asked to.
+                if add_special && !v.add_bos {
+                    out.extend(v.special.bos);
+                }
+                for f in fragments {
+                    match f {
+                        Fragment::Text(t) => wpm.tokenize(v, t, &mut out),
+                        Fragment::Token(id) => out.push(id),
+                    }
+                }
+                if add_special && v.add_sep {
+                    out.extend(v.special.sep);
+                }
+            }
             Model::Bpe(bpe) => {
                 for f in fragments {
                     match f {
@@ -233,8 +323,9 @@ impl GgufTokenizer {
             return text.to_vec();
         }
         if attr.has(Attr::NORMAL) {
-            return match self.model {
-                Model::Spm(_) => unescape_spaces(text),
+            return match &self.model {
+                Model::Spm(_) | Model::Wpm(_) => unescape_spaces(text),
+                Model::Bpe(bpe) if bpe.spm_style() => unescape_spaces(text),
                 Model::Bpe(_) => decode_byte_level(text),
             };
         }

@@ -1,7 +1,8 @@
 //! Tokenizers for anelm.
 //!
 //! GGUF vocabularies are tokenized exactly as llama.cpp does it: byte-level BPE (`gpt2`, with the
-//! pre-tokenizer named by `tokenizer.ggml.pre`) and SentencePiece BPE (`llama`), special tokens
+//! pre-tokenizer named by `tokenizer.ggml.pre`), SentencePiece BPE (`llama`), Gemma 4's
+//! SentencePiece-style BPE (`gemma4`) and WordPiece (`bert`), special tokens
 //! cut out of the text only when asked, BOS/EOS per the model's flags. Hugging Face directories
 //! go through the `tokenizers` crate. [`Tokenizer`] is the one public type over both.
 
@@ -18,6 +19,7 @@ mod spm;
 mod tokenizer;
 mod unicode;
 mod vocab;
+mod wpm;
 
 pub use chat_template::{
     builtin_template, gguf_chat_template, hf_chat_template, template_kwargs, BuiltinTemplate,

@@ -39,6 +39,10 @@ pub(crate) struct PreTokenizer {
     pub add_bos: bool,
     /// The model has no BOS token unless its metadata names one.
     pub no_bos: bool,
+    /// SentencePiece-style BPE (Gemma 4): spaces become U+2581 before splitting, merges run on
+    /// the raw UTF-8 (no byte-to-character map), a run of newlines that is a token is taken
+    /// whole, and bytes without a token fall back to `<0xXX>`.
+    pub spm_style: bool,
 }
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -157,6 +161,13 @@ fn lookup(pre: &str) -> Option<(Vec<&'static str>, Flags)> {
             },
         ),
         "jais-2" => (one(JAIS2), clean),
+        "gemma4" | "granite-embed-multi-311m" => (
+            one(NEWLINES),
+            Flags {
+                spm_style: true,
+                ..clean
+            },
+        ),
         _ => return None,
     })
 }
@@ -167,6 +178,7 @@ struct Flags {
     clean_spaces: bool,
     add_bos: bool,
     no_bos: bool,
+    spm_style: bool,
 }
 
 /// Stand-ins for non-ASCII codepoints in the collapsed text (private-use characters, so no
@@ -253,6 +265,7 @@ impl PreTokenizer {
             clean_spaces: flags.clean_spaces,
             add_bos: flags.add_bos,
             no_bos: flags.no_bos,
+            spm_style: flags.spm_style,
         }))
     }
 

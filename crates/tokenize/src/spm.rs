@@ -85,7 +85,8 @@ impl Spm {
     }
 }
 
-fn escape_spaces(raw: &[u8]) -> Vec<u8> {
+/// `raw` with every space written as U+2581.
+pub(crate) fn escape_spaces(raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.len() + raw.len() / 2);
     for &b in raw {
         if b == b' ' {

@@ -55,6 +55,8 @@ pub(crate) struct SpecialIds {
     pub eot: Option<u32>,
     pub eom: Option<u32>,
     pub unk: Option<u32>,
+    /// Separator (BERT's `[SEP]`), appended by WordPiece when special tokens are added.
+    pub sep: Option<u32>,
     pub fim_pre: Option<u32>,
     pub fim_suf: Option<u32>,
     pub fim_mid: Option<u32>,
@@ -76,6 +78,8 @@ pub(crate) struct Vocab {
     pub partition_order: Vec<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
+    /// WordPiece: append the separator when special tokens are added.
+    pub add_sep: bool,
     /// SentencePiece: prepend a space to text that starts the input or follows a special token.
     pub add_space_prefix: bool,
     /// Remove spaces before punctuation when decoding (llama.cpp's clean_spaces).
@@ -120,6 +124,7 @@ impl Vocab {
             partition_order: Vec::new(),
             add_bos: false,
             add_eos: false,
+            add_sep: false,
             add_space_prefix: false,
             clean_spaces: false,
         })
