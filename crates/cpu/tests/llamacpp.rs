@@ -1,7 +1,9 @@
 //! The CPU engine against llama.cpp on the two real models (../shared/fixtures/llamacpp):
 //! teacher-forced agreement on prompt + llama.cpp's 32 greedy tokens wherever llama.cpp's own
-//! top-1/top-2 margin is at least 0.5, and the top-10 logits after each prompt within 1.0 of
-//! llama.cpp's `precise` run. The models come from scripts/fetch-models.py.
+//! top-1/top-2 margin is at least 0.5 (and at least one such step per prompt), and the top-10
+//! logits after each prompt within a stated bound of llama.cpp's `precise` run: 0.46 with f32
+//! products, 0.5 with the default 8-bit activations. The models come from
+//! scripts/fetch-models.py.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -52,8 +54,21 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
+/// Largest top-10 |difference| from llama.cpp: with f32 products, and with 8-bit activations
+/// (llama.cpp's own default and precise runs differ by up to 1.2; measured 2026-12-02: at most
+/// 0.4502 and 0.4825, both on Gemma 3's `french` prompt).
+const TOP10_EXACT: f64 = 0.46;
+const TOP10_Q8: f64 = 0.5;
+
+/// Gemma 3's `code` prompt, where llama.cpp's precise run is the outlier: its default run and
+/// an independent float64 forward pass (`scripts/gemma3-f64-forward.py`: top logit 24.188;
+/// llama.cpp precise 25.301, default 24.220) agree with each other, so there the bound applies
+/// to the default run.
+const PRECISE_IS_THE_OUTLIER: &[(&str, &str)] = &[("gemma-3-270m-q4_k_m.gguf", "code")];
+
 /// `exact`: f32 products for the quantised weights too, instead of the default 8-bit activations.
 fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
+    let bound = if exact { TOP10_EXACT } else { TOP10_Q8 };
     let fx = fixture(fixture_name);
     let model = Arc::new(anelm_model::load(&model_path(gguf)).unwrap());
     let mut exec = CpuExecutor::with_options(
@@ -90,10 +105,12 @@ fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
                 agree += 1;
             }
         }
+        assert!(
+            checked > 0,
+            "{name}: no teacher-forced step had a margin of {MARGIN}: nothing was judged"
+        );
         // Top-10 after the prompt: llama.cpp's precise run (f32 KV, no flash attention) is the
-        // reference; its default run bounds llama.cpp's own noise. On Gemma 3's `code` prompt the
-        // two differ by 1.1 and an independent float64 numpy forward pass (gguf-py weights)
-        // lands on the default values, so a prompt passes within 1.0 of either run.
+        // reference; its default run bounds llama.cpp's own noise.
         let last = &logits[(prompt.len() - 1) * vocab..prompt.len() * vocab];
         let max_diff = |key: &Value| {
             key.as_array()
@@ -108,12 +125,17 @@ fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
         let precise = max_diff(&p["precise"]["top10_after_prompt"]);
         let default = max_diff(&p["top10_after_prompt"]);
         println!(
-            "{gguf}{} {name:12}: {agree}/{checked} confident steps agree; top-10 max |diff| {precise:.3} vs precise, {default:.3} vs default",
+            "{gguf}{} {name:12}: {agree}/{checked} confident steps agree; top-10 max |diff| {precise:.4} vs precise, {default:.4} vs default",
             if exact { " (exact)" } else { "" }
         );
+        let (judged, against) = if PRECISE_IS_THE_OUTLIER.contains(&(gguf, name)) {
+            (default, "default")
+        } else {
+            (precise, "precise")
+        };
         assert!(
-            precise.min(default) <= 1.0,
-            "{name}: top-10 logits differ by {precise} (precise), {default} (default)"
+            judged <= bound,
+            "{name}: top-10 logits differ from llama.cpp's {against} run by {judged:.4} > {bound} (precise {precise:.4}, default {default:.4})"
         );
     }
 }
