@@ -14,7 +14,8 @@ CI does not run this script; it reads the committed files.
 
 The fixtures have no tokenizer (their token ids are given directly), and the converter needs one:
 as for the four model.gguf files of hf-tiny, a 512-entry byte-level BPE trained by `tokenizers` on
-a fixed text is placed beside a copy of the weights for the conversion only, and the converter's
+a fixed text (../shared/fixtures/llamacpp/ppl-text.txt) is placed beside a copy of the weights
+for the conversion only, and the converter's
 pre-tokenizer check is answered with `gpt-2`. Gemma and Gemma 2, whose converter reads only a
 SentencePiece `tokenizer.model`, get one trained by `sentencepiece` on the same text (BPE, one
 thread). GPT-2's config as transformers 5 writes it lacks `n_ctx`, which the converter reads as
@@ -89,7 +90,9 @@ def write_tokenizer(dir_: Path) -> None:
 
 
 def training_text() -> list[str]:
-    return (Path(__file__).read_text() * 4).splitlines()
+    """A fixed text, whatever becomes of this script: the Apache-2.0 license of the shared
+    llama.cpp fixtures."""
+    return (ROOT.parent / "shared" / "fixtures" / "llamacpp" / "ppl-text.txt").read_text().splitlines()
 
 
 def write_sentencepiece(dir_: Path) -> None:
