@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Converts the tiny Hugging Face fixtures (../shared/fixtures/hf-tiny) to GGUF with llama.cpp's own
+"""Converts tiny Hugging Face fixtures (../shared/fixtures/hf-tiny) to GGUF with llama.cpp's own
 converter, for crates/cpu/tests/hf_tiny.rs, which checks that each GGUF gives the logits of
 its safetensors (the same random weights) to 1e-4.
 
@@ -14,8 +14,12 @@ CI does not run this script; it reads the committed files.
 
 The fixtures have no tokenizer (their token ids are given directly), and the converter needs one:
 as for the four model.gguf files of hf-tiny, a 512-entry byte-level BPE trained by `tokenizers` on
-a fixed text is placed beside a copy of the weights for the conversion only, and the converter's
-pre-tokenizer check is answered with `gpt-2`. Only the vocabulary is ours; every tensor and
+a fixed text (../shared/fixtures/llamacpp/ppl-text.txt) is placed beside a copy of the weights
+for the conversion only, and the converter's
+pre-tokenizer check is answered with `gpt-2`. Gemma and Gemma 2, whose converter reads only a
+SentencePiece `tokenizer.model`, get one trained by `sentencepiece` on the same text (BPE, one
+thread). GPT-2's config as transformers 5 writes it lacks `n_ctx`, which the converter reads as
+the context length: the copy gets `n_ctx` = `n_positions`. Only the vocabulary is ours; every tensor and
 hyperparameter is written by llama.cpp's converter code. Output is F32 (`--outtype f32`) so the
 comparison with the safetensors path is exact up to summation order. `--fuse-gate-up-exps` writes
 a second qwen3_next file with llama.cpp's fused expert tensor.
@@ -34,6 +38,9 @@ OUT = ROOT / "crates" / "testkit" / "fixtures" / "gguf-tiny"
 
 # folder -> output files (name, extra converter arguments)
 CASES = {
+    "gemma": [("gemma.gguf", [])],
+    "gemma2": [("gemma2.gguf", [])],
+    "gpt2": [("gpt2.gguf", [])],
     "qwen2_moe": [("qwen2_moe.gguf", [])],
     "qwen3_moe": [("qwen3_moe.gguf", [])],
     # The fixtures have no multi-token-prediction block, which the converter otherwise requires.
@@ -67,8 +74,7 @@ def write_tokenizer(dir_: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    text = (Path(__file__).read_text() * 4).splitlines()
-    tok.train_from_iterator(text, trainer=trainer)
+    tok.train_from_iterator(training_text(), trainer=trainer)
     tok.save(str(dir_ / "tokenizer.json"))
     (dir_ / "tokenizer_config.json").write_text(
         json.dumps(
@@ -81,6 +87,40 @@ def write_tokenizer(dir_: Path) -> None:
             }
         )
     )
+
+
+def training_text() -> list[str]:
+    """A fixed text, whatever becomes of this script: the Apache-2.0 license of the shared
+    llama.cpp fixtures."""
+    return (ROOT.parent / "shared" / "fixtures" / "llamacpp" / "ppl-text.txt").read_text().splitlines()
+
+
+def write_sentencepiece(dir_: Path) -> None:
+    """A SentencePiece BPE of at most 512 pieces (the converter pads to the model's vocabulary)."""
+    import sentencepiece as spm
+
+    text = dir_ / "text.txt"
+    text.write_text("\n".join(training_text()))
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(dir_ / "tokenizer"),
+        vocab_size=512,
+        hard_vocab_limit=False,
+        model_type="bpe",
+        pad_id=0,
+        eos_id=1,
+        bos_id=2,
+        unk_id=3,
+        pad_piece="<pad>",
+        eos_piece="<eos>",
+        bos_piece="<bos>",
+        unk_piece="<unk>",
+        byte_fallback=True,
+        num_threads=1,
+        minloglevel=2,
+    )
+    for f in ("text.txt", "tokenizer.vocab"):
+        (dir_ / f).unlink()
 
 
 def main() -> int:
@@ -104,7 +144,16 @@ def main() -> int:
                 d.mkdir()
                 for f in ("config.json", "model.safetensors"):
                     shutil.copy(HF_TINY / folder / f, d / f)
-                write_tokenizer(d)
+                if folder in ("gemma", "gemma2"):
+                    write_sentencepiece(d)
+                else:
+                    write_tokenizer(d)
+                if folder == "gpt2":
+                    import json
+
+                    cfg = json.loads((d / "config.json").read_text())
+                    cfg.setdefault("n_ctx", cfg["n_positions"])
+                    (d / "config.json").write_text(json.dumps(cfg, indent=2))
                 out = OUT / name
                 sys.argv = ["convert_hf_to_gguf.py", "--outtype", "f32", "--outfile", str(out)]
                 sys.argv += extra + [str(d)]

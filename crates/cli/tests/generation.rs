@@ -294,3 +294,58 @@ fn template_kwargs_come_from_the_file_and_the_command_line() {
         "{err}"
     );
 }
+
+#[test]
+fn run_with_a_draft_prints_the_plain_greedy_output() {
+    let tiny = |arch: &str| anelm_testkit::tiny(arch).to_str().unwrap().to_string();
+    let (target, draft) = (tiny("llama"), tiny("qwen3"));
+    let reference = anelm_testkit::shared_json("fixtures/hf-tiny/llama/reference.json");
+    let prompt: Vec<String> = reference["cases"]["short"]["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let prompt = prompt.join(",");
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "run", "--model", &target, "--ids", &prompt, "--temp", "0", "-n", "20", "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = anelm(&args);
+        assert!(
+            out.status.success(),
+            "anelm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = run(&[]);
+    assert_eq!(plain["ids"].as_array().unwrap().len(), 20, "{plain}");
+    // transformers' greedy tokens for this prompt, the first 16 of them.
+    let want = &reference["cases"]["short"]["greedy"]["tokens"];
+    assert_eq!(
+        plain["ids"].as_array().unwrap()[..16],
+        want.as_array().unwrap()[..]
+    );
+    for k in ["1", "3", "6"] {
+        let spec = run(&["--draft", &draft, "--draft-k", k]);
+        assert_eq!(spec["ids"], plain["ids"], "--draft-k {k}: {spec}");
+    }
+    // A draft of another vocabulary is refused, naming the draft.
+    let err = stderr_of_failure(&[
+        "run",
+        "--model",
+        &target,
+        "--ids",
+        &prompt,
+        "--temp",
+        "0",
+        "--draft",
+        &model(),
+    ]);
+    assert!(
+        err.contains("--draft") && err.contains("vocabulary"),
+        "{err}"
+    );
+}

@@ -39,6 +39,6 @@ pub use loaded::{LoadError, LoadedModel};
 pub use prompt::{Input, Overflow};
 pub use sampler::{argmax, logprobs, Sampler, SamplingParams, TokenLogprob};
 pub use session::{PrefillStep, Session};
-pub use speculative::{generate_greedy_speculative, Side, SpecStats};
+pub use speculative::{generate_greedy_speculative, same_vocabulary, Side, SpecStats};
 pub use stop::{StopScan, StopStrings};
 pub use utf8_stream::Utf8Stream;

@@ -7,6 +7,7 @@
 use anelm_model::{Executor, Logits};
 
 use crate::error::{EngineError, Result};
+use crate::loaded::LoadedModel;
 use crate::sampler::argmax;
 use crate::session::Session;
 
@@ -30,6 +31,42 @@ impl SpecStats {
             self.accepted as f64 / self.drafted as f64
         }
     }
+}
+
+/// Whether `draft` may draft for `target`: the same number of tokens and, where both have a
+/// tokenizer, the same token behind every id (its bytes and whether it is special). Models
+/// without a tokenizer (ids given directly) are compared by size alone.
+pub fn same_vocabulary(target: &LoadedModel, draft: &LoadedModel) -> Result<()> {
+    let (nt, nd) = (
+        target.model.config.vocab_size,
+        draft.model.config.vocab_size,
+    );
+    if nt != nd {
+        return Err(EngineError::BadParams(format!(
+            "the draft's vocabulary has {nd} tokens, the target's {nt}: they must be the same"
+        )));
+    }
+    let (Some(t), Some(d)) = (&target.tokenizer, &draft.tokenizer) else {
+        return Ok(());
+    };
+    if t.vocab_size() != d.vocab_size() {
+        return Err(EngineError::BadParams(format!(
+            "the draft's tokenizer has {} tokens, the target's {}: they must be the same",
+            d.vocab_size(),
+            t.vocab_size()
+        )));
+    }
+    for id in 0..t.vocab_size() as u32 {
+        let (a, b) = (t.token_to_piece(id), d.token_to_piece(id));
+        if a != b || t.is_special(id) != d.is_special(id) {
+            return Err(EngineError::BadParams(format!(
+                "the draft's vocabulary differs from the target's at id {id} ({:?} vs {:?}): it cannot draft for it",
+                String::from_utf8_lossy(&b),
+                String::from_utf8_lossy(&a)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One model of the pair: its executor and its session.
@@ -58,7 +95,9 @@ fn sync(s: &mut Side<'_>, tokens: &[u32], scratch: &mut Vec<f32>) -> Result<()> 
 }
 
 /// Generates up to `max_new` tokens after `prompt` with the target's greedy choices, stopping
-/// after any id of `stop` (included). `k` tokens are drafted per round.
+/// after any id of `stop` (included). `k` tokens are drafted per round. The executors must
+/// have as many logits per row (checked); that the ids mean the same tokens is
+/// [`same_vocabulary`]'s to check.
 pub fn generate_greedy_speculative(
     target: &mut Side<'_>,
     draft: &mut Side<'_>,

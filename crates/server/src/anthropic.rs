@@ -94,6 +94,7 @@ impl Content {
 impl Conversation {
     /// The prompt's tokens. A last assistant message is the start of the reply (prefill).
     async fn prompt(self, app: &App) -> Result<Vec<u32>, ApiError> {
+        app.limits.tools(self.tools.as_ref().map_or(0, Vec::len))?;
         if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::bad_param(
                 "tools",
@@ -157,13 +158,16 @@ pub async fn messages(
 
 async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiError> {
     app.model.check_name(&req.model)?;
+    let stop_count = req.stop_sequences.as_ref().map_or(0, Vec::len);
+    app.limits.stop("stop_sequences", stop_count)?;
     let sampling = Sampling {
         temperature: req.temperature,
         top_p: req.top_p,
         top_k: req.top_k,
         ..Sampling::default()
     }
-    .to_params(app.model.vocab_size(), 1.0)?;
+    .to_params(&app.limits, app.model.vocab_size(), 1.0)?;
+    app.limits.max_tokens("max_tokens", Some(req.max_tokens))?;
     max_tokens("max_tokens", Some(req.max_tokens), 0, app.model.ctx)?;
     let conversation = Conversation {
         messages: req.messages,

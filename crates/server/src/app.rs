@@ -13,6 +13,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tower_http::cors::{Any, CorsLayer};
 
 use crate::error::{ApiError, Flavour};
+use crate::limits::Limits;
 use crate::model::ServedModel;
 use crate::scheduler::{Job, Scheduler, Update};
 use crate::{anthropic, auth, openai, webui, ServerConfig, ServerError};
@@ -20,6 +21,7 @@ use crate::{anthropic, auth, openai, webui, ServerConfig, ServerError};
 pub struct App {
     pub model: Arc<ServedModel>,
     pub scheduler: Scheduler,
+    pub limits: Limits,
 }
 
 impl App {
@@ -39,7 +41,11 @@ impl App {
             model.ctx,
             config.scheduler.clone(),
         );
-        Ok(App { model, scheduler })
+        Ok(App {
+            model,
+            scheduler,
+            limits: config.limits.clone(),
+        })
     }
 
     /// Builds a prompt off the async threads (tokenizing a long text takes a while).
@@ -85,7 +91,7 @@ pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(config.body_limit))
+        .layer(DefaultBodyLimit::max(config.limits.max_body_bytes))
         .layer(cors)
         .with_state(app)
 }

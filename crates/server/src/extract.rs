@@ -1,29 +1,41 @@
 //! The JSON request body, with every failure (too large, not JSON, wrong types) as an API error
 //! that names the field at fault.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
+use crate::app::App;
 use crate::error::{ApiError, Flavour};
 
 pub struct JsonBody<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<App>> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    /// The body within the server's size and time limits, parsed.
+    async fn from_request(req: Request, app: &Arc<App>) -> Result<Self, ApiError> {
         let flavour = Flavour::of_path(req.uri().path());
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
-            let message = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                "The request body is larger than this server accepts".to_string()
-            } else {
-                r.body_text()
-            };
-            ApiError::new(r.status(), message).with_flavour(flavour)
-        })?;
+        let limits = &app.limits;
+        let read = tokio::time::timeout(limits.body_timeout, Bytes::from_request(req, app));
+        let bytes = read
+            .await
+            .map_err(|_| {
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, limits.body_too_slow())
+                    .with_flavour(flavour)
+            })?
+            .map_err(|r| {
+                let message = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    limits.body_too_large()
+                } else {
+                    r.body_text()
+                };
+                ApiError::new(r.status(), message).with_flavour(flavour)
+            })?;
         parse(&bytes)
             .map(JsonBody)
             .map_err(|e| e.with_flavour(flavour))

@@ -21,6 +21,8 @@ mod error;
 mod extract;
 mod ids;
 mod json_mode;
+mod limits;
+mod listen;
 mod model;
 mod openai;
 mod params;
@@ -37,6 +39,7 @@ use anelm_engine::LoadedModel;
 use anelm_model::Executor;
 use tokio::sync::oneshot;
 
+pub use limits::Limits;
 pub use model::context_size;
 pub use scheduler::{SchedulerConfig, Stats};
 
@@ -53,8 +56,8 @@ pub struct ServerConfig {
     pub model_id: Option<String>,
     /// Context size of each conversation (default: the model's, at most 4096).
     pub ctx: Option<usize>,
-    /// Largest request body accepted, in bytes.
-    pub body_limit: usize,
+    /// Timeouts, the connection limit and the size limits of a request.
+    pub limits: Limits,
     pub scheduler: SchedulerConfig,
 }
 
@@ -66,7 +69,7 @@ impl Default for ServerConfig {
             api_key: None,
             model_id: None,
             ctx: None,
-            body_limit: 4 << 20,
+            limits: Limits::default(),
             scheduler: SchedulerConfig::default(),
         }
     }
@@ -120,14 +123,11 @@ impl Server {
         let addr = listener.local_addr()?;
         let router = app::router(app.clone(), &config);
         let (shutdown, stopped) = oneshot::channel::<()>();
+        let limits = config.limits.clone();
         runtime.spawn(async move {
             let serve = async {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(async {
-                        let _ = stopped.await;
-                    })
-                    .await
+                listen::serve(listener, router, limits, stopped).await
             };
             if let Err(e) = serve.await {
                 tracing::error!("server stopped: {e}");

@@ -7,6 +7,7 @@ use anelm_engine::{GenerateParams, SamplingParams};
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::limits::Limits;
 
 /// OpenAI's sampling fields, with llama.cpp's extras (`top_k`, `min_p`, `repeat_penalty`).
 /// Absent fields keep llama.cpp's defaults.
@@ -33,6 +34,15 @@ pub enum Stop {
 }
 
 impl Stop {
+    /// How many stop strings `stop` holds.
+    pub fn count(stop: &Option<Stop>) -> usize {
+        match stop {
+            None => 0,
+            Some(Stop::One(_)) => 1,
+            Some(Stop::Many(v)) => v.len(),
+        }
+    }
+
     pub fn into_vec(stop: Option<Stop>) -> Vec<String> {
         match stop {
             None => Vec::new(),
@@ -47,9 +57,13 @@ impl Sampling {
     /// 1 for Anthropic).
     pub fn to_params(
         &self,
+        limits: &Limits,
         vocab: usize,
         max_temperature: f32,
     ) -> Result<SamplingParams, ApiError> {
+        if let Some(bias) = &self.logit_bias {
+            limits.logit_bias(bias.len())?;
+        }
         let mut p = SamplingParams::default();
         if let Some(t) = self.temperature {
             in_range("temperature", t, 0.0, max_temperature)?;
@@ -154,19 +168,14 @@ pub fn max_tokens(
     }
 }
 
-/// The most choices one request may ask for.
-pub const MAX_CHOICES: i64 = 8;
-
-/// `n` copies of the parameters; with a seed, choice `i` draws with seed + i, so the choices
-/// differ but the whole answer is reproducible.
-pub fn choices(n: Option<i64>, params: GenerateParams) -> Result<Vec<GenerateParams>, ApiError> {
-    let n = n.unwrap_or(1);
-    if !(1..=MAX_CHOICES).contains(&n) {
-        return Err(ApiError::bad_param(
-            "n",
-            format!("n must be in [1, {MAX_CHOICES}], got {n}"),
-        ));
-    }
+/// `n` copies of the parameters (`n` within the server's limit); with a seed, choice `i` draws
+/// with seed + i, so the choices differ but the whole answer is reproducible.
+pub fn choices(
+    limits: &Limits,
+    n: Option<i64>,
+    params: GenerateParams,
+) -> Result<Vec<GenerateParams>, ApiError> {
+    let n = limits.choices(n)?;
     Ok((0..n as u64)
         .map(|i| {
             let mut p = params.clone();
@@ -220,15 +229,15 @@ mod tests {
             ),
         ];
         for (s, name) in bad {
-            let e = s.to_params(100, 2.0).unwrap_err();
+            let e = s.to_params(&Limits::default(), 100, 2.0).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(name), "{}", e.message);
         }
         let anthropic = Sampling {
             temperature: Some(1.5),
             ..Default::default()
         };
-        assert!(anthropic.to_params(100, 1.0).is_err());
-        assert!(anthropic.to_params(100, 2.0).is_ok());
+        assert!(anthropic.to_params(&Limits::default(), 100, 1.0).is_err());
+        assert!(anthropic.to_params(&Limits::default(), 100, 2.0).is_ok());
     }
 
     #[test]
@@ -238,7 +247,7 @@ mod tests {
             ..Default::default()
         };
         let p = bias(&[("7", 5.0), ("3", -100.0)])
-            .to_params(10, 2.0)
+            .to_params(&Limits::default(), 10, 2.0)
             .unwrap();
         assert_eq!(p.logit_bias, vec![(3, f32::NEG_INFINITY), (7, 5.0)]);
         for bad in [
@@ -247,10 +256,21 @@ mod tests {
             bias(&[("1", 101.0)]),
         ] {
             assert_eq!(
-                bad.to_params(10, 2.0).unwrap_err().param.as_deref(),
+                bad.to_params(&Limits::default(), 10, 2.0)
+                    .unwrap_err()
+                    .param
+                    .as_deref(),
                 Some("logit_bias")
             );
         }
+        let one = Limits {
+            max_logit_bias: 1,
+            ..Limits::default()
+        };
+        let e = bias(&[("1", 1.0), ("2", 1.0)])
+            .to_params(&one, 10, 2.0)
+            .unwrap_err();
+        assert!(e.message.contains("--max-logit-bias"), "{}", e.message);
     }
 
     #[test]
@@ -271,10 +291,12 @@ mod tests {
     fn choices_get_consecutive_seeds() {
         let mut p = GenerateParams::default();
         p.sampling.seed = Some(41);
-        let c = choices(Some(3), p).unwrap();
+        let l = Limits::default();
+        let c = choices(&l, Some(3), p).unwrap();
         let seeds: Vec<_> = c.iter().map(|p| p.sampling.seed).collect();
         assert_eq!(seeds, [Some(41), Some(42), Some(43)]);
-        assert!(choices(Some(0), GenerateParams::default()).is_err());
-        assert!(choices(Some(MAX_CHOICES + 1), GenerateParams::default()).is_err());
+        assert!(choices(&l, Some(0), GenerateParams::default()).is_err());
+        let over = Some(l.max_choices as i64 + 1);
+        assert!(choices(&l, over, GenerateParams::default()).is_err());
     }
 }

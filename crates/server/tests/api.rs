@@ -15,7 +15,10 @@ use serde_json::{json, Value};
 static SHARED: LazyLock<Server> = LazyLock::new(|| {
     start(anelm_server::ServerConfig {
         ctx: Some(512),
-        body_limit: 256 << 10,
+        limits: anelm_server::Limits {
+            max_body_bytes: 256 << 10,
+            ..Default::default()
+        },
         ..config(2, 8)
     })
 });

@@ -264,6 +264,8 @@ fn run_speculative(
         ..a.model.clone()
     };
     let draft = draft_args.load()?;
+    anelm_engine::same_vocabulary(loaded, &draft)
+        .with_context(|| format!("--draft {}", draft_path.display()))?;
     let draft_capacity = session.capacity().min(draft.model.max_positions());
     let mut draft_exec = draft_args.executor(&draft, draft_capacity)?;
     let mut draft_session = Session::new(draft_exec.as_ref(), draft_capacity)?;

@@ -1,6 +1,8 @@
 //! `anelm serve`: the OpenAI and Anthropic APIs and a web chat over HTTP (anelm-server).
 
-use anelm_server::{SchedulerConfig, Server, ServerConfig};
+use std::time::Duration;
+
+use anelm_server::{Limits, SchedulerConfig, Server, ServerConfig};
 use anyhow::Result;
 
 use super::common::{FallbackArgs, ModelArgs, TemplateKwargsArgs};
@@ -36,12 +38,75 @@ pub struct Args {
     pub alias: Option<String>,
     #[command(flatten)]
     pub template_kwargs: TemplateKwargsArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// What one client may ask; past a limit the request is refused with a 4xx naming it.
+#[derive(clap::Args)]
+pub struct LimitArgs {
+    /// Seconds a client has to send a request's headers (an idle connection closes after it);
+    /// past it: 408.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request's body; past it: 408.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub body_timeout: f64,
+    /// Open connections at once; one more is answered 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_connections: usize,
+    /// Largest request body in bytes; past it: 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Most choices (`n`) per request; past it: 400.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_n: usize,
+    /// Largest `max_tokens` a request may name (answers still end where the context does);
+    /// past it: 400.
+    #[arg(long, value_name = "N", default_value_t = 65536)]
+    pub max_tokens_limit: usize,
+    /// Most stop strings per request; past it: 400.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub max_stop: usize,
+    /// Most `logit_bias` entries per request; past it: 400.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_logit_bias: usize,
+    /// Most tools per request; past it: 400.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_tools: usize,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> Result<Limits> {
+        let secs = |name: &str, s: f64| {
+            if s.is_finite() && s > 0.0 && s <= 86_400.0 {
+                Ok(Duration::from_secs_f64(s))
+            } else {
+                anyhow::bail!("--{name} must be in (0, 86400] seconds, got {s}")
+            }
+        };
+        if self.max_connections == 0 {
+            anyhow::bail!("--max-connections must be at least 1");
+        }
+        Ok(Limits {
+            header_timeout: secs("header-timeout", self.header_timeout)?,
+            body_timeout: secs("body-timeout", self.body_timeout)?,
+            max_connections: self.max_connections,
+            max_body_bytes: self.max_body_bytes,
+            max_choices: self.max_n,
+            max_tokens: self.max_tokens_limit,
+            max_stop: self.max_stop,
+            max_logit_bias: self.max_logit_bias,
+            max_tools: self.max_tools,
+        })
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
     if a.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
+    let limits = a.limits.limits()?;
     let mut loaded = a.model.load()?;
     a.template_kwargs.apply(&mut loaded);
     // An impossible --ctx is refused when the server starts; the executor never needs more.
@@ -60,7 +125,7 @@ pub fn run(a: Args) -> Result<()> {
             queue: a.queue,
             cached_sessions: a.cache_sessions,
         },
-        ..ServerConfig::default()
+        limits,
     };
     let server = Server::start(config, loaded, exec)?;
     eprintln!(

@@ -78,6 +78,10 @@ pub async fn handle(
     JsonBody(req): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     app.model.check_name(&req.model)?;
+    let limits = &app.limits;
+    limits.stop("stop", Stop::count(&req.stop))?;
+    limits.tools(req.tools.as_ref().map_or(0, Vec::len))?;
+    limits.choices(req.n)?;
     let messages = req
         .messages
         .into_iter()
@@ -119,12 +123,14 @@ pub async fn handle(
             ))
         }
     };
-    let sampling = from_fields::<Sampling>(req.rest)?.to_params(app.model.vocab_size(), 2.0)?;
+    let sampling =
+        from_fields::<Sampling>(req.rest)?.to_params(limits, app.model.vocab_size(), 2.0)?;
     let (limit_name, limit) = match req.max_completion_tokens {
         Some(n) => ("max_completion_tokens", Some(n)),
         None => ("max_tokens", req.max_tokens),
     };
     // Check the limit before the (possibly long) tokenizing; its bound needs the prompt.
+    limits.max_tokens(limit_name, limit)?;
     max_tokens(limit_name, limit, 0, app.model.ctx)?;
     let prompt = app
         .tokenize(move |m| m.chat_prompt(&messages, tools, None))
@@ -137,7 +143,7 @@ pub async fn handle(
         logprobs,
         ..GenerateParams::default()
     };
-    let choices = choices(req.n, params)?;
+    let choices = choices(&app.limits, req.n, params)?;
     let n = choices.len();
     let rx = app.submit(Job {
         prompt,

@@ -55,6 +55,8 @@ pub async fn handle(
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     app.model.check_name(&req.model)?;
+    app.limits.stop("stop", Stop::count(&req.stop))?;
+    app.limits.choices(req.n)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::bad_param(
             "suffix",
@@ -71,8 +73,10 @@ pub async fn handle(
             ))
         }
     };
-    let sampling = from_fields::<Sampling>(req.rest)?.to_params(app.model.vocab_size(), 2.0)?;
+    let sampling =
+        from_fields::<Sampling>(req.rest)?.to_params(&app.limits, app.model.vocab_size(), 2.0)?;
     let limit = Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
+    app.limits.max_tokens("max_tokens", limit)?;
     max_tokens("max_tokens", limit, 0, app.model.ctx)?;
     let (prompt, echo_text) = match req.prompt {
         Prompt::Text(t) => (app.tokenize_text(t.clone()).await?, t),
@@ -96,7 +100,7 @@ pub async fn handle(
         logprobs,
         ..GenerateParams::default()
     };
-    let choices = choices(req.n, params)?;
+    let choices = choices(&app.limits, req.n, params)?;
     let n = choices.len();
     let rx = app.submit(Job {
         prompt,
