@@ -27,6 +27,7 @@ mod params;
 mod scheduler;
 mod sessions;
 mod stream;
+mod template_kwargs;
 mod tools;
 mod webui;
 
