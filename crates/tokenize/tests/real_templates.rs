@@ -148,8 +148,9 @@ fn real_templates_match_transformers() {
     let differ: usize = total - identical - refused;
     println!(
         "real chat templates: {total} cases across {} templates: {identical} byte-identical, \
-         {refused} refused where transformers raises, {differ} differ",
-        goldens.len()
+         {refused} refused where transformers raises, {differ} differ (in {} named exceptions)",
+        goldens.len(),
+        EXCEPTIONS.len()
     );
     for (name, why) in &differing {
         println!("{name}: {} differ; first: {}", why.len(), why[0]);
@@ -209,9 +210,10 @@ fn python_jinja_semantics_match_transformers() {
         }
     }
     println!(
-        "python-jinja semantics: {} one-line templates, {} differ",
+        "python-jinja semantics: {} one-line templates, {} differ (named exceptions: {})",
         renders.len(),
-        differing.len()
+        differing.len(),
+        SEMANTICS_EXCEPTIONS.len()
     );
     let mut excepted: Vec<&str> = SEMANTICS_EXCEPTIONS.iter().map(|(s, _)| *s).collect();
     excepted.sort_unstable();
