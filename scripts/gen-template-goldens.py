@@ -17,7 +17,9 @@ else the family's (the tiny HF configs have no tokenizer).
 templates, as llama.cpp keeps them; see ORIGIN.md there) renders every case of cases.json (messages,
 tools, template kwargs), with and without add_generation_prompt, into goldens/<template>.json. The
 special tokens are fixed stand-ins (REAL_BOS / REAL_EOS) and strftime_now sees a fixed clock
-(FIXED_NOW), which the Rust test injects too.
+(FIXED_NOW), which the Rust test injects too. The one-line templates of semantics_cases.json
+(expressions, filters, tests and methods whose Python-Jinja meaning minijinja may not share) are
+rendered into semantics_goldens.json.
 
 Needs transformers, jinja2 and gguf (no torch), e.g. in a scratch venv outside the repository:
     python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install transformers jinja2 gguf
@@ -48,6 +50,8 @@ REAL = ROOT / "crates/tokenize/tests/fixtures/real_templates"
 REAL_BOS, REAL_EOS = "<|bos|>", "<|eos|>"
 # The clock strftime_now reads for --real (local time, no zone), as the Rust test sets it.
 FIXED_NOW = dt.datetime(2026, 7, 26, 14, 30, 5)
+# The conversation the one-line templates of semantics_cases.json (Python-Jinja semantics) see.
+SEMANTICS_MESSAGES = [{"role": "user", "content": "Hi"}]
 
 # family -> (built-in template file, bos, eos): the same table as crates/tokenize/src/chat_template/builtin.rs.
 FAMILY_BUILTIN = {
@@ -126,7 +130,7 @@ def render(tok, template, messages, add_generation_prompt, tools=None, kwargs=No
         # raise_exception raises a bare TemplateError; subclasses are Jinja's own failures.
         kind = "raised" if type(e) is jinja2.exceptions.TemplateError else "render"
         return {"error": kind, "message": str(e)}
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+    except Exception as e:  # any other failure of the template is a refusal too
         return {"error": "render", "message": f"{type(e).__name__}: {e}"}
 
 
@@ -166,6 +170,23 @@ def main_real():
         identical_errors += n_err
         print(f"{dest.relative_to(ROOT)}: {len(renders)} renders ({n_err} refused or failed)")
     print(f"{total} renders, {identical_errors} refused or failed")
+    semantics = json.loads((REAL / "semantics_cases.json").read_text(encoding="utf-8"))
+    renders = []
+    for source in semantics:
+        r = {"template": source}
+        r.update(render(tok, source, SEMANTICS_MESSAGES, False))
+        renders.append(r)
+    out = {
+        "generator": f"scripts/gen-template-goldens.py --real (transformers {transformers.__version__}, jinja2 {jinja2.__version__})",
+        "bos_token": REAL_BOS,
+        "eos_token": REAL_EOS,
+        "now": FIXED_NOW.isoformat(),
+        "messages": SEMANTICS_MESSAGES,
+        "renders": renders,
+    }
+    dest = REAL / "semantics_goldens.json"
+    dest.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{dest.relative_to(ROOT)}: {len(renders)} one-line templates")
 
 
 def main():

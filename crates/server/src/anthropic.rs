@@ -18,6 +18,7 @@ use crate::ids::new_id;
 use crate::params::{max_tokens, Sampling};
 use crate::scheduler::{Job, Update};
 use crate::stream::{self, Translate};
+use crate::template_kwargs::{self, Reasoning};
 
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
@@ -26,6 +27,10 @@ pub struct MessagesRequest {
     messages: Vec<InMessage>,
     system: Option<Content>,
     tools: Option<Vec<Value>>,
+    /// Chat-template variables (llama-server's field).
+    chat_template_kwargs: Option<Value>,
+    /// Mapped to the template's `enable_thinking`.
+    thinking: Option<Value>,
     stop_sequences: Option<Vec<String>>,
     stream: Option<bool>,
     temperature: Option<f32>,
@@ -39,13 +44,17 @@ pub struct CountRequest {
     messages: Vec<InMessage>,
     system: Option<Content>,
     tools: Option<Vec<Value>>,
+    chat_template_kwargs: Option<Value>,
+    thinking: Option<Value>,
 }
 
-/// What both routes read: the messages, the system prompt, the tools.
+/// What both routes read: the messages, the system prompt, the tools, the template variables.
 struct Conversation {
     messages: Vec<InMessage>,
     system: Option<Content>,
     tools: Option<Vec<Value>>,
+    chat_template_kwargs: Option<Value>,
+    thinking: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,7 +134,12 @@ impl Conversation {
             Some(m) if m.role == "assistant" => messages.pop().map(|m| m.text()),
             _ => None,
         };
-        app.tokenize(move |m| m.chat_prompt(&messages, None, prefill.as_deref()))
+        let kwargs = template_kwargs::for_request(
+            &app.model,
+            self.chat_template_kwargs,
+            Reasoning::from_anthropic(self.thinking)?,
+        )?;
+        app.tokenize(move |m| m.chat_prompt(&messages, None, prefill.as_deref(), kwargs))
             .await
     }
 }
@@ -141,6 +155,8 @@ pub async fn count_tokens(
             messages: req.messages,
             system: req.system,
             tools: req.tools,
+            chat_template_kwargs: req.chat_template_kwargs,
+            thinking: req.thinking,
         };
         conversation.prompt(&app).await
     };
@@ -173,6 +189,8 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
         messages: req.messages,
         system: req.system,
         tools: req.tools,
+        chat_template_kwargs: req.chat_template_kwargs,
+        thinking: req.thinking,
     };
     let prompt = conversation.prompt(&app).await?;
     let stops = req.stop_sequences.unwrap_or_default();

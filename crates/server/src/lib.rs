@@ -29,6 +29,7 @@ mod params;
 mod scheduler;
 mod sessions;
 mod stream;
+mod template_kwargs;
 mod tools;
 mod webui;
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use anelm_engine::{ChatTemplate, LoadedModel, Message, RenderOptions};
+use anelm_engine::{ChatTemplate, LoadedModel, Message, RenderOptions, TemplateKwargs};
 use anelm_tokenize::Tokenizer;
 use serde_json::Value;
 
@@ -82,17 +82,20 @@ impl ServedModel {
 
     /// A conversation's prompt: the chat template's text ending with the assistant's header,
     /// its special-token text read as special tokens, nothing added (templates write their own
-    /// BOS) — as the engine renders `Input::Messages`, with the tools added. `prefill` is the
-    /// start of the reply, which the model continues.
+    /// BOS) — as the engine renders `Input::Messages`, with the tools and the request's template
+    /// variables (`crate::template_kwargs::for_request`) added. `prefill` is the start of the
+    /// reply, which the model continues.
     pub fn chat_prompt(
         &self,
         messages: &[Message],
         tools: Option<Vec<Value>>,
         prefill: Option<&str>,
+        kwargs: TemplateKwargs,
     ) -> Result<Vec<u32>, ApiError> {
         let opts = RenderOptions {
             add_generation_prompt: true,
             tools,
+            variables: kwargs,
             ..RenderOptions::default()
         };
         let mut text = self
@@ -101,6 +104,11 @@ impl ServedModel {
             .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
         text.push_str(prefill.unwrap_or(""));
         self.checked(self.tokenizer.encode(&text, false, true), "messages")
+    }
+
+    /// Whether the chat template reads variable `name` (e.g. `enable_thinking`).
+    pub fn template_uses(&self, name: &str) -> bool {
+        self.template.uses_variable(name)
     }
 
     /// A plain-text prompt, tokenized as llama.cpp tokenizes one (BOS as the model says).

@@ -18,6 +18,7 @@ use crate::ids::{new_id, unix_seconds};
 use crate::params::{choices, max_tokens, Sampling, Stop};
 use crate::scheduler::{Job, Update};
 use crate::stream::{self, json_event, Translate};
+use crate::template_kwargs::{self, Reasoning};
 use crate::tools::{self, ToolCall};
 
 #[derive(Debug, Deserialize)]
@@ -35,6 +36,10 @@ pub struct ChatRequest {
     response_format: Option<ResponseFormat>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    /// Chat-template variables (llama-server's field).
+    chat_template_kwargs: Option<Value>,
+    /// Mapped to the template's `enable_thinking` / `reasoning_effort`.
+    reasoning_effort: Option<String>,
     /// The sampling fields, and whatever else the client sent (ignored).
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
@@ -132,8 +137,13 @@ pub async fn handle(
     // Check the limit before the (possibly long) tokenizing; its bound needs the prompt.
     limits.max_tokens(limit_name, limit)?;
     max_tokens(limit_name, limit, 0, app.model.ctx)?;
+    let kwargs = template_kwargs::for_request(
+        &app.model,
+        req.chat_template_kwargs,
+        Reasoning::from_effort(req.reasoning_effort),
+    )?;
     let prompt = app
-        .tokenize(move |m| m.chat_prompt(&messages, tools, None))
+        .tokenize(move |m| m.chat_prompt(&messages, tools, None, kwargs))
         .await?;
     let stop = Stop::into_vec(req.stop);
     let params = GenerateParams {

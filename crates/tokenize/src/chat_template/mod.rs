@@ -6,6 +6,7 @@
 
 mod builtin;
 mod pyjson;
+mod pymethods;
 mod pystr;
 mod pyvalue;
 mod rewrite;
@@ -206,7 +207,7 @@ impl ChatTemplate {
         })?;
         env.set_syntax(syntax);
         env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        pymethods::install(&mut env);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(
                 ErrorKind::InvalidOperation,

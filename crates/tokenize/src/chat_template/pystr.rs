@@ -27,6 +27,14 @@ fn py_repr(v: &Value) -> String {
             f64::try_from(v.clone()).map_or_else(|_| v.to_string(), python_float_repr)
         }
         ValueKind::String => repr_str(v.as_str().unwrap_or_default()),
+        ValueKind::Seq if v.is_tuple() => match v.try_iter() {
+            Ok(items) => {
+                let items: Vec<String> = items.map(|i| py_repr(&i)).collect();
+                let comma = if items.len() == 1 { "," } else { "" };
+                format!("({}{comma})", items.join(", "))
+            }
+            Err(_) => v.to_string(),
+        },
         ValueKind::Seq | ValueKind::Iterable => match v.try_iter() {
             Ok(items) => format!(
                 "[{}]",

@@ -1,15 +1,52 @@
 //! Python-Jinja value semantics that minijinja does not share, so a template fails or branches
-//! where transformers' does: none is not iterable (a `for` over it raises, `is iterable` is
-//! false), and `map` / `select` / `reject` / `selectattr` / `rejectattr` yield generators, which
-//! iterate and `|list` as usual but have no `length` and which `tojson` refuses.
+//! where transformers' does: none is not iterable (a `for` over it or a filter that iterates
+//! raises, `is iterable` is false), and the filters that return generators in Jinja2 (`map`,
+//! `select`, `reject`, `selectattr`, `rejectattr`, `unique`, `items`, `batch`, `slice`, and
+//! `reverse` of a non-string) iterate and `|list` as usual but have no `length` and `tojson`
+//! refuses them.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
-use minijinja::value::{Enumerator, Object, ObjectExt, ObjectRepr, Rest, ValueOrKwargs};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectExt, ObjectRepr, Rest};
 use minijinja::{filters, Environment, Error, ErrorKind, State, Value};
 
 use super::rewrite::PY_ITER;
+
+/// Registers `$name` as minijinja's filter `$original` with Python's treatment of none (`$none`:
+/// refused as Python cannot iterate it, or an empty generator as Jinja2's `map` and `select`
+/// family give) and its result through `$post`; the original stays under a hidden name.
+macro_rules! python_filter {
+    ($env:expr, $name:literal, $original:expr, $none:expr, $post:expr) => {{
+        const HIDDEN: &str = concat!("__anelm_builtin_", $name);
+        $env.add_filter(HIDDEN, $original);
+        $env.add_filter(
+            $name,
+            |state: &mut State,
+             v: Value,
+             args: Rest<Value>,
+             kwargs: Kwargs|
+             -> Result<Value, Error> {
+                if v.is_none() {
+                    return $none;
+                }
+                let mut all = Vec::with_capacity(args.len() + 2);
+                all.push(v);
+                all.extend(args.0);
+                // Passed on as keyword arguments (each read here, so none counts as unused).
+                let keys: Vec<String> = kwargs.args().map(str::to_string).collect();
+                if !keys.is_empty() {
+                    let mut pairs = Vec::with_capacity(keys.len());
+                    for k in keys {
+                        let v: Value = kwargs.get(&k)?;
+                        pairs.push((k, v));
+                    }
+                    all.push(Value::from(Kwargs::from_iter(pairs)));
+                }
+                state.apply_filter(HIDDEN, &all).map($post)
+            },
+        );
+    }};
+}
 
 /// Registers the filters and tests of this module on `env`.
 pub fn install(env: &mut Environment<'static>) {
@@ -26,58 +63,118 @@ pub fn install(env: &mut Environment<'static>) {
             filters::length(v).map(Value::from)
         });
     }
-    env.add_filter(
+    python_filter!(env, "join", filters::join, Err(not_iterable()), same);
+    python_filter!(env, "list", filters::list, Err(not_iterable()), same);
+    python_filter!(env, "sort", filters::sort, Err(not_iterable()), same);
+    python_filter!(
+        env,
+        "dictsort",
+        filters::dictsort,
+        Err(not_iterable()),
+        same
+    );
+    python_filter!(env, "first", filters::first, Err(not_iterable()), same);
+    python_filter!(env, "last", filters::last, Err(not_iterable()), same);
+    python_filter!(env, "sum", filters::sum, Err(not_iterable()), same);
+    python_filter!(env, "min", filters::min, Err(not_iterable()), same);
+    python_filter!(env, "max", filters::max, Err(not_iterable()), same);
+    // Python's reversed() of a string is a string, of anything else an iterator.
+    python_filter!(
+        env,
+        "reverse",
+        filters::reverse,
+        Err(not_iterable()),
+        |v: Value| {
+            if v.as_str().is_some() {
+                v
+            } else {
+                Generator::value(v)
+            }
+        }
+    );
+    python_filter!(
+        env,
+        "unique",
+        filters::unique,
+        Err(not_iterable()),
+        Generator::value
+    );
+    python_filter!(
+        env,
+        "items",
+        filters::items,
+        Err(not_iterable()),
+        Generator::value
+    );
+    python_filter!(
+        env,
+        "batch",
+        filters::batch,
+        Err(not_iterable()),
+        Generator::value
+    );
+    python_filter!(
+        env,
+        "slice",
+        filters::slice,
+        Err(not_iterable()),
+        Generator::value
+    );
+    python_filter!(
+        env,
         "map",
-        |state: &mut State, v: Value, args: Rest<ValueOrKwargs>| {
-            filters::map(state, v, args).map(Generator::value)
-        },
+        filters::map,
+        Ok(Generator::empty()),
+        Generator::value
     );
-    env.add_filter(
+    python_filter!(
+        env,
         "select",
-        |state: &mut State, v: Value, test: Option<String>, args: Rest<ValueOrKwargs>| {
-            filters::select(state, v, test.map(Cow::Owned), args).map(Generator::value)
-        },
+        filters::select,
+        Ok(Generator::empty()),
+        Generator::value
     );
-    env.add_filter(
+    python_filter!(
+        env,
         "reject",
-        |state: &mut State, v: Value, test: Option<String>, args: Rest<ValueOrKwargs>| {
-            filters::reject(state, v, test.map(Cow::Owned), args).map(Generator::value)
-        },
+        filters::reject,
+        Ok(Generator::empty()),
+        Generator::value
     );
-    env.add_filter(
+    python_filter!(
+        env,
         "selectattr",
-        |state: &mut State,
-         v: Value,
-         attr: String,
-         test: Option<String>,
-         args: Rest<ValueOrKwargs>| {
-            filters::selectattr(state, v, Cow::Owned(attr), test.map(Cow::Owned), args)
-                .map(Generator::value)
-        },
+        filters::selectattr,
+        Ok(Generator::empty()),
+        Generator::value
     );
-    env.add_filter(
+    python_filter!(
+        env,
         "rejectattr",
-        |state: &mut State,
-         v: Value,
-         attr: String,
-         test: Option<String>,
-         args: Rest<ValueOrKwargs>| {
-            filters::rejectattr(state, v, Cow::Owned(attr), test.map(Cow::Owned), args)
-                .map(Generator::value)
-        },
+        filters::rejectattr,
+        Ok(Generator::empty()),
+        Generator::value
     );
+}
+
+fn same(v: Value) -> Value {
+    v
 }
 
 /// What every `for` loop's iterable passes through: Python's `iter()` refuses None.
 fn py_iter(v: Value) -> Result<Value, Error> {
     if v.is_none() {
-        Err(Error::new(
-            ErrorKind::InvalidOperation,
-            "'NoneType' object is not iterable",
-        ))
+        Err(not_iterable())
     } else {
         Ok(v)
     }
+}
+
+fn not_iterable() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        "'NoneType' object is not iterable",
+    )
 }
 
 /// The result of a Jinja filter that is a Python generator.
@@ -85,8 +182,14 @@ fn py_iter(v: Value) -> Result<Value, Error> {
 pub struct Generator(Vec<Value>);
 
 impl Generator {
-    fn value(items: Vec<Value>) -> Value {
+    /// The items of `v` as a generator.
+    fn value(v: Value) -> Value {
+        let items = v.try_iter().map(|i| i.collect()).unwrap_or_default();
         Value::from_object(Generator(items))
+    }
+
+    fn empty() -> Value {
+        Value::from_object(Generator(Vec::new()))
     }
 
     /// Whether `v` is such a result (`json.dumps` refuses generators).

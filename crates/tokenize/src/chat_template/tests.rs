@@ -292,3 +292,78 @@ fn the_fuel_suffices_for_a_long_conversation_with_a_builtin_template() {
     let out = t.render(&msgs, &tool_options()).unwrap();
     assert!(out.len() > 200 * long.len(), "{}", out.len());
 }
+
+#[test]
+fn reasoning_is_copied_as_transformers_5_copies_it() {
+    // {"thinking": r, **message, "reasoning_content": r}, from the first non-null of
+    // reasoning_content / thinking / reasoning; a message's own thinking keeps its value.
+    let t = template("{{ messages[0] | tojson }}");
+    let mut m = Message::assistant("c");
+    m.extra.insert("reasoning".into(), "r".into());
+    assert_eq!(
+        t.render(&[m], &RenderOptions::default()).unwrap(),
+        r#"{"thinking": "r", "role": "assistant", "content": "c", "reasoning": "r", "reasoning_content": "r"}"#
+    );
+    let mut m = Message::assistant("c");
+    m.extra.insert("thinking".into(), "t".into());
+    m.extra.insert("reasoning_content".into(), "rc".into());
+    assert_eq!(
+        t.render(&[m], &RenderOptions::default()).unwrap(),
+        r#"{"thinking": "t", "role": "assistant", "content": "c", "reasoning_content": "rc"}"#
+    );
+    let mut m = Message::assistant("c");
+    m.extra.insert("reasoning".into(), serde_json::Value::Null);
+    assert_eq!(
+        t.render(&[m], &RenderOptions::default()).unwrap(),
+        r#"{"role": "assistant", "content": "c"}"#
+    );
+}
+
+#[test]
+fn strftime_now_reads_the_injected_clock() {
+    let opts = RenderOptions {
+        now: Some("2024-07-26T09:05:00".parse().unwrap()),
+        ..RenderOptions::default()
+    };
+    let t = template("{{ strftime_now('%d %b %Y, %A %H:%M') }}");
+    assert_eq!(t.render(&[], &opts).unwrap(), "26 Jul 2024, Friday 09:05");
+    // A template kwarg of that name wins, as over transformers' global.
+    let mut opts = opts;
+    opts.variables.insert("strftime_now".into(), "fixed".into());
+    assert_eq!(
+        template("{{ strftime_now }}").render(&[], &opts).unwrap(),
+        "fixed"
+    );
+}
+
+#[test]
+fn the_variables_a_template_reads_and_kwargs_that_are_not_an_object() {
+    let t = template(
+        "{% set x = 1 %}{% if enable_thinking %}{{ x }}{{ messages | length }}{% endif %}",
+    );
+    assert!(t.uses_variable("enable_thinking") && t.uses_variable("messages"));
+    assert!(!t.uses_variable("x") && !t.uses_variable("reasoning_effort"));
+    assert_eq!(
+        template_kwargs(serde_json::json!({"a": 1})).unwrap()["a"],
+        1
+    );
+    for (bad, kind) in [
+        (serde_json::json!([1]), "an array"),
+        (serde_json::json!("x"), "a string"),
+        (serde_json::json!(null), "null"),
+    ] {
+        let e = template_kwargs(bad).unwrap_err();
+        assert!(e.contains("JSON object") && e.contains(kind), "{e}");
+    }
+}
+
+#[test]
+fn generation_blocks_render_their_body_in_a_scope_of_their_own() {
+    // As transformers' AssistantTracker: the body in place; a `set` inside does not leak out,
+    // a namespace attribute does.
+    let src = "{% set ns = namespace(n=0) %}{% set x = 'out' %}{% for m in messages %}\
+               {%- generation -%}[{{ m.content }}]{% set x = 'in' %}{% set ns.n = ns.n + 1 %}{%- endgeneration -%}\
+               {% endfor %}{{ x }}{{ ns.n }}";
+    let out = render(src, &[Message::user("a"), Message::assistant("b")]).unwrap();
+    assert_eq!(out, "[a][b]out2");
+}
