@@ -2,9 +2,9 @@
 //! `/v1/models`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), `/health`
 //! and a web chat at `/`, over one model and one executor.
 //!
-//! HTTP runs on tokio; generation runs on plain threads (the [`scheduler`]'s slots), which take
-//! turns on the executor one token at a time. Requests wait in a bounded queue; past it they
-//! are refused with 503 and `Retry-After`.
+//! HTTP runs on tokio; generation runs on the [`scheduler`]'s engine thread, which advances
+//! every request in progress together, one batched step per token. Requests wait in a bounded
+//! queue; past it they are refused with 503 and `Retry-After`.
 //!
 //! ```no_run
 //! # fn demo(loaded: anelm_engine::LoadedModel, exec: Box<dyn anelm_model::Executor>) -> Result<(), anelm_server::ServerError> {
@@ -171,7 +171,7 @@ impl Drop for Server {
             let _ = s.send(());
         }
         self.app.scheduler.close();
-        // Open streams would hold a graceful shutdown forever; the slots end after their step.
+        // Open streams would hold a graceful shutdown forever; the engine ends after its step.
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }

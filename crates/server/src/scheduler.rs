@@ -1,12 +1,15 @@
-//! Who generates when. One executor serves every request: `parallel` slot threads each run one
-//! job at a time and take turns on the executor one step (a prefill or one token) at a time,
-//! through a fair lock, so concurrent streams advance together. Jobs beyond the busy slots wait
-//! in a bounded queue; a job that does not fit is refused at once ([`Busy`]).
+//! Who generates when. One engine thread owns the executor and runs every job in progress —
+//! up to `parallel` at once — in lockstep: each step advances all of them together, their
+//! decode tokens in one batched executor pass that reads the weights once for all ([`Batch`]);
+//! a prompt goes in a chunk per step, beside the others' tokens. A job that arrives joins at
+//! the next step; jobs beyond `parallel` wait in a bounded queue, and a job that does not fit
+//! is refused at once ([`Busy`]).
 //!
 //! Each job owns a [`Session`] while it runs, so no two requests ever share KV state; between
 //! requests the sessions wait in the [`SessionPool`], where a conversation that continues finds
 //! its prefix again. A job whose client went away (its update channel closed) is cancelled
-//! before its next step, or skipped if it is still queued.
+//! before the next step, or skipped if it is still queued. JSON-mode replies step on their own,
+//! their logits held to a JSON object.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -14,9 +17,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-use anelm_engine::{Event, Finish, GenerateParams, Input, LoadedModel, Session, TokenLogprob};
+use anelm_engine::{
+    Batch, Event, Finish, GenerateParams, Generation, Input, LoadedModel, Session, TokenLogprob,
+};
 use anelm_model::Executor;
-use parking_lot::FairMutex;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
@@ -24,7 +28,7 @@ use crate::sessions::SessionPool;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// Generations in progress at once (they share the executor token by token).
+    /// Jobs in progress at once (each step advances all of them together).
     pub parallel: usize,
     /// Jobs that may wait when every slot is busy; more are refused.
     pub queue: usize,
@@ -91,6 +95,8 @@ pub struct Stats {
     /// Jobs refused because the queue was full.
     pub refused: u64,
     pub failed: u64,
+    /// The most generations one step has advanced together.
+    pub widest_step: usize,
 }
 
 struct Queued {
@@ -105,7 +111,6 @@ struct Queue {
 
 struct Shared {
     model: Arc<LoadedModel>,
-    exec: FairMutex<Box<dyn Executor>>,
     sessions: SessionPool,
     /// Built on the first JSON-mode request.
     vocabulary: OnceLock<Vocabulary>,
@@ -118,15 +123,17 @@ struct Shared {
     cancelled: AtomicU64,
     refused: AtomicU64,
     failed: AtomicU64,
+    widest_step: AtomicUsize,
 }
 
 pub struct Scheduler {
     shared: Arc<Shared>,
-    slots: Vec<JoinHandle<()>>,
+    slots: usize,
+    _engine: JoinHandle<()>,
 }
 
 impl Scheduler {
-    /// Starts the slot threads. `ctx` is the capacity of every session.
+    /// Starts the engine thread. `ctx` is the capacity of every session.
     pub fn new(
         model: Arc<LoadedModel>,
         exec: Box<dyn Executor>,
@@ -135,7 +142,6 @@ impl Scheduler {
     ) -> Scheduler {
         let shared = Arc::new(Shared {
             model,
-            exec: FairMutex::new(exec),
             sessions: SessionPool::new(config.cached_sessions),
             vocabulary: OnceLock::new(),
             ctx,
@@ -149,26 +155,29 @@ impl Scheduler {
             cancelled: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            widest_step: AtomicUsize::new(0),
             config: config.clone(),
         });
-        let slots = (0..config.parallel.max(1))
-            .map(|i| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("anelm-slot-{i}"))
-                    .spawn(move || shared.slot_loop())
-                    .expect("spawning a slot thread")
-            })
-            .collect();
-        Scheduler { shared, slots }
+        let engine = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("anelm-engine".into())
+                .spawn(move || shared.engine_loop(exec))
+                .expect("spawning the engine thread")
+        };
+        Scheduler {
+            shared,
+            slots: config.parallel.max(1),
+            _engine: engine,
+        }
     }
 
     /// Queues a job; its updates arrive on the receiver. Dropping the receiver cancels it.
     pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Update>, Busy> {
         let (updates, rx) = unbounded_channel();
         let mut q = lock(&self.shared.queue);
-        // Slots take jobs (and count themselves busy) under this lock, so the count is exact.
-        let idle = self.slots.len() - self.shared.busy.load(Ordering::Relaxed);
+        // The engine takes jobs (and counts them busy) under this lock, so the count is exact.
+        let idle = self.slots - self.shared.busy.load(Ordering::Relaxed);
         if q.closed || q.jobs.len() >= self.shared.config.queue + idle {
             self.shared.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Busy);
@@ -182,7 +191,7 @@ impl Scheduler {
     pub fn stats(&self) -> Stats {
         let s = &self.shared;
         Stats {
-            slots: self.slots.len(),
+            slots: self.slots,
             busy: s.busy.load(Ordering::Relaxed),
             waiting: lock(&s.queue).jobs.len(),
             queue_capacity: s.config.queue,
@@ -190,10 +199,11 @@ impl Scheduler {
             cancelled: s.cancelled.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
             failed: s.failed.load(Ordering::Relaxed),
+            widest_step: s.widest_step.load(Ordering::Relaxed),
         }
     }
 
-    /// Refuses new jobs and lets the slots end once the queue is empty.
+    /// Refuses new jobs and lets the engine thread end once the queue is empty.
     pub fn close(&self) {
         lock(&self.shared.queue).closed = true;
         self.shared.ready.notify_all();
@@ -213,29 +223,216 @@ enum Outcome {
     Failed,
 }
 
+/// A job in progress: the generation of its current choice (which holds the job's session),
+/// the choices still to come, and where its updates go.
+struct Running {
+    generation: Option<Generation<'static>>,
+    choice: usize,
+    rest: VecDeque<GenerateParams>,
+    input: Input,
+    json: bool,
+    /// The reply so far, in JSON mode.
+    prefix: Option<JsonPrefix>,
+    updates: UnboundedSender<Update>,
+    /// Why the last step failed this job.
+    error: Option<String>,
+}
+
 impl Shared {
-    fn slot_loop(&self) {
-        while let Some(Queued { job, updates }) = self.next_job() {
-            if updates.is_closed() {
-                self.busy.fetch_sub(1, Ordering::Relaxed);
-                self.cancelled.fetch_add(1, Ordering::Relaxed);
+    fn engine_loop(&self, mut exec: Box<dyn Executor>) {
+        let mut running: Vec<Running> = Vec::new();
+        let mut batch = Batch::new();
+        loop {
+            // Jobs join between steps while there is room; with none running, wait for one.
+            while running.len() < self.config.parallel.max(1) {
+                let Some(queued) = self.next_job(running.is_empty()) else {
+                    break;
+                };
+                running.extend(self.start(exec.as_ref(), queued));
+            }
+            if running.is_empty() {
+                if lock(&self.queue).closed {
+                    return;
+                }
                 continue;
             }
-            // A panic in the engine must not take the slot down with it: the job fails, its
-            // session is dropped, and the slot carries on.
-            let outcome = catch_unwind(AssertUnwindSafe(|| self.run(job, &updates)))
-                .unwrap_or_else(|_| {
-                    let _ = updates.send(Update::Failed("internal error in the engine".into()));
-                    Outcome::Failed
-                });
-            self.busy.fetch_sub(1, Ordering::Relaxed);
-            match outcome {
-                Outcome::Completed => &self.completed,
-                Outcome::Cancelled => &self.cancelled,
-                Outcome::Failed => &self.failed,
+            running.retain_mut(|r| {
+                if !r.updates.is_closed() {
+                    return true;
+                }
+                let mut g = r.generation.take().expect("a running job has a generation");
+                g.cancel();
+                self.end(g.into_session(), Outcome::Cancelled);
+                false
+            });
+            // A panic in the engine must not take the server down with it: the jobs of the
+            // step fail, their sessions are dropped, and the engine carries on.
+            let stepped = catch_unwind(AssertUnwindSafe(|| {
+                self.step(exec.as_mut(), &mut batch, &mut running)
+            }));
+            if stepped.is_err() {
+                for r in running.drain(..) {
+                    let _ = r
+                        .updates
+                        .send(Update::Failed("internal error in the engine".into()));
+                    self.end(None, Outcome::Failed);
+                }
+                continue;
             }
-            .fetch_add(1, Ordering::Relaxed);
+            running.retain_mut(|r| self.deliver(r));
         }
+    }
+
+    /// One step of every running job: the plain ones together in one batch, the JSON-mode
+    /// ones each on its own with its logits held to a JSON object.
+    fn step(&self, exec: &mut dyn Executor, batch: &mut Batch, running: &mut [Running]) {
+        let (json, plain): (Vec<&mut Running>, Vec<&mut Running>) =
+            running.iter_mut().partition(|r| r.prefix.is_some());
+        let mut gens: Vec<&mut Generation<'static>> = Vec::new();
+        let mut errors: Vec<&mut Option<String>> = Vec::new();
+        for r in plain {
+            gens.extend(r.generation.as_mut());
+            errors.push(&mut r.error);
+        }
+        self.widest_step.fetch_max(gens.len(), Ordering::Relaxed);
+        if let Err(e) = batch.step(exec, &mut gens) {
+            errors
+                .into_iter()
+                .for_each(|slot| *slot = Some(e.to_string()));
+        }
+        for r in json {
+            let (Some(g), Some(prefix)) = (r.generation.as_mut(), r.prefix.as_ref()) else {
+                continue;
+            };
+            let mut constrained = Constrained {
+                inner: &mut *exec,
+                vocabulary: self.vocabulary(),
+                prefix,
+            };
+            if let Err(e) = batch.step(&mut constrained, &mut [g]) {
+                r.error = Some(e.to_string());
+            }
+        }
+    }
+
+    /// Sends a job's new events; a finished choice makes way for the next one. False when the
+    /// job is over.
+    fn deliver(&self, r: &mut Running) -> bool {
+        if let Some(e) = r.error.take() {
+            let _ = r.updates.send(Update::Failed(e));
+            let g = r.generation.take().expect("a running job has a generation");
+            self.end(g.into_session(), Outcome::Failed);
+            return false;
+        }
+        let g = r
+            .generation
+            .as_mut()
+            .expect("a running job has a generation");
+        let choice = r.choice;
+        let mut finished = false;
+        while let Some(event) = g.pop_event() {
+            if let (Some(prefix), Event::Token { id, .. }) = (&mut r.prefix, &event) {
+                // The mask allowed only tokens that continue the object.
+                prefix.push_all(self.vocabulary().piece(*id));
+            }
+            let update = match event {
+                Event::Token { id, logprob } => Update::Token {
+                    choice,
+                    id,
+                    logprob,
+                },
+                Event::Text(text) => Update::Text { choice, text },
+                Event::Finish(finish) => {
+                    finished = true;
+                    Update::Finish { choice, finish }
+                }
+            };
+            // A send fails only when the client is gone; the next step notices.
+            let _ = r.updates.send(update);
+        }
+        if !finished {
+            return true;
+        }
+        let session = r
+            .generation
+            .take()
+            .and_then(Generation::into_session)
+            .expect("the scheduler's generations own their sessions");
+        let Some(params) = r.rest.pop_front() else {
+            self.end(Some(session), Outcome::Completed);
+            return false;
+        };
+        r.choice += 1;
+        r.prefix = r.json.then(JsonPrefix::default);
+        match session.into_generation(&self.model, &r.input, params) {
+            Ok(g) => {
+                r.generation = Some(g);
+                true
+            }
+            Err((e, session)) => {
+                let _ = r.updates.send(Update::Failed(e.to_string()));
+                self.end(Some(session), Outcome::Failed);
+                false
+            }
+        }
+    }
+
+    /// Starts a job taken from the queue: its session (with the longest cached prefix) and its
+    /// first choice's generation. None when it ends at once.
+    fn start(&self, exec: &dyn Executor, queued: Queued) -> Option<Running> {
+        let Queued { job, updates } = queued;
+        if updates.is_closed() {
+            self.end(None, Outcome::Cancelled);
+            return None;
+        }
+        let session = self
+            .sessions
+            .take(&job.prompt, || Session::new(exec, self.ctx));
+        let session = match session {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = updates.send(Update::Failed(e.to_string()));
+                self.end(None, Outcome::Failed);
+                return None;
+            }
+        };
+        let mut rest: VecDeque<GenerateParams> = job.choices.into();
+        let Some(params) = rest.pop_front() else {
+            self.end(Some(session), Outcome::Completed);
+            return None;
+        };
+        let input = Input::Ids(job.prompt);
+        match session.into_generation(&self.model, &input, params) {
+            Ok(g) => Some(Running {
+                generation: Some(g),
+                choice: 0,
+                rest,
+                input,
+                json: job.json,
+                prefix: job.json.then(JsonPrefix::default),
+                updates,
+                error: None,
+            }),
+            Err((e, session)) => {
+                let _ = updates.send(Update::Failed(e.to_string()));
+                self.end(Some(session), Outcome::Failed);
+                None
+            }
+        }
+    }
+
+    /// A job is over: its session goes back to the pool (if it has one to give), the counts.
+    fn end(&self, session: Option<Session>, outcome: Outcome) {
+        if let Some(s) = session {
+            self.sessions.give_back(s);
+        }
+        self.busy.fetch_sub(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Completed => &self.completed,
+            Outcome::Cancelled => &self.cancelled,
+            Outcome::Failed => &self.failed,
+        }
+        .fetch_add(1, Ordering::Relaxed);
     }
 
     fn vocabulary(&self) -> &Vocabulary {
@@ -253,125 +450,19 @@ impl Shared {
         })
     }
 
-    /// The next job, the slot counted busy from the moment it takes it.
-    fn next_job(&self) -> Option<Queued> {
+    /// The next job, counted busy from the moment it is taken; with `wait`, waits for one
+    /// (None: the queue is closed and empty), else None when none is waiting.
+    fn next_job(&self, wait: bool) -> Option<Queued> {
         let mut q = lock(&self.queue);
         loop {
             if let Some(job) = q.jobs.pop_front() {
                 self.busy.fetch_add(1, Ordering::Relaxed);
                 return Some(job);
             }
-            if q.closed {
+            if q.closed || !wait {
                 return None;
             }
             q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    fn run(&self, job: Job, updates: &UnboundedSender<Update>) -> Outcome {
-        let session = self.sessions.take(&job.prompt, || {
-            Session::new(self.exec.lock().as_ref(), self.ctx)
-        });
-        let mut session = match session {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = updates.send(Update::Failed(e.to_string()));
-                return Outcome::Failed;
-            }
-        };
-        let input = Input::Ids(job.prompt);
-        let mut outcome = Outcome::Completed;
-        for (choice, params) in job.choices.into_iter().enumerate() {
-            let json = job.json.then(JsonPrefix::default);
-            outcome = self.generate(&mut session, &input, choice, params, json, updates);
-            if !matches!(outcome, Outcome::Completed) {
-                break;
-            }
-        }
-        self.sessions.give_back(session);
-        outcome
-    }
-
-    /// One choice, step by step, the executor taken for each step only. With a JSON prefix,
-    /// the tokens are held to a JSON object.
-    fn generate(
-        &self,
-        session: &mut Session,
-        input: &Input,
-        choice: usize,
-        params: GenerateParams,
-        mut json: Option<JsonPrefix>,
-        updates: &UnboundedSender<Update>,
-    ) -> Outcome {
-        let mut generation = match session.generate(&self.model, input, params) {
-            Ok(g) => g,
-            Err(e) => {
-                let _ = updates.send(Update::Failed(e.to_string()));
-                return Outcome::Failed;
-            }
-        };
-        // The prompt goes in chunk by chunk, so a long one neither holds the executor from the
-        // other slots nor outlives its client by more than a chunk.
-        loop {
-            if updates.is_closed() {
-                generation.cancel();
-                return Outcome::Cancelled;
-            }
-            match self.with_executor(json.as_ref(), |exec| generation.prefill_step(exec)) {
-                Ok(true) => break,
-                Ok(false) => {}
-                Err(e) => {
-                    let _ = updates.send(Update::Failed(e.to_string()));
-                    return Outcome::Failed;
-                }
-            }
-        }
-        loop {
-            if updates.is_closed() {
-                generation.cancel();
-                return Outcome::Cancelled;
-            }
-            let event = self.with_executor(json.as_ref(), |exec| generation.next_event(exec));
-            if let (Some(prefix), Ok(Some(Event::Token { id, .. }))) = (&mut json, &event) {
-                // The mask allowed only tokens that continue the object.
-                prefix.push_all(self.vocabulary().piece(*id));
-            }
-            let update = match event {
-                Ok(Some(Event::Token { id, logprob })) => Update::Token {
-                    choice,
-                    id,
-                    logprob,
-                },
-                Ok(Some(Event::Text(text))) => Update::Text { choice, text },
-                Ok(Some(Event::Finish(finish))) => {
-                    let _ = updates.send(Update::Finish { choice, finish });
-                    return Outcome::Completed;
-                }
-                Ok(None) => return Outcome::Completed,
-                Err(e) => {
-                    let _ = updates.send(Update::Failed(e.to_string()));
-                    return Outcome::Failed;
-                }
-            };
-            // A send fails only when the client is gone; the next turn notices.
-            let _ = updates.send(update);
-        }
-    }
-
-    /// Runs `step` with the executor locked, its logits held to the JSON prefix if there is one.
-    fn with_executor<T>(
-        &self,
-        json: Option<&JsonPrefix>,
-        step: impl FnOnce(&mut dyn Executor) -> T,
-    ) -> T {
-        let mut exec = self.exec.lock();
-        match json {
-            Some(prefix) => step(&mut Constrained {
-                inner: exec.as_mut(),
-                vocabulary: self.vocabulary(),
-                prefix,
-            }),
-            None => step(exec.as_mut()),
         }
     }
 }

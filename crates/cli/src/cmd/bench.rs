@@ -42,6 +42,11 @@ pub struct Args {
     /// generation is compared with (0 skips them).
     #[arg(long, default_value_t = 3)]
     pub stream_reads: usize,
+    /// Also decode this many sequences at once, each step one batched pass over all of them
+    /// (comma-separated, e.g. `1,2,4,8`): aggregate tokens/s of `-n` steps, the runs
+    /// alternating with the single-stream ones and reported against their median.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -152,6 +157,23 @@ fn gen_run(
     Ok(start.elapsed().as_secs_f64())
 }
 
+/// Seconds of one batched generation run: `ids.len() / states.len()` steps, each feeding one
+/// token to every state in one batched pass.
+fn batch_run(
+    exec: &mut dyn Executor,
+    states: &mut [Box<dyn KvState>],
+    ids: &[u32],
+    logits: &mut Vec<f32>,
+) -> Result<f64> {
+    states.iter_mut().for_each(|s| s.truncate(0));
+    let mut refs: Vec<&mut dyn KvState> = states.iter_mut().map(|s| s.as_mut()).collect();
+    let start = Instant::now();
+    for step in ids.chunks_exact(refs.len()) {
+        exec.forward_batch(&mut refs, step, logits)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
 /// The process's peak resident set (VmHWM), where /proc tells it.
 fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -188,6 +210,19 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.prompt == 0 && a.gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
+    }
+    if let Some(&n) = a
+        .batch
+        .iter()
+        .find(|&&n| n == 0 || n > anelm_cpu::MAX_BATCH)
+    {
+        bail!(
+            "--batch {n}: each batch holds 1 to {} sequences",
+            anelm_cpu::MAX_BATCH
+        );
+    }
+    if !a.batch.is_empty() && (a.gen == 0 || a.depth > 0) {
+        bail!("--batch measures generation from an empty cache: it needs -n > 0 and -d 0");
     }
     // The weights only: the benchmark feeds token ids, so the tokenizer would only add memory.
     let path = models::resolve(a.model.model.as_deref())?;
@@ -228,6 +263,21 @@ pub fn run(a: Args) -> Result<()> {
         t => t,
     };
     let (mut pp, mut tg, mut runs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut batch_states = Vec::new();
+    for &n in &a.batch {
+        let mut states = (0..n)
+            .map(|_| exec.new_state(a.gen))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Warm-up: sizes the buffers for this width.
+        batch_run(
+            exec.as_mut(),
+            &mut states,
+            &tokens(n, vocab, 4),
+            &mut logits,
+        )
+        .context("warm-up batched run")?;
+        batch_states.push((n, states, Vec::new()));
+    }
     let (mut stream, mut limit, mut rss) = (None, Vec::new(), None);
     for r in 0..a.repetitions {
         if a.prompt > 0 {
@@ -243,6 +293,15 @@ pub fn run(a: Args) -> Result<()> {
             let s = gen_run(exec.as_mut(), state, &ids, &mut logits)?;
             tg.push(a.gen as f64 / s);
             runs.push(json!({"test": test_name("tg", a.gen, a.depth), "seconds": s, "tok_s": a.gen as f64 / s}));
+            for (n, states, rates) in &mut batch_states {
+                let ids = tokens(a.gen * *n, vocab, 200 + r as u64);
+                let s = batch_run(exec.as_mut(), states, &ids, &mut logits)?;
+                let tok_s = (a.gen * *n) as f64 / s;
+                rates.push(tok_s);
+                runs.push(
+                    json!({"test": format!("tg{} x{n}", a.gen), "seconds": s, "tok_s": tok_s}),
+                );
+            }
             if a.stream_reads > 0 {
                 // The peak RSS is the model's: read it before the buffer exists.
                 let buf = stream.get_or_insert_with(|| {
@@ -265,6 +324,15 @@ pub fn run(a: Args) -> Result<()> {
     let tg_gbs = tg_s.as_ref().map(|s| s.median * bytes / 1e9);
     let limit_gbs = limit_s.as_ref().map(|s| s.median);
     let of_limit = tg_gbs.zip(limit_gbs).map(|(t, l)| t / l);
+    // Batched decode: aggregate tokens/s per width, and its ratio to the single stream.
+    let batched: Vec<(usize, Stats, f64)> = batch_states
+        .iter()
+        .filter_map(|(n, _, rates)| {
+            let st = stats(rates)?;
+            let ratio = st.median / tg_s.as_ref()?.median;
+            Some((*n, st, ratio))
+        })
+        .collect();
 
     if a.json {
         let out = json!({
@@ -276,6 +344,10 @@ pub fn run(a: Args) -> Result<()> {
             "stream_gb_s": limit_gbs,
             "tg_of_limit": of_limit,
             "peak_rss_bytes": rss,
+            "batch": batched.iter().map(|(n, st, ratio)| json!({
+                "n": n, "tok_s": st.median, "per_stream_tok_s": st.median / *n as f64,
+                "of_single_stream": ratio,
+            })).collect::<Vec<_>>(),
             "runs": runs,
         });
         println!("{out}");
@@ -306,6 +378,27 @@ pub fn run(a: Args) -> Result<()> {
             };
             println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>15} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
         }
+    }
+    for (n, st, _) in &batched {
+        let test = format!("{} x{n}", test_name("tg", a.gen, a.depth));
+        println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>15} | {:>9.1} | {:>9.1} | {:>9.1} | {:>6} |", st.median, st.min, st.max, "");
+    }
+    if !batched.is_empty() {
+        let ratios: Vec<String> = batched
+            .iter()
+            .map(|(n, st, ratio)| {
+                format!(
+                    "x{n} {:.1} tok/s ({:.2}x, {:.1} per stream)",
+                    st.median,
+                    ratio,
+                    st.median / *n as f64
+                )
+            })
+            .collect();
+        println!(
+            "\nbatched decode, aggregate against the single stream's median (tg, same runs): {}",
+            ratios.join("; ")
+        );
     }
     if let (Some(l), Some(f)) = (limit_s, of_limit) {
         println!(

@@ -71,8 +71,9 @@ pub struct CpuExecutor {
     exact: bool,
     /// The copies of the weights the products read.
     resident: Resident,
-    /// Whether decode steps run on all threads or one.
-    adaptive: Adaptive,
+    /// Whether decode steps run on all threads or one, for each number of sequences decoded
+    /// at once (`adaptive[n - 1]`: their steps take different times).
+    adaptive: Vec<Adaptive>,
 }
 
 impl CpuExecutor {
@@ -116,7 +117,7 @@ impl CpuExecutor {
             bufs,
             exact: opts.exact,
             resident,
-            adaptive: Adaptive::default(),
+            adaptive: Vec::new(),
         }
     }
 
@@ -231,17 +232,8 @@ impl Executor for CpuExecutor {
                 (0..0, 0..0)
             };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
-            // A decode step may go on one thread while the machine is contended (see
-            // `adaptive`).
-            let step = len == 1;
-            let solo = step && self.adaptive.solo_next();
-            let started = Instant::now();
             let tokens = &tokens[done..done + len];
-            self.run(&mut [&mut *kv], tokens, rows, out_chunk, solo);
-            if step {
-                let contended = !solo && self.pool.contended();
-                self.adaptive.record(started.elapsed(), contended);
-            }
+            self.run(&mut [&mut *kv], tokens, rows, out_chunk);
             done += len;
         }
         if let Some(cap) = self.model.final_softcap {
@@ -277,7 +269,7 @@ impl Executor for CpuExecutor {
             .zip(tokens.chunks(per))
             .zip(out.chunks_mut(per * vocab))
         {
-            self.run(kvs, tokens, 0..tokens.len(), out, false);
+            self.run(kvs, tokens, 0..tokens.len(), out);
         }
         if let Some(cap) = self.model.final_softcap {
             softcap(out, cap);
@@ -324,15 +316,17 @@ impl CpuExecutor {
 
     /// One pass over `tokens`: all of them the next tokens of `kvs[0]`, or one for each of
     /// `kvs`. Writes the logits of the chunk rows `rows` into `out` and advances the states.
-    fn run(
-        &mut self,
-        kvs: &mut [&mut CpuKv],
-        tokens: &[u32],
-        rows: Range<usize>,
-        out: &mut [f32],
-        solo: bool,
-    ) {
+    fn run(&mut self, kvs: &mut [&mut CpuKv], tokens: &[u32], rows: Range<usize>, out: &mut [f32]) {
         debug_assert!(kvs.len() == 1 || kvs.len() == tokens.len());
+        // A decode step may go on one thread while the machine is contended (see `adaptive`).
+        let decode = (kvs.len() == tokens.len()).then_some(tokens.len());
+        if let Some(n) = decode {
+            if self.adaptive.len() < n {
+                self.adaptive.resize_with(n, Adaptive::default);
+            }
+        }
+        let solo = decode.is_some_and(|n| self.adaptive[n - 1].solo_next());
+        let started = Instant::now();
         let env = Env {
             m: &self.model,
             pool: &self.pool,
@@ -347,6 +341,10 @@ impl CpuExecutor {
         }
         let per = tokens.len() / kvs.len();
         kvs.iter_mut().for_each(|kv| kv.len += per);
+        if let Some(n) = decode {
+            let contended = !solo && self.pool.contended();
+            self.adaptive[n - 1].record(started.elapsed(), contended);
+        }
     }
 }
 

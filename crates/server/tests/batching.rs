@@ -1,0 +1,116 @@
+//! Continuous batching: requests in progress advance together, one batched step per token;
+//! one that arrives joins at the next step, and one whose client leaves drops out — and every
+//! greedy reply is exactly the reply the request gets alone.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const PROMPTS: [(&str, u32); 4] = [
+    ("Name three colours.", 40),
+    ("What is the capital of France? Answer in one word.", 12),
+    (
+        "Write a short poem about the rain falling on a quiet town at night.",
+        48,
+    ),
+    ("Count from one to ten.", 30),
+];
+
+fn reply(v: &Value) -> (String, String, u64) {
+    let choice = &v["choices"][0];
+    (
+        choice["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a reply: {v}"))
+            .to_string(),
+        choice["finish_reason"].as_str().unwrap_or("").to_string(),
+        v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+    )
+}
+
+async fn ask(c: &reqwest::Client, url: &str, i: usize) -> (String, String, u64) {
+    let (prompt, max_tokens) = PROMPTS[i];
+    let (status, v) = post(c, url, &chat(prompt, max_tokens)).await;
+    assert_eq!(status, 200, "{v}");
+    reply(&v)
+}
+
+#[tokio::test]
+async fn concurrent_greedy_requests_equal_their_solo_replies() {
+    let server = start(config(4, 8));
+    let (c, base) = (client(), base(&server));
+    let url = format!("{base}/v1/chat/completions");
+
+    let mut solo = Vec::new();
+    for i in 0..PROMPTS.len() {
+        solo.push(ask(&c, &url, i).await);
+    }
+    assert_eq!(health(&c, &base).await["widest_step"], 1);
+
+    // All four at once, then again with a late arrival and a client that leaves mid-way.
+    let together: Vec<_> = (0..PROMPTS.len())
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move { ask(&c, &url, i).await })
+        })
+        .collect();
+    for (i, t) in together.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap(), solo[i], "prompt {i} together vs alone");
+    }
+    let h = health(&c, &base).await;
+    assert!(h["widest_step"].as_u64().unwrap() >= 3, "{h}");
+
+    let early: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            (i, tokio::spawn(async move { ask(&c, &url, i).await }))
+        })
+        .collect();
+    let leaving = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            c.post(&url)
+                .json(&chat("Tell me a long story.", 4000))
+                .send()
+                .await
+        }
+    });
+    let t = Instant::now();
+    while health(&c, &base).await["busy"] != 3 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "three requests never ran together"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let late = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move { ask(&c, &url, 3).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    leaving.abort();
+    assert_eq!(late.await.unwrap(), solo[3], "the late arrival");
+    for (i, t) in early {
+        assert_eq!(
+            t.await.unwrap(),
+            solo[i],
+            "prompt {i} beside a late one and a leaving one"
+        );
+    }
+    let t = Instant::now();
+    loop {
+        let h = health(&c, &base).await;
+        if h["busy"] == 0 {
+            assert_eq!(h["cancelled"], 1, "{h}");
+            assert_eq!(h["failed"], 0, "{h}");
+            assert_eq!(h["completed"], 11, "{h}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{h}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
