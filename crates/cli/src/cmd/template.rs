@@ -59,8 +59,8 @@ fn read_messages(path: &Path) -> Result<(Vec<Message>, Option<Vec<Value>>)> {
 
 pub fn run(a: Args) -> Result<()> {
     let (messages, tools) = read_messages(&a.messages)?;
-    let loaded = a.model.load()?;
-    let template = loaded.chat_template()?;
+    // No weights needed: a vocabulary-only GGUF is enough.
+    let template = a.model.load_text_side()?.chat_template()?;
     tracing::info!("template: {}", template.origin());
     let opts = RenderOptions {
         add_generation_prompt: !a.no_generation_prompt,
