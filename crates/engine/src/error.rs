@@ -26,7 +26,7 @@ pub enum EngineError {
     #[error("{path}: no chat template, and no built-in one for the '{family}' family")]
     NoChatTemplate {
         path: std::path::PathBuf,
-        family: &'static str,
+        family: String,
     },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },

@@ -29,6 +29,7 @@ pub mod sampler;
 pub mod session;
 pub mod speculative;
 pub mod stop;
+pub mod text_side;
 pub mod utf8_stream;
 
 pub use anelm_tokenize::{template_kwargs, ChatTemplate, Message, RenderOptions, TemplateKwargs};
@@ -41,4 +42,5 @@ pub use sampler::{argmax, logprobs, Sampler, SamplingParams, TokenLogprob};
 pub use session::{PrefillStep, Session};
 pub use speculative::{generate_greedy_speculative, same_vocabulary, Side, SpecStats};
 pub use stop::{StopScan, StopStrings};
+pub use text_side::TextSide;
 pub use utf8_stream::Utf8Stream;

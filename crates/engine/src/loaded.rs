@@ -4,13 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anelm_model::{Model, ModelSource};
-use anelm_tokenize::{
-    builtin_template, gguf_chat_template, hf_chat_template, ChatTemplate, Message, RenderOptions,
-    TemplateKwargs, Tokenizer,
-};
+use anelm_model::Model;
+use anelm_tokenize::{ChatTemplate, Message, RenderOptions, TemplateKwargs, Tokenizer};
 
 use crate::error::{EngineError, Result};
+use crate::text_side;
 
 /// A loaded model and its tokenizer (absent for HF directories without tokenizer.json).
 pub struct LoadedModel {
@@ -32,13 +30,7 @@ pub enum LoadError {
 impl LoadedModel {
     pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
         let model = anelm_model::load(path)?;
-        let tokenizer = match &model.source {
-            ModelSource::Gguf { metadata, .. } => Some(Tokenizer::from_gguf(metadata)?),
-            ModelSource::HfDir { dir } if dir.join("tokenizer.json").exists() => {
-                Some(Tokenizer::from_hf_dir(dir)?)
-            }
-            ModelSource::HfDir { .. } => None,
-        };
+        let tokenizer = text_side::tokenizer_of(&model.source)?;
         Ok(LoadedModel {
             model: Arc::new(model),
             tokenizer: tokenizer.map(Arc::new),
@@ -59,25 +51,11 @@ impl LoadedModel {
     /// files), else the built-in template of its family. `bos_token`/`eos_token` are the
     /// tokenizer's strings where there is a tokenizer.
     pub fn chat_template(&self) -> Result<ChatTemplate> {
-        let piece = |id: Option<u32>| {
-            let t = self.tokenizer.as_ref()?;
-            Some(String::from_utf8_lossy(&t.token_to_piece(id?)).into_owned())
-        };
-        let bos = piece(self.tokenizer.as_ref().and_then(|t| t.bos()));
-        let eos = piece(self.tokenizer.as_ref().and_then(|t| t.eos()));
-        let own = match &self.model.source {
-            ModelSource::Gguf { metadata, .. } => gguf_chat_template(metadata)?,
-            ModelSource::HfDir { dir } => hf_chat_template(dir)?,
-        };
-        if let Some((source, origin)) = own {
-            return Ok(ChatTemplate::new(&source, origin, bos, eos)?);
-        }
-        let family = self.model.config.family.name();
-        let builtin = builtin_template(family).ok_or_else(|| EngineError::NoChatTemplate {
-            path: self.model.source.path().to_path_buf(),
-            family,
-        })?;
-        Ok(ChatTemplate::builtin(builtin, bos, eos))
+        text_side::chat_template(
+            &self.model.source,
+            self.tokenizer.as_deref(),
+            self.model.config.family.name(),
+        )
     }
 
     /// Ids that end a generation, ascending: the tokenizer's end-of-generation ids (llama.cpp's

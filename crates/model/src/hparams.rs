@@ -127,6 +127,13 @@ impl Hparams {
                 ),
             ));
         }
+        if n_tensors == 0 {
+            return Err(ModelError::invalid(
+                path,
+                "the file holds no tensors (a vocabulary-only GGUF): `anelm tokenize` and \
+                 `anelm template` work on it, running needs the weights",
+            ));
+        }
         if self.n_layers > n_tensors {
             return Err(ModelError::invalid(
                 path,

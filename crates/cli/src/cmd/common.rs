@@ -12,7 +12,7 @@ use anelm_ane::{
     AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
 };
 use anelm_cpu::CpuExecutor;
-use anelm_engine::{LoadedModel, TemplateKwargs};
+use anelm_engine::{LoadedModel, TemplateKwargs, TextSide};
 use anelm_model::{Executor, Model};
 use anelm_tokenize::Tokenizer;
 use anyhow::{bail, Result};
@@ -339,6 +339,13 @@ impl ModelArgs {
             (Device::Ane, Driver::Private) => "ane-private",
             (Device::Ane, Driver::Coreml) => "ane-coreml",
         }
+    }
+
+    /// Only the tokenizer and chat template: no weights are read, so a vocabulary-only GGUF
+    /// will do.
+    pub fn load_text_side(&self) -> Result<TextSide> {
+        let path = models::resolve(self.model.as_deref())?;
+        Ok(TextSide::load(&path)?)
     }
 
     pub fn load(&self) -> Result<LoadedModel> {

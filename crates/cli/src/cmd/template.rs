@@ -86,8 +86,8 @@ pub fn run(a: Args) -> Result<()> {
         mut kwargs,
     } = read_messages(&a.messages)?;
     kwargs.extend(a.kwargs.unwrap_or_default());
-    let loaded = a.model.load()?;
-    let template = loaded.chat_template()?;
+    // No weights needed: a vocabulary-only GGUF is enough.
+    let template = a.model.load_text_side()?.chat_template()?;
     tracing::info!("template: {}", template.origin());
     let opts = RenderOptions {
         add_generation_prompt: !a.no_generation_prompt,

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use super::common::{tokenizer, ModelArgs};
+use super::common::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,8 +27,9 @@ struct TokenizeJson {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let loaded = a.model.load()?;
-    let tok = tokenizer(&loaded)?;
+    // The tokenizer alone: a vocabulary-only GGUF is enough.
+    let side = a.model.load_text_side()?;
+    let tok = side.tokenizer()?;
     let ids = tok.encode(&a.text, a.add_special, a.special)?;
     let pieces: Vec<String> = ids
         .iter()

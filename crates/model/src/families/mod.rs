@@ -27,6 +27,45 @@ const GGUF_ARCHS: &str =
 const HF_TYPES: &str =
     "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text";
 
+/// The family of a GGUF `general.architecture` we run.
+pub fn gguf_family(arch: &str) -> Option<Family> {
+    Some(match arch {
+        "llama" => Family::Llama,
+        "qwen2" => Family::Qwen2,
+        "qwen3" => Family::Qwen3,
+        "qwen2moe" => Family::Qwen2Moe,
+        "qwen3moe" => Family::Qwen3Moe,
+        "qwen3next" => Family::Qwen3Next,
+        "qwen35" => Family::Qwen35,
+        "qwen35moe" => Family::Qwen35Moe,
+        "gemma" => Family::Gemma,
+        "gemma2" => Family::Gemma2,
+        "gemma3" => Family::Gemma3,
+        "gpt2" => Family::Gpt2,
+        _ => return None,
+    })
+}
+
+/// The family of a Hugging Face `model_type` we run.
+pub fn hf_family(model_type: &str) -> Option<Family> {
+    Some(match model_type {
+        "llama" => Family::Llama,
+        "mistral" => Family::Mistral,
+        "qwen2" => Family::Qwen2,
+        "qwen3" => Family::Qwen3,
+        "gemma" => Family::Gemma,
+        "gemma2" => Family::Gemma2,
+        "gemma3_text" => Family::Gemma3,
+        "gpt2" => Family::Gpt2,
+        "qwen2_moe" => Family::Qwen2Moe,
+        "qwen3_moe" => Family::Qwen3Moe,
+        "qwen3_next" => Family::Qwen3Next,
+        "qwen3_5_text" => Family::Qwen35,
+        "qwen3_5_moe_text" => Family::Qwen35Moe,
+        _ => return None,
+    })
+}
+
 pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
     from_gguf(path, Gguf::open(path)?)
 }
@@ -46,26 +85,27 @@ pub(crate) fn from_gguf(path: &Path, gguf: Gguf) -> Result<Model> {
         loader: TensorLoader::new(tensors),
     };
     let hp = Hparams::from_gguf(&metadata, &arch, n_tensors)?;
-    let recipe = match arch.as_str() {
-        "llama" => llama::gguf(&ctx, hp)?,
-        "qwen2" => qwen::gguf(Family::Qwen2, hp),
-        "qwen3" => qwen::gguf(Family::Qwen3, hp),
-        "qwen2moe" => qwen_moe::gguf_moe(&metadata, &arch, &ctx.loader, hp, Family::Qwen2Moe)?,
-        "qwen3moe" => qwen_moe::gguf_moe(&metadata, &arch, &ctx.loader, hp, Family::Qwen3Moe)?,
-        "qwen3next" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen3Next)?,
-        "qwen35" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen35)?,
-        "qwen35moe" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen35Moe)?,
-        "gemma" => gemma::gguf(&metadata, &arch, Family::Gemma, hp)?,
-        "gemma2" => gemma::gguf(&metadata, &arch, Family::Gemma2, hp)?,
-        "gemma3" => gemma::gguf(&metadata, &arch, Family::Gemma3, hp)?,
-        "gpt2" => {
+    let family = gguf_family(&arch).ok_or_else(|| unsupported(path, &arch, GGUF_ARCHS))?;
+    let recipe = match family {
+        Family::Llama => llama::gguf(&ctx, hp)?,
+        Family::Qwen2 | Family::Qwen3 => qwen::gguf(family, hp),
+        Family::Qwen2Moe | Family::Qwen3Moe => {
+            qwen_moe::gguf_moe(&metadata, &arch, &ctx.loader, hp, family)?
+        }
+        Family::Qwen3Next | Family::Qwen35 | Family::Qwen35Moe => {
+            qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, family)?
+        }
+        Family::Gemma | Family::Gemma2 | Family::Gemma3 => {
+            gemma::gguf(&metadata, &arch, family, hp)?
+        }
+        Family::Gpt2 => {
             let source = ModelSource::Gguf {
                 path: path.to_path_buf(),
                 metadata: Box::new(metadata),
             };
             return gpt2::load(&ctx.loader, hp, None, source, name);
         }
-        other => return Err(unsupported(path, other, GGUF_ARCHS)),
+        _ => return Err(unsupported(path, &arch, GGUF_ARCHS)),
     };
     let source = ModelSource::Gguf {
         path: path.to_path_buf(),
@@ -87,22 +127,8 @@ pub(crate) fn from_hf(
     tensors: impl FnOnce() -> Result<anelm_formats::TensorStore>,
 ) -> Result<Model> {
     let model_type = cfg.model_type()?.to_string();
-    let family = match model_type.as_str() {
-        "llama" => Family::Llama,
-        "mistral" => Family::Mistral,
-        "qwen2" => Family::Qwen2,
-        "qwen3" => Family::Qwen3,
-        "gemma" => Family::Gemma,
-        "gemma2" => Family::Gemma2,
-        "gemma3_text" => Family::Gemma3,
-        "gpt2" => Family::Gpt2,
-        "qwen2_moe" => Family::Qwen2Moe,
-        "qwen3_moe" => Family::Qwen3Moe,
-        "qwen3_next" => Family::Qwen3Next,
-        "qwen3_5_text" => Family::Qwen35,
-        "qwen3_5_moe_text" => Family::Qwen35Moe,
-        other => return Err(unsupported(cfg.path(), other, HF_TYPES)),
-    };
+    let family =
+        hf_family(&model_type).ok_or_else(|| unsupported(cfg.path(), &model_type, HF_TYPES))?;
     let loader = TensorLoader::new(tensors()?);
     let hp = Hparams::from_hf(&cfg, loader.n_tensors())?;
     let name = file_stem(dir);
