@@ -1,4 +1,9 @@
-//! The CPU executor: runs the LayerPlan over a batch of new tokens appended to a KV cache.
+//! The CPU executor: runs the LayerPlan over new tokens appended to a KV cache — a prompt's
+//! tokens, one decode token, or one token each of several sequences (a batched decode step).
+//!
+//! A pass's rows are tokens; each row knows its sequence ([`Seq`]: cache, recurrent state,
+//! position). Products take all rows at once and compute each row as it would be alone, so a
+//! batched step gives each sequence the bits of its solo step.
 //!
 //! One forward pass is one job of the thread pool: every thread walks the layers. Products and
 //! attention hand out tiles dynamically and write shared buffers, followed by a barrier; the
