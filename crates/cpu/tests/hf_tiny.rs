@@ -9,7 +9,8 @@ use std::sync::Arc;
 use anelm_cpu::CpuExecutor;
 use anelm_model::{Executor, Logits};
 use anelm_testkit::{
-    argmax, ids, tiny, tiny_gguf, DENSE_TINY as DENSE, MOE_HYBRID_TINY, TINY_WITH_GGUF as WITH_GGUF,
+    argmax, ids, repo_tiny, tiny, tiny_gguf, DENSE_TINY as DENSE, MOE_HYBRID_TINY,
+    TINY_WITH_GGUF as WITH_GGUF,
 };
 use serde_json::Value;
 
@@ -19,10 +20,14 @@ fn fixtures() -> std::path::PathBuf {
 
 /// Checks one model file against the arch's reference; returns the largest logit difference.
 fn check(arch: &str, model_path: &Path) -> f32 {
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join(arch).join("reference.json")).unwrap(),
-    )
-    .unwrap();
+    check_against(&fixtures().join(arch), arch, model_path)
+}
+
+/// [`check`] with the reference.json of `fixture` (a fixture directory).
+fn check_against(fixture: &Path, arch: &str, model_path: &Path) -> f32 {
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
+            .unwrap();
     let model = Arc::new(anelm_model::load(model_path).unwrap_or_else(|e| panic!("{arch}: {e}")));
     let mut exec = CpuExecutor::new(model, 2);
     let vocab = exec.vocab_size();
@@ -143,4 +148,24 @@ fn last_logits(model_path: &Path) -> Vec<f32> {
     exec.forward(state.as_mut(), &prompt, Logits::All, &mut logits)
         .unwrap();
     logits
+}
+
+/// LFM2 (short convolutions and attention layers, scripts/gen-lfm2-fixture.py): from safetensors
+/// and from the GGUF llama.cpp's converter wrote.
+#[test]
+fn lfm2_safetensors_and_gguf_match_transformers() {
+    let dir = repo_tiny("lfm2");
+    let d = check_against(&dir, "lfm2", &dir);
+    let g = check_against(&dir, "lfm2", &tiny_gguf("lfm2"));
+    let (a, b) = (last_logits(&dir), last_logits(&tiny_gguf("lfm2")));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-4,
+        "lfm2: GGUF vs safetensors logits differ by {worst}"
+    );
+    println!("lfm2     max |logit diff| vs transformers: safetensors {d:.2e}, gguf {g:.2e}; gguf vs safetensors {worst:.2e}");
 }

@@ -3,6 +3,7 @@
 
 mod gemma;
 mod gpt2;
+mod lfm2;
 mod llama;
 mod qwen;
 mod qwen_moe;
@@ -23,9 +24,9 @@ pub(crate) struct Ctx {
 }
 
 const GGUF_ARCHS: &str =
-    "llama, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, qwen35, qwen35moe, gemma, gemma2, gemma3, gpt2";
+    "llama, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, qwen35, qwen35moe, lfm2, gemma, gemma2, gemma3, gpt2";
 const HF_TYPES: &str =
-    "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text";
+    "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text, lfm2";
 
 pub(crate) fn load_gguf(path: &Path) -> Result<Model> {
     from_gguf(path, Gguf::open(path)?)
@@ -55,6 +56,7 @@ pub(crate) fn from_gguf(path: &Path, gguf: Gguf) -> Result<Model> {
         "qwen3next" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen3Next)?,
         "qwen35" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen35)?,
         "qwen35moe" => qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, Family::Qwen35Moe)?,
+        "lfm2" => lfm2::gguf(&metadata, &arch, hp)?,
         "gemma" => gemma::gguf(&metadata, &arch, Family::Gemma, hp)?,
         "gemma2" => gemma::gguf(&metadata, &arch, Family::Gemma2, hp)?,
         "gemma3" => gemma::gguf(&metadata, &arch, Family::Gemma3, hp)?,
@@ -101,6 +103,7 @@ pub(crate) fn from_hf(
         "qwen3_next" => Family::Qwen3Next,
         "qwen3_5_text" => Family::Qwen35,
         "qwen3_5_moe_text" => Family::Qwen35Moe,
+        "lfm2" => Family::Lfm2,
         other => return Err(unsupported(cfg.path(), other, HF_TYPES)),
     };
     let loader = TensorLoader::new(tensors()?);
@@ -119,6 +122,7 @@ pub(crate) fn from_hf(
         | Family::Qwen3Next
         | Family::Qwen35
         | Family::Qwen35Moe => qwen_moe::hf(&cfg, hp, family)?,
+        Family::Lfm2 => lfm2::hf(&cfg, hp)?,
     };
     decoder::build(&loader, recipe, source, name)
 }
