@@ -50,7 +50,10 @@ CASES = {
     ],
     "qwen3_5": [("qwen3_5.gguf", ["--no-mtp"])],
     "qwen3_5_moe": [("qwen3_5_moe.gguf", ["--no-mtp"])],
+    # This repository's own fixture (scripts/gen-lfm2-fixture.py).
+    "lfm2": [("lfm2.gguf", [])],
 }
+REPO_TINY = ROOT / "crates" / "testkit" / "fixtures" / "hf-tiny"
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 
@@ -142,8 +145,9 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 d = Path(tmp) / folder
                 d.mkdir()
+                src = REPO_TINY / folder if (REPO_TINY / folder).is_dir() else HF_TINY / folder
                 for f in ("config.json", "model.safetensors"):
-                    shutil.copy(HF_TINY / folder / f, d / f)
+                    shutil.copy(src / f, d / f)
                 if folder in ("gemma", "gemma2"):
                     write_sentencepiece(d)
                 else:

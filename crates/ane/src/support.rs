@@ -37,6 +37,7 @@ pub fn attention(l: &Layer, index: usize) -> Result<&Attention> {
         Mixer::Attention(a) if a.output_gate.is_none() => Ok(a),
         Mixer::Attention(_) => Err(unsupported(index, "output-gated attention")),
         Mixer::DeltaNet(_) => Err(unsupported(index, "a gated DeltaNet mixer")),
+        Mixer::ShortConv(_) => Err(unsupported(index, "a short convolution (LFM2)")),
     }
 }
 

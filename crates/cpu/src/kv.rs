@@ -77,8 +77,8 @@ impl KvType for f16 {
     }
 }
 
-/// The recurrent state of the linear-attention (DeltaNet) layers: per layer its conv history
-/// and its per-head matrices, f32, each layer at its offset (zero-sized for other layers).
+/// The recurrent state of the DeltaNet and short-conv layers: per layer its conv history and
+/// (DeltaNet) its per-head matrices, f32, each layer at its offset (zero-sized for other layers).
 pub(crate) struct Recurrent {
     pub conv: Vec<f32>,
     pub s: Vec<f32>,
@@ -169,7 +169,7 @@ impl KvState for CpuKv {
         if len >= self.len {
             return;
         }
-        if self.recurrent.s.is_empty() {
+        if self.recurrent.s.is_empty() && self.recurrent.conv.is_empty() {
             self.len = len;
         } else {
             self.recurrent.conv.fill(0.0);

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod q8;
 mod resident;
 mod shared;
+mod shortconv;
 pub mod simd;
 pub mod vecmath;
 

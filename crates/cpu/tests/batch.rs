@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anelm_cpu::{CpuExecutor, CpuOptions};
 use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{argmax, model, tiny, GEMMA3, SMOLLM2};
+use anelm_testkit::{argmax, model, repo_tiny, tiny, GEMMA3, SMOLLM2};
 
 /// One sequence of a scenario: its prompt length, and the steps it is in the batch for.
 struct Seq {
@@ -141,14 +141,19 @@ fn scenario() -> Vec<Seq> {
 }
 
 fn tiny_exec(arch: &str, threads: usize) -> CpuExecutor {
-    let m = anelm_model::load(&tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    let dir = if arch == "lfm2" {
+        repo_tiny(arch)
+    } else {
+        tiny(arch)
+    };
+    let m = anelm_model::load(&dir).unwrap_or_else(|e| panic!("{arch}: {e}"));
     CpuExecutor::new(Arc::new(m), threads)
 }
 
 #[test]
 fn batched_steps_equal_solo_steps_on_tiny_models() {
     // Dense with and without sliding windows and soft-caps, MoE (with a shared expert), and
-    // hybrids whose DeltaNet layers carry per-sequence recurrent state.
+    // hybrids whose DeltaNet or short-conv (LFM2) layers carry per-sequence recurrent state.
     let archs = [
         "llama",
         "gemma2",
@@ -159,6 +164,7 @@ fn batched_steps_equal_solo_steps_on_tiny_models() {
         "qwen2_moe",
         "qwen3_next",
         "qwen3_5_moe",
+        "lfm2",
     ];
     for arch in archs {
         for threads in [1, 2] {

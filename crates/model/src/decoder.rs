@@ -5,7 +5,7 @@ use anelm_formats::RopeParams;
 
 use crate::error::{ModelError, Result};
 use crate::hparams::Hparams;
-use crate::hybrid::{self, DeltaNetSpec, MoeSpec};
+use crate::hybrid::{self, DeltaNetSpec, MoeSpec, ShortConvSpec};
 use crate::loader::TensorLoader;
 use crate::model::{Family, Model, ModelConfig, ModelSource};
 use crate::plan::{Activation, Attention, Ffn, Layer, Mixer, Norm, NormKind, Rope, RopePairing};
@@ -19,6 +19,9 @@ pub(crate) enum Naming {
     /// FFN pre-norm `pre_feedforward_layernorm` and use `post_attention_layernorm` as the
     /// post-attention norm.
     Hf { sandwich: bool },
+    /// transformers' LFM2: `operator_norm`, `self_attn.out_proj`, `q_layernorm`,
+    /// `feed_forward.w1|w3|w2`, the final norm `embedding_norm`.
+    Lfm2,
 }
 
 #[derive(Clone, Copy)]
@@ -79,13 +82,32 @@ impl Naming {
                 };
                 format!("model.layers.{i}.{r}")
             }
+            Naming::Lfm2 => {
+                let r = match role {
+                    Role::AttnNorm => "operator_norm",
+                    Role::Q => "self_attn.q_proj",
+                    Role::K => "self_attn.k_proj",
+                    Role::V => "self_attn.v_proj",
+                    Role::O => "self_attn.out_proj",
+                    Role::QNorm => "self_attn.q_layernorm",
+                    Role::KNorm => "self_attn.k_layernorm",
+                    Role::FfnNorm => "ffn_norm",
+                    Role::Gate => "feed_forward.w1",
+                    Role::Up => "feed_forward.w3",
+                    Role::Down => "feed_forward.w2",
+                    // LFM2 has no sandwich norms.
+                    Role::PostAttnNorm => "post_attention_norm",
+                    Role::PostFfnNorm => "post_feedforward_norm",
+                };
+                format!("model.layers.{i}.{r}")
+            }
         }
     }
 
     pub fn embedding(self) -> &'static str {
         match self {
             Naming::Gguf => "token_embd.weight",
-            Naming::Hf { .. } => "model.embed_tokens.weight",
+            Naming::Hf { .. } | Naming::Lfm2 => "model.embed_tokens.weight",
         }
     }
 
@@ -93,13 +115,14 @@ impl Naming {
         match self {
             Naming::Gguf => "output_norm.weight",
             Naming::Hf { .. } => "model.norm.weight",
+            Naming::Lfm2 => "model.embedding_norm.weight",
         }
     }
 
     pub fn output(self) -> &'static str {
         match self {
             Naming::Gguf => "output.weight",
-            Naming::Hf { .. } => "lm_head.weight",
+            Naming::Hf { .. } | Naming::Lfm2 => "lm_head.weight",
         }
     }
 }
@@ -130,6 +153,11 @@ pub(crate) struct Recipe {
     pub moe: Option<MoeSpec>,
     /// Gated DeltaNet mixers on the layers it marks.
     pub deltanet: Option<DeltaNetSpec>,
+    /// LFM2's short convolutions on the layers it marks.
+    pub short_conv: Option<ShortConvSpec>,
+    /// The final norm's stored name where it is not the naming's (llama.cpp's LFM2:
+    /// `token_embd_norm.weight`).
+    pub final_norm: Option<&'static str>,
     /// `q_proj` carries a per-head output gate (Qwen3-Next, Qwen3.5).
     pub gated_attention: bool,
     /// The stored name of the FFN pre-norm: `ffn_norm` in most GGUF files, `post_attention_norm`
@@ -164,6 +192,8 @@ impl Recipe {
             layers,
             moe: None,
             deltanet: None,
+            short_conv: None,
+            final_norm: None,
             gated_attention: false,
             ffn_norm: Role::FfnNorm,
         }
@@ -280,10 +310,12 @@ pub(crate) fn build(
                 Ok(None)
             }
         };
-        let mixer = match &r.deltanet {
-            Some(d) if d.layers[i] => {
+        let short_conv = r.short_conv.as_ref().filter(|c| c.layers[i]);
+        let mixer = match (&r.deltanet, short_conv) {
+            (Some(d), _) if d.layers[i] => {
                 Mixer::DeltaNet(hybrid::deltanet(loader, i, d, hp.hidden, hp.eps)?)
             }
+            (_, Some(c)) => Mixer::ShortConv(hybrid::short_conv(loader, i, c, hp.hidden, n)?),
             _ => {
                 let inv_freq = rope_inv_freq(&kind.rope, hp.rope_dims, r.freq_factors.as_deref())
                     .map_err(|m| ModelError::invalid(&path, m))?;
@@ -344,7 +376,7 @@ pub(crate) fn build(
         });
     }
     let final_norm = loader.norm(
-        n.final_norm(),
+        r.final_norm.unwrap_or(n.final_norm()),
         hp.hidden,
         NormKind::Rms,
         hp.eps,

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anelm_formats::{HfConfig, Metadata, RopeParams};
+use anelm_formats::{HfConfig, MetaValue, Metadata, RopeParams};
 
 use crate::error::{ModelError, Result};
 
@@ -63,9 +63,7 @@ impl Hparams {
                 .usize_opt(&k("feed_forward_length"))?
                 .unwrap_or(4 * hidden),
             n_heads,
-            n_kv_heads: meta
-                .positive_opt(&k("attention.head_count_kv"))?
-                .unwrap_or(n_heads),
+            n_kv_heads: kv_heads(meta, &k("attention.head_count_kv"))?.unwrap_or(n_heads),
             head_dim,
             eps,
             context: meta.usize_opt(&k("context_length"))?.unwrap_or(2048),
@@ -90,6 +88,7 @@ impl Hparams {
             None => cfg
                 .f64_opt("layer_norm_epsilon")?
                 .or(cfg.f64_opt("layer_norm_eps")?)
+                .or(cfg.f64_opt("norm_eps")?)
                 .unwrap_or(1e-5),
         } as f32;
         Hparams {
@@ -145,4 +144,32 @@ impl Hparams {
         }
         Ok(self)
     }
+}
+
+/// The KV heads of the attention layers under `key`: one count, or (LFM2) one per layer with 0
+/// for the layers without attention, of which the largest (which must be at least 1).
+pub(crate) fn kv_heads(meta: &Metadata, key: &str) -> Result<Option<usize>> {
+    match meta.get(key) {
+        Some(MetaValue::Array(a)) => {
+            let counts = per_layer_counts(meta, key, a)?;
+            match counts.iter().copied().max() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(ModelError::invalid(
+                    meta.path(),
+                    format!("'{key}': no layer has a KV head"),
+                )),
+            }
+        }
+        _ => Ok(meta.positive_opt(key)?),
+    }
+}
+
+/// The integers of a per-layer array under `key`.
+pub(crate) fn per_layer_counts(meta: &Metadata, key: &str, a: &[MetaValue]) -> Result<Vec<usize>> {
+    a.iter()
+        .map(|v| v.as_i64().and_then(|n| usize::try_from(n).ok()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| {
+            ModelError::invalid(meta.path(), format!("'{key}' must hold counts per layer"))
+        })
 }

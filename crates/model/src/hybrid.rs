@@ -6,7 +6,9 @@ use crate::decoder::Naming;
 use crate::error::{ModelError, Result};
 use crate::loader::TensorLoader;
 use crate::plan::Activation;
-use crate::plan::{DeltaNet, GatedMlp, KeyHeadMap, Linear, Moe, Norm, NormKind, SharedExpert};
+use crate::plan::{
+    DeltaNet, GatedMlp, KeyHeadMap, Linear, Moe, Norm, NormKind, SharedExpert, ShortConv,
+};
 
 /// Mixture-of-experts settings of a model.
 pub(crate) struct MoeSpec {
@@ -31,6 +33,13 @@ pub(crate) enum DeltaNetLayout {
     /// HF) or `ssm_beta` + `ssm_alpha` (Qwen3.5), `ssm_a` already `-exp(A_log)`. `tiled`: the
     /// converter reordered the value heads to ggml's tiled order (Qwen3.5 with `n_v > n_k`).
     Gguf { tiled: bool },
+}
+
+/// LFM2's short convolutions.
+pub(crate) struct ShortConvSpec {
+    pub kernel: usize,
+    /// Which layers are short convolutions (the others attention).
+    pub layers: Vec<bool>,
 }
 
 pub(crate) struct DeltaNetSpec {
@@ -71,7 +80,7 @@ pub(crate) fn moe(
         ));
     }
     let (router, experts, shared_mlp, shared_gate) = match naming {
-        Naming::Hf { .. } => {
+        Naming::Hf { .. } | Naming::Lfm2 => {
             let base = format!("model.layers.{i}.mlp");
             let experts = (0..s.n_experts)
                 .map(|e| hf_mlp(l, &format!("{base}.experts.{e}"), s.expert_ffn, hidden))
@@ -309,6 +318,45 @@ pub(crate) fn deltanet(
             value_dim,
             None,
         )?,
+    })
+}
+
+/// The short convolution of layer `i` (transformers: `conv.in_proj`, `conv.conv`,
+/// `conv.out_proj`; llama.cpp: `shortconv.in_proj`, `shortconv.conv`, `shortconv.out_proj`).
+pub(crate) fn short_conv(
+    l: &TensorLoader,
+    i: usize,
+    s: &ShortConvSpec,
+    hidden: usize,
+    naming: Naming,
+) -> Result<ShortConv> {
+    let base = match naming {
+        Naming::Gguf => format!("blk.{i}.shortconv"),
+        _ => format!("model.layers.{i}.conv"),
+    };
+    let conv_name = format!("{base}.conv.weight");
+    let t = l.require(&conv_name)?;
+    if t.n_elems() != hidden * s.kernel {
+        return Err(ModelError::shape(
+            t.file,
+            &conv_name,
+            format!("shape {:?}, expected [{hidden}, 1, {}]", t.shape, s.kernel),
+        ));
+    }
+    let lin = |n: &str, o: usize| {
+        l.linear(
+            &format!("{base}.{n}.weight"),
+            o,
+            hidden,
+            Some(&format!("{base}.{n}.bias")),
+        )
+    };
+    Ok(ShortConv {
+        kernel: s.kernel,
+        in_proj: lin("in_proj", 3 * hidden)?,
+        conv: t.to_f32()?,
+        conv_bias: l.vector_opt(&format!("{base}.conv.bias"), hidden)?,
+        out: lin("out_proj", hidden)?,
     })
 }
 

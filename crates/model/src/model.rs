@@ -23,6 +23,7 @@ pub enum Family {
     Qwen3Next,
     Qwen35,
     Qwen35Moe,
+    Lfm2,
 }
 
 impl Family {
@@ -41,6 +42,7 @@ impl Family {
             Family::Qwen3Next => "qwen3_next",
             Family::Qwen35 => "qwen3_5",
             Family::Qwen35Moe => "qwen3_5_moe",
+            Family::Lfm2 => "lfm2",
         }
     }
 }

@@ -231,10 +231,25 @@ impl DeltaNet {
     }
 }
 
+/// LFM2's gated short convolution: `B | C | x = in_proj(x)`, then per channel a causal depthwise
+/// conv of `B * x` over the last `kernel` tokens, times `C`, then `out`. Its state is the last
+/// `kernel - 1` values of `B * x` per channel.
+#[derive(Debug)]
+pub struct ShortConv {
+    pub kernel: usize,
+    /// `[3 * hidden, hidden]`, rows `B | C | x`.
+    pub in_proj: Linear,
+    /// Depthwise conv weights `[hidden][kernel]`; the last tap multiplies the current token.
+    pub conv: Vec<f32>,
+    pub conv_bias: Option<Vec<f32>>,
+    pub out: Linear,
+}
+
 #[derive(Debug)]
 pub enum Mixer {
     Attention(Attention),
     DeltaNet(DeltaNet),
+    ShortConv(ShortConv),
 }
 
 impl Mixer {
@@ -247,6 +262,7 @@ impl Mixer {
                 v
             }
             Mixer::DeltaNet(d) => vec![&d.qkv, &d.z, &d.b, &d.a, &d.out],
+            Mixer::ShortConv(c) => vec![&c.in_proj, &c.out],
         }
     }
 }
@@ -268,7 +284,7 @@ impl Layer {
     pub fn attention(&self) -> Option<&Attention> {
         match &self.mixer {
             Mixer::Attention(a) => Some(a),
-            Mixer::DeltaNet(_) => None,
+            Mixer::DeltaNet(_) | Mixer::ShortConv(_) => None,
         }
     }
 }

@@ -169,3 +169,41 @@ fn a_recurrent_layer_without_its_deltanet_tensors_is_named() {
     let e = load_error(&edited("qwen3_next", same, |t| t != "blk.1.ssm_a"));
     assert!(e.contains("blk.1.ssm_a"), "{e}");
 }
+
+#[test]
+fn lfm2_layer_patterns_that_do_not_fit_are_named() {
+    // GGUF: per-layer KV heads (0 = short conv) of the wrong length.
+    let key = "lfm2.attention.head_count_kv";
+    let e = load_error(&edited(
+        "lfm2",
+        |k, v| {
+            Some(if k == key {
+                MetaValue::Array(vec![MetaValue::U32(2); 3])
+            } else {
+                v.clone()
+            })
+        },
+        |_| true,
+    ));
+    assert!(
+        e.contains(key) && e.contains("3 entries for 6 layers"),
+        "{e}"
+    );
+    // transformers: an unknown layer type.
+    let d = tempfile::tempdir().unwrap();
+    let src = anelm_testkit::repo_tiny("lfm2");
+    std::fs::copy(
+        src.join("model.safetensors"),
+        d.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let cfg = std::fs::read_to_string(src.join("config.json"))
+        .unwrap()
+        .replacen("\"conv\"", "\"mamba\"", 1);
+    std::fs::write(d.path().join("config.json"), cfg).unwrap();
+    let e = anelm_model::load(d.path())
+        .err()
+        .expect("loaded")
+        .to_string();
+    assert!(e.contains("unknown layer type 'mamba'"), "{e}");
+}

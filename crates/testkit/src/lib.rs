@@ -49,6 +49,12 @@ pub fn tiny(arch: &str) -> PathBuf {
     shared(&format!("fixtures/hf-tiny/{arch}"))
 }
 
+/// A tiny HF fixture kept in this repository (families ../shared/fixtures/hf-tiny lacks; made by
+/// a generator in scripts/, e.g. scripts/gen-lfm2-fixture.py), e.g. `repo_tiny("lfm2")`.
+pub fn repo_tiny(arch: &str) -> PathBuf {
+    workspace_root().join(format!("crates/testkit/fixtures/hf-tiny/{arch}"))
+}
+
 /// A GGUF that llama.cpp's converter made from a tiny HF fixture (scripts/gen-gguf-fixtures.py),
 /// e.g. `tiny_gguf("qwen3_moe")` for `crates/testkit/fixtures/gguf-tiny/qwen3_moe.gguf`.
 pub fn tiny_gguf(name: &str) -> PathBuf {

@@ -14,7 +14,7 @@ use crate::shared::SharedSlice;
 /// Widths of the activation buffers (the largest over the layers).
 pub(super) struct Dims {
     pub(super) hidden: usize,
-    /// Queries, or a DeltaNet's `q | k | v` projection.
+    /// Queries, a DeltaNet's `q | k | v` projection, or a short conv's `B | C | x`.
     pub(super) q: usize,
     pub(super) kv: usize,
     /// An attention output gate, or a DeltaNet's `z`.
@@ -37,12 +37,17 @@ impl Dims {
         let dn = |f: &dyn Fn(&DeltaNet) -> usize| {
             max(&|l| match &l.mixer {
                 Mixer::DeltaNet(d) => f(d),
-                Mixer::Attention(_) => 0,
+                _ => 0,
             })
         };
         Dims {
             hidden: m.config.hidden_size,
-            q: attn(&|a| a.n_heads * a.head_dim).max(dn(&|d| d.conv_channels())),
+            q: attn(&|a| a.n_heads * a.head_dim)
+                .max(dn(&|d| d.conv_channels()))
+                .max(max(&|l| match &l.mixer {
+                    Mixer::ShortConv(_) => 3 * m.config.hidden_size,
+                    _ => 0,
+                })),
             kv: attn(&|a| a.n_kv_heads * a.head_dim),
             z: attn(&|a| a.output_gate.as_ref().map_or(0, |g| g.out_features()))
                 .max(dn(&|d| d.n_v_heads * d.v_dim)),

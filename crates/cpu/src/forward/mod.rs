@@ -43,6 +43,7 @@ mod buffers;
 mod deltanet_pass;
 mod ffn_pass;
 mod layer;
+mod shortconv_pass;
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
@@ -199,6 +200,7 @@ impl Executor for CpuExecutor {
                     d.conv_channels() * (d.conv_kernel - 1),
                     d.n_v_heads * d.k_dim * d.v_dim,
                 ),
+                Mixer::ShortConv(c) => ((c.kernel - 1) * self.model.config.hidden_size, 0),
                 Mixer::Attention(_) => (0, 0),
             })
             .collect();
@@ -306,7 +308,7 @@ impl CpuExecutor {
             .iter()
             .map(|l| match &l.mixer {
                 Mixer::DeltaNet(d) => deltanet::scratch_len(d),
-                Mixer::Attention(_) => 0,
+                Mixer::Attention(_) | Mixer::ShortConv(_) => 0,
             })
             .max()
             .unwrap_or(0);
@@ -493,6 +495,7 @@ fn run_chunk<E: KvType>(
                 match &layer.mixer {
                     Mixer::Attention(a) => f.attention(layer, a, li),
                     Mixer::DeltaNet(d) => f.deltanet(layer, d, li),
+                    Mixer::ShortConv(s) => f.short_conv(layer, s, li),
                 }
                 f.ffn(layer);
             }

@@ -3,6 +3,7 @@
 
 mod gemma;
 mod gpt2;
+mod lfm2;
 mod llama;
 mod qwen;
 mod qwen_moe;
@@ -23,9 +24,9 @@ pub(crate) struct Ctx {
 }
 
 const GGUF_ARCHS: &str =
-    "llama, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, qwen35, qwen35moe, gemma, gemma2, gemma3, gpt2";
+    "llama, qwen2, qwen3, qwen2moe, qwen3moe, qwen3next, qwen35, qwen35moe, lfm2, gemma, gemma2, gemma3, gpt2";
 const HF_TYPES: &str =
-    "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text";
+    "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt2, qwen2_moe, qwen3_moe, qwen3_next, qwen3_5_text, qwen3_5_moe_text, lfm2";
 
 /// The family of a GGUF `general.architecture` we run.
 pub fn gguf_family(arch: &str) -> Option<Family> {
@@ -38,6 +39,7 @@ pub fn gguf_family(arch: &str) -> Option<Family> {
         "qwen3next" => Family::Qwen3Next,
         "qwen35" => Family::Qwen35,
         "qwen35moe" => Family::Qwen35Moe,
+        "lfm2" => Family::Lfm2,
         "gemma" => Family::Gemma,
         "gemma2" => Family::Gemma2,
         "gemma3" => Family::Gemma3,
@@ -62,6 +64,7 @@ pub fn hf_family(model_type: &str) -> Option<Family> {
         "qwen3_next" => Family::Qwen3Next,
         "qwen3_5_text" => Family::Qwen35,
         "qwen3_5_moe_text" => Family::Qwen35Moe,
+        "lfm2" => Family::Lfm2,
         _ => return None,
     })
 }
@@ -95,6 +98,7 @@ pub(crate) fn from_gguf(path: &Path, gguf: Gguf) -> Result<Model> {
         Family::Qwen3Next | Family::Qwen35 | Family::Qwen35Moe => {
             qwen_moe::gguf_hybrid(&metadata, &arch, &ctx.loader, hp, family)?
         }
+        Family::Lfm2 => lfm2::gguf(&metadata, &arch, hp)?,
         Family::Gemma | Family::Gemma2 | Family::Gemma3 => {
             gemma::gguf(&metadata, &arch, family, hp)?
         }
@@ -145,6 +149,7 @@ pub(crate) fn from_hf(
         | Family::Qwen3Next
         | Family::Qwen35
         | Family::Qwen35Moe => qwen_moe::hf(&cfg, hp, family)?,
+        Family::Lfm2 => lfm2::hf(&cfg, hp)?,
     };
     decoder::build(&loader, recipe, source, name)
 }
