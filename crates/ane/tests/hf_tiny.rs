@@ -79,24 +79,13 @@ fn same_argmax_as_the_cpu_at_every_position() {
 /// against the uncompressed model measured and printed.
 #[test]
 fn compressed_weights_verify_against_the_same_weights() {
-    use anelm_ane::compare::PromptCase;
     use anelm_ane::dialect::MilDialect;
     use anelm_ane::lower::WeightPolicy;
     use anelm_ane::verify::{verify, Reference};
     for family in anelm_testkit::DENSE_TINY {
         let dir = anelm_testkit::tiny(family);
         let m = Arc::new(anelm_model::load(&dir).unwrap());
-        let fx: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-                .unwrap();
-        let cases: Vec<PromptCase> = (fx["cases"].as_object().unwrap().iter())
-            .map(|(name, v)| PromptCase {
-                name: name.clone(),
-                ids: (v["input_ids"].as_array().unwrap().iter())
-                    .map(|i| i.as_u64().unwrap() as u32)
-                    .collect(),
-            })
-            .collect();
+        let cases = prompt_cases(&dir);
         // Dialect B's int8 is per channel (iOS16 constexpr_affine_dequantize).
         for (policy, dialect) in [
             (WeightPolicy::Int8, MilDialect::A),
@@ -147,21 +136,10 @@ fn compressed_weights_verify_against_the_same_weights() {
 /// error, the same greedy tokens but at near-ties — with the dispatches per decoded token.
 #[test]
 fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
-    use anelm_ane::compare::PromptCase;
     use anelm_ane::verify::{verify, Reference};
     for arch in ["qwen2_moe", "qwen3_moe"] {
         let dir = anelm_testkit::tiny(arch);
-        let fx: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-                .unwrap();
-        let cases: Vec<PromptCase> = (fx["cases"].as_object().unwrap().iter())
-            .map(|(name, v)| PromptCase {
-                name: name.clone(),
-                ids: (v["input_ids"].as_array().unwrap().iter())
-                    .map(|i| i.as_u64().unwrap() as u32)
-                    .collect(),
-            })
-            .collect();
+        let cases = prompt_cases(&dir);
         for path in [dir.clone(), anelm_testkit::tiny_gguf(arch)] {
             let m = Arc::new(anelm_model::load(&path).unwrap());
             let opts = LoweringOptions::default();
@@ -219,4 +197,19 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
             assert_eq!(decode, m_layers * (2 + 2 + shared) + 1, "{arch}");
         }
     }
+}
+
+/// The prompts of a fixture's reference.json as verify's cases.
+fn prompt_cases(dir: &std::path::Path) -> Vec<anelm_ane::compare::PromptCase> {
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    (fx["cases"].as_object().unwrap().iter())
+        .map(|(name, v)| anelm_ane::compare::PromptCase {
+            name: name.clone(),
+            ids: (v["input_ids"].as_array().unwrap().iter())
+                .map(|i| i.as_u64().unwrap() as u32)
+                .collect(),
+        })
+        .collect()
 }
