@@ -10,4 +10,9 @@ scripts/setup-python.sh
 scripts/setup-browser.sh
 export ANELM_PYTHON="${ANELM_PYTHON:-$root/.venv/bin/python}"
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The product's main target (Apple silicon) and aarch64 Linux: the whole workspace, the NEON
+# kernels and their tests included, type-checks for them (no machine here runs aarch64 code).
+rustup target add aarch64-apple-darwin aarch64-unknown-linux-gnu
+cargo check --workspace --all-targets --release --target aarch64-apple-darwin
+cargo check --workspace --all-targets --release --target aarch64-unknown-linux-gnu
 cargo test --workspace --release --no-fail-fast
