@@ -1,6 +1,7 @@
 //! anelm's HTTP server: the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), `/health`
-//! and a web chat at `/`, over one model and one executor.
+//! `/v1/models`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), llama-server's
+//! `/tokenize` and `/detokenize`, `/health`, Prometheus `/metrics` and a web chat at `/`, over
+//! one model and one executor.
 //!
 //! HTTP runs on tokio; generation runs on plain threads (the [`scheduler`]'s slots), which take
 //! turns on the executor one token at a time. Requests wait in a bounded queue; past it they
@@ -21,12 +22,14 @@ mod error;
 mod extract;
 mod ids;
 mod json_mode;
+mod metrics;
 mod model;
 mod openai;
 mod params;
 mod scheduler;
 mod sessions;
 mod stream;
+mod tokens;
 mod tools;
 mod webui;
 
@@ -47,7 +50,8 @@ pub struct ServerConfig {
     pub host: String,
     /// 0 picks a free port ([`Server::addr`] tells which).
     pub port: u16,
-    /// When set, every `/v1` request must carry it (`Authorization: Bearer` or `x-api-key`).
+    /// When set, every `/v1`, `/tokenize` and `/detokenize` request must carry it
+    /// (`Authorization: Bearer` or `x-api-key`); `/health` and `/metrics` stay open.
     pub api_key: Option<String>,
     /// The name clients use for the model (default: the file name without `.gguf`).
     pub model_id: Option<String>,

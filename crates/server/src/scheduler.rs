@@ -13,6 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use anelm_engine::{Event, Finish, GenerateParams, Input, LoadedModel, Session, TokenLogprob};
 use anelm_model::Executor;
@@ -20,6 +21,7 @@ use parking_lot::FairMutex;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
+use crate::metrics::Metrics;
 use crate::sessions::SessionPool;
 
 #[derive(Clone, Debug)]
@@ -96,6 +98,8 @@ pub struct Stats {
 struct Queued {
     job: Job,
     updates: UnboundedSender<Update>,
+    /// When the job arrived, for the time to its first token.
+    arrived: Instant,
 }
 
 struct Queue {
@@ -118,6 +122,7 @@ struct Shared {
     cancelled: AtomicU64,
     refused: AtomicU64,
     failed: AtomicU64,
+    metrics: Arc<Metrics>,
 }
 
 pub struct Scheduler {
@@ -132,6 +137,7 @@ impl Scheduler {
         exec: Box<dyn Executor>,
         ctx: usize,
         config: SchedulerConfig,
+        metrics: Arc<Metrics>,
     ) -> Scheduler {
         let shared = Arc::new(Shared {
             model,
@@ -150,6 +156,7 @@ impl Scheduler {
             refused: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             config: config.clone(),
+            metrics,
         });
         let slots = (0..config.parallel.max(1))
             .map(|i| {
@@ -173,7 +180,11 @@ impl Scheduler {
             self.shared.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Busy);
         }
-        q.jobs.push_back(Queued { job, updates });
+        q.jobs.push_back(Queued {
+            job,
+            updates,
+            arrived: Instant::now(),
+        });
         drop(q);
         self.shared.ready.notify_one();
         Ok(rx)
@@ -215,7 +226,12 @@ enum Outcome {
 
 impl Shared {
     fn slot_loop(&self) {
-        while let Some(Queued { job, updates }) = self.next_job() {
+        while let Some(Queued {
+            job,
+            updates,
+            arrived,
+        }) = self.next_job()
+        {
             if updates.is_closed() {
                 self.busy.fetch_sub(1, Ordering::Relaxed);
                 self.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -223,7 +239,7 @@ impl Shared {
             }
             // A panic in the engine must not take the slot down with it: the job fails, its
             // session is dropped, and the slot carries on.
-            let outcome = catch_unwind(AssertUnwindSafe(|| self.run(job, &updates)))
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.run(job, &updates, arrived)))
                 .unwrap_or_else(|_| {
                     let _ = updates.send(Update::Failed("internal error in the engine".into()));
                     Outcome::Failed
@@ -268,7 +284,7 @@ impl Shared {
         }
     }
 
-    fn run(&self, job: Job, updates: &UnboundedSender<Update>) -> Outcome {
+    fn run(&self, job: Job, updates: &UnboundedSender<Update>, arrived: Instant) -> Outcome {
         let session = self.sessions.take(&job.prompt, || {
             Session::new(self.exec.lock().as_ref(), self.ctx)
         });
@@ -283,7 +299,7 @@ impl Shared {
         let mut outcome = Outcome::Completed;
         for (choice, params) in job.choices.into_iter().enumerate() {
             let json = job.json.then(JsonPrefix::default);
-            outcome = self.generate(&mut session, &input, choice, params, json, updates);
+            outcome = self.generate(&mut session, &input, choice, params, json, updates, arrived);
             if !matches!(outcome, Outcome::Completed) {
                 break;
             }
@@ -293,7 +309,8 @@ impl Shared {
     }
 
     /// One choice, step by step, the executor taken for each step only. With a JSON prefix,
-    /// the tokens are held to a JSON object.
+    /// the tokens are held to a JSON object. `arrived` (the job's arrival) times its first token.
+    #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
         session: &mut Session,
@@ -302,6 +319,7 @@ impl Shared {
         params: GenerateParams,
         mut json: Option<JsonPrefix>,
         updates: &UnboundedSender<Update>,
+        arrived: Instant,
     ) -> Outcome {
         let mut generation = match session.generate(&self.model, input, params) {
             Ok(g) => g,
@@ -326,6 +344,7 @@ impl Shared {
                 }
             }
         }
+        let mut last_token: Option<Instant> = None;
         loop {
             if updates.is_closed() {
                 generation.cancel();
@@ -337,13 +356,21 @@ impl Shared {
                 prefix.push_all(self.vocabulary().piece(*id));
             }
             let update = match event {
-                Ok(Some(Event::Token { id, logprob })) => Update::Token {
-                    choice,
-                    id,
-                    logprob,
-                },
+                Ok(Some(Event::Token { id, logprob })) => {
+                    let now = Instant::now();
+                    match last_token.replace(now) {
+                        None => self.metrics.first_token(now - arrived),
+                        Some(prev) => self.metrics.next_token(now - prev),
+                    }
+                    Update::Token {
+                        choice,
+                        id,
+                        logprob,
+                    }
+                }
                 Ok(Some(Event::Text(text))) => Update::Text { choice, text },
                 Ok(Some(Event::Finish(finish))) => {
+                    self.metrics.finished(&finish);
                     let _ = updates.send(Update::Finish { choice, finish });
                     return Outcome::Completed;
                 }
