@@ -14,14 +14,16 @@ use tower_http::cors::{Any, CorsLayer};
 
 use crate::error::{ApiError, Flavour};
 use crate::limits::Limits;
+use crate::metrics::{self, Metrics};
 use crate::model::ServedModel;
 use crate::scheduler::{Job, Scheduler, Update};
-use crate::{anthropic, auth, openai, webui, ServerConfig, ServerError};
+use crate::{anthropic, auth, openai, tokens, webui, ServerConfig, ServerError};
 
 pub struct App {
     pub model: Arc<ServedModel>,
     pub scheduler: Scheduler,
     pub limits: Limits,
+    pub metrics: Arc<Metrics>,
 }
 
 impl App {
@@ -35,16 +37,19 @@ impl App {
             config.model_id.clone(),
             config.ctx,
         )?);
+        let metrics = Arc::new(Metrics::new());
         let scheduler = Scheduler::new(
             model.loaded.clone(),
             exec,
             model.ctx,
             config.scheduler.clone(),
+            metrics.clone(),
         );
         Ok(App {
             model,
             scheduler,
             limits: config.limits.clone(),
+            metrics,
         })
     }
 
@@ -76,6 +81,8 @@ pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
         .route("/v1/completions", post(openai::completions::handle))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route_layer(middleware::from_fn_with_state(
             Arc::new(config.api_key.clone()),
             auth::check,
@@ -88,9 +95,14 @@ pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
     Router::new()
         .route("/", get(webui::page))
         .route("/health", get(health))
+        .route("/metrics", get(metrics::handle))
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            metrics::count_requests,
+        ))
         .layer(DefaultBodyLimit::max(config.limits.max_body_bytes))
         .layer(cors)
         .with_state(app)

@@ -1,6 +1,7 @@
 //! anelm's HTTP server: the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), `/health`
-//! and a web chat at `/`, over one model and one executor.
+//! `/v1/models`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), llama-server's
+//! `/tokenize` and `/detokenize`, `/health`, Prometheus `/metrics` and a web chat at `/`, over
+//! one model and one executor.
 //!
 //! HTTP runs on tokio; generation runs on the [`scheduler`]'s engine thread, which advances
 //! every request in progress together, one batched step per token. Requests wait in a bounded
@@ -23,6 +24,7 @@ mod ids;
 mod json_mode;
 mod limits;
 mod listen;
+mod metrics;
 mod model;
 mod openai;
 mod params;
@@ -30,6 +32,7 @@ mod scheduler;
 mod sessions;
 mod stream;
 mod template_kwargs;
+mod tokens;
 mod tools;
 mod webui;
 
@@ -51,7 +54,8 @@ pub struct ServerConfig {
     pub host: String,
     /// 0 picks a free port ([`Server::addr`] tells which).
     pub port: u16,
-    /// When set, every `/v1` request must carry it (`Authorization: Bearer` or `x-api-key`).
+    /// When set, every `/v1`, `/tokenize` and `/detokenize` request must carry it
+    /// (`Authorization: Bearer` or `x-api-key`); `/health` and `/metrics` stay open.
     pub api_key: Option<String>,
     /// The name clients use for the model (default: the file name without `.gguf`).
     pub model_id: Option<String>,

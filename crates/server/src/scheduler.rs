@@ -16,6 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use anelm_engine::{
     Batch, Event, Finish, GenerateParams, Generation, Input, LoadedModel, Session, TokenLogprob,
@@ -23,6 +24,7 @@ use anelm_engine::{
 use anelm_model::Executor;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::metrics::Metrics;
 use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
 use crate::sessions::SessionPool;
 
@@ -102,6 +104,8 @@ pub struct Stats {
 struct Queued {
     job: Job,
     updates: UnboundedSender<Update>,
+    /// When the job arrived, for the time to its first token.
+    arrived: Instant,
 }
 
 struct Queue {
@@ -124,6 +128,7 @@ struct Shared {
     refused: AtomicU64,
     failed: AtomicU64,
     widest_step: AtomicUsize,
+    metrics: Arc<Metrics>,
 }
 
 pub struct Scheduler {
@@ -139,6 +144,7 @@ impl Scheduler {
         exec: Box<dyn Executor>,
         ctx: usize,
         config: SchedulerConfig,
+        metrics: Arc<Metrics>,
     ) -> Scheduler {
         let shared = Arc::new(Shared {
             model,
@@ -157,6 +163,7 @@ impl Scheduler {
             failed: AtomicU64::new(0),
             widest_step: AtomicUsize::new(0),
             config: config.clone(),
+            metrics,
         });
         let engine = {
             let shared = shared.clone();
@@ -182,7 +189,11 @@ impl Scheduler {
             self.shared.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Busy);
         }
-        q.jobs.push_back(Queued { job, updates });
+        q.jobs.push_back(Queued {
+            job,
+            updates,
+            arrived: Instant::now(),
+        });
         drop(q);
         self.shared.ready.notify_one();
         Ok(rx)
@@ -236,6 +247,9 @@ struct Running {
     updates: UnboundedSender<Update>,
     /// Why the last step failed this job.
     error: Option<String>,
+    /// When the job arrived and when its last token went out (the latency metrics).
+    arrived: Instant,
+    last_token: Option<Instant>,
 }
 
 impl Shared {
@@ -336,14 +350,22 @@ impl Shared {
                 prefix.push_all(self.vocabulary().piece(*id));
             }
             let update = match event {
-                Event::Token { id, logprob } => Update::Token {
-                    choice,
-                    id,
-                    logprob,
-                },
+                Event::Token { id, logprob } => {
+                    let now = Instant::now();
+                    match r.last_token.replace(now) {
+                        None => self.metrics.first_token(now - r.arrived),
+                        Some(prev) => self.metrics.next_token(now - prev),
+                    }
+                    Update::Token {
+                        choice,
+                        id,
+                        logprob,
+                    }
+                }
                 Event::Text(text) => Update::Text { choice, text },
                 Event::Finish(finish) => {
                     finished = true;
+                    self.metrics.finished(&finish);
                     Update::Finish { choice, finish }
                 }
             };
@@ -380,7 +402,11 @@ impl Shared {
     /// Starts a job taken from the queue: its session (with the longest cached prefix) and its
     /// first choice's generation. None when it ends at once.
     fn start(&self, exec: &dyn Executor, queued: Queued) -> Option<Running> {
-        let Queued { job, updates } = queued;
+        let Queued {
+            job,
+            updates,
+            arrived,
+        } = queued;
         if updates.is_closed() {
             self.end(None, Outcome::Cancelled);
             return None;
@@ -412,6 +438,8 @@ impl Shared {
                 prefix: job.json.then(JsonPrefix::default),
                 updates,
                 error: None,
+                arrived,
+                last_token: None,
             }),
             Err((e, session)) => {
                 let _ = updates.send(Update::Failed(e.to_string()));

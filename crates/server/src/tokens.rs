@@ -1,0 +1,124 @@
+//! `POST /tokenize` and `POST /detokenize` in llama-server's shapes, so its clients (and scripts
+//! that count tokens) work unchanged: `content` (text, or an array of texts and ids),
+//! `add_special`, `parse_special`, `with_pieces` -> `tokens`; `tokens` -> `content`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::app::App;
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::model::ServedModel;
+
+/// Text, or an array of texts and token ids (llama-server's "mixed" prompt).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Mixed(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Part {
+    Id(u32),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+pub struct TokenizeRequest {
+    content: Content,
+    /// Add BOS (and EOS) as the model's tokenizer settings say; only before a leading text.
+    #[serde(default)]
+    add_special: bool,
+    /// Turn the text of special tokens into those tokens.
+    #[serde(default = "yes")]
+    parse_special: bool,
+    /// Return `{id, piece}` objects instead of bare ids.
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+pub struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+pub async fn tokenize(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<TokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let with_pieces = req.with_pieces;
+    let ids = app.tokenize(move |m| ids_of(m, &req)).await?;
+    let tokens: Vec<Value> = if with_pieces {
+        ids.iter()
+            .map(|&id| json!({"id": id, "piece": piece_json(&app.model, id)}))
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+pub async fn detokenize(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<DetokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let m = &app.model;
+    check_ids(m, &req.tokens, "tokens")?;
+    let bytes: Vec<u8> = (req.tokens.iter())
+        .flat_map(|&id| m.tokenizer.token_to_piece(id))
+        .collect();
+    Ok(Json(json!({ "content": String::from_utf8_lossy(&bytes) })))
+}
+
+fn ids_of(m: &ServedModel, req: &TokenizeRequest) -> Result<Vec<u32>, ApiError> {
+    let tok = &m.tokenizer;
+    let encode = |text: &str, add_special: bool| {
+        tok.encode(text, add_special, req.parse_special)
+            .map_err(|e| ApiError::bad_param("content", e.to_string()))
+    };
+    match &req.content {
+        Content::Text(text) => encode(text, req.add_special),
+        Content::Mixed(parts) => {
+            let mut ids = Vec::new();
+            for (i, part) in parts.iter().enumerate() {
+                match part {
+                    Part::Text(text) => ids.extend(encode(text, req.add_special && i == 0)?),
+                    Part::Id(id) => ids.push(*id),
+                }
+            }
+            check_ids(m, &ids, "content")?;
+            Ok(ids)
+        }
+    }
+}
+
+/// Every id must be in the vocabulary.
+fn check_ids(m: &ServedModel, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let n = m.tokenizer.vocab_size();
+    match ids.iter().find(|&&id| id as usize >= n) {
+        Some(bad) => Err(ApiError::bad_param(
+            param,
+            format!("Token id {bad} is outside the vocabulary (size {n})"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A piece as text when it is valid UTF-8, else as its byte values (llama-server's rule).
+fn piece_json(m: &ServedModel, id: u32) -> Value {
+    let bytes = m.tokenizer.token_to_piece(id);
+    match String::from_utf8(bytes) {
+        Ok(text) => json!(text),
+        Err(e) => json!(e.into_bytes()),
+    }
+}
