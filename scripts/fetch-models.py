@@ -100,9 +100,16 @@ def fetch_vocabs(dest: Path) -> None:
     package, version, sha = VOCABS_SDIST
     target = dest / VOCABS_DIR
     stamp = f"{package}=={version} sha256:{sha}\n"
-    if (target / VOCABS_STAMP).exists() and (target / VOCABS_STAMP).read_text() == stamp:
-        print(f"ok       {target}")
-        return
+    stamp_file = target / VOCABS_STAMP
+    if stamp_file.exists():
+        # The stamp: the source line, then "size name" per file.
+        lines = stamp_file.read_text().splitlines(keepends=True)
+        files = [line.split(" ", 1) for line in lines[1:]]
+        intact = all((target / n.strip()).exists() and (target / n.strip()).stat().st_size == int(z)
+                     for z, n in files)
+        if lines and lines[0] == stamp and files and intact:
+            print(f"ok       {target}")
+            return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         # --no-binary for this package only: its build backend (cmake, ninja) comes as wheels.
@@ -135,7 +142,8 @@ def fetch_vocabs(dest: Path) -> None:
                 count += 1
         if count == 0:
             raise RuntimeError(f"{sdists[0].name}: no {VOCABS_PREFIX}* files")
-        (partial / VOCABS_STAMP).write_text(stamp)
+        sizes = "".join(f"{f.stat().st_size} {f.name}\n" for f in sorted(partial.iterdir()))
+        (partial / VOCABS_STAMP).write_text(stamp + sizes)
         if target.exists():
             for f in target.iterdir():
                 f.unlink()

@@ -19,16 +19,22 @@ pub(crate) struct Normalizer {
 
 pub(crate) struct Wpm {
     normalizer: Normalizer,
-    /// The longest token text in bytes, bounding the match search.
+    /// The longest token text in bytes (at most [`MAX_MATCH`]), bounding the match search.
     max_token_len: usize,
 }
+
+/// The longest match tried, in bytes: far above any real WordPiece token (BERT's are under 30),
+/// it keeps a hostile vocabulary with a huge token from making each position cost the length
+/// of the word. Longer tokens cannot be matched.
+const MAX_MATCH: usize = 256;
 
 impl Wpm {
     pub fn new(vocab: &Vocab, normalizer: Normalizer) -> Wpm {
         let max_token_len = (0..vocab.len() as u32)
             .map(|id| vocab.text(id).len())
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .min(MAX_MATCH);
         Wpm {
             normalizer,
             max_token_len,
