@@ -24,8 +24,8 @@ use anelm_engine::{
 use anelm_model::Executor;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::metrics::Metrics;
 use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
+use crate::metrics::Metrics;
 use crate::sessions::SessionPool;
 
 #[derive(Clone, Debug)]
