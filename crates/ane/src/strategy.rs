@@ -73,6 +73,9 @@ pub trait DevicePath: Executor {
     fn weight_reports(&self) -> Vec<crate::lower::TensorReport>;
     /// Which programs were compiled and which loaded from the program cache.
     fn cache_report(&self) -> &CacheReport;
+    /// Whether near-tied top logits are recomputed in f32 on the CPU (on by default; off, the
+    /// logits are the device's alone).
+    fn set_settle_ties(&mut self, on: bool);
 }
 
 impl<D: Device> DevicePath for AneExecutor<D> {
@@ -115,6 +118,13 @@ impl<D: Device> DevicePath for AneExecutor<D> {
         match self {
             AneExecutor::Projection(e) => e.projections().cache_report(),
             AneExecutor::Fused(e) => e.cache_report(),
+        }
+    }
+
+    fn set_settle_ties(&mut self, on: bool) {
+        match self {
+            AneExecutor::Projection(e) => e.set_settle_ties(on),
+            AneExecutor::Fused(e) => e.set_settle_ties(on),
         }
     }
 }

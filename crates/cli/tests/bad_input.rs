@@ -1,6 +1,7 @@
 //! Bad input ends with a one-line error naming the file and the problem, a non-zero exit and no
 //! panic: truncated GGUF, wrong magic, unknown tensor type, data past the end, a missing tensor,
-//! a config.json without a required field, a prompt id outside the vocabulary.
+//! a config.json without a required field, a prompt id outside the vocabulary, a prompt longer
+//! than the context.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -182,4 +183,31 @@ fn prompt_id_outside_the_vocabulary() {
         "5,512",
         &["hf-tiny/llama", "token id 512", "outside the vocabulary"],
     );
+}
+
+#[test]
+fn a_prompt_longer_than_the_context() {
+    // The tiny model's context holds 64 positions.
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "short.gguf", &tiny_llama().to_bytes());
+    let ids = vec!["1"; 65].join(",");
+    expect_error(&p, &ids, &["65", "64"]);
+    // Generation too: the prompt alone does not fit.
+    {
+        let args = [
+            "run",
+            "--model",
+            p.to_str().unwrap(),
+            "--ids",
+            &ids,
+            "-n",
+            "4",
+        ];
+        let (code, stderr) = anelm(&args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line expected: {stderr}");
+        assert!(lines[0].contains("64"), "{args:?}: {stderr}");
+    }
 }

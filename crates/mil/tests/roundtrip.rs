@@ -60,8 +60,10 @@ fn finite_f16(bits: u16) -> f32 {
     }
 }
 
-/// Builds whatever the steps describe; steps the builder rejects are skipped (that is the
-/// builder's type checking at work).
+/// Builds whatever the steps describe. Steps pair values at random, so the builder's type
+/// checking refuses some (and the generated names, some of them not identifiers or taken): every
+/// refusal must be an `Invalid` error saying why, and the ops that take any float tensor (unary,
+/// reshape to one dimension, cast) are never refused unless given a name.
 fn build(case: &Case) -> Program {
     let dialect = if case.dialect_b {
         Dialect::b()
@@ -79,14 +81,17 @@ fn build(case: &Case) -> Program {
         vals.push(f.input(&format!("in{i}"), t).unwrap());
     }
     let mut names = case.names.iter();
-    let _ = f.constant("note", Literal::string(case.text.clone()));
+    f.constant("note", Literal::string(case.text.clone()))
+        .expect("a string constant");
     for s in &case.steps {
         let x = vals[s.a % vals.len()];
         let y = vals[s.b % vals.len()];
         let tx = f.type_of(x).unwrap().clone();
+        let mut named = false;
         if s.kind % 7 == 0 {
             if let Some(n) = names.next() {
                 f.name_next(n);
+                named = true;
             }
         }
         let r: anelm_mil::Result<Vec<ValueId>> = match s.kind % 17 {
@@ -191,8 +196,18 @@ fn build(case: &Case) -> Program {
                 )
                 .map(|v| vec![v]),
         };
-        if let Ok(new) = r {
-            vals.extend(new);
+        match r {
+            Ok(new) => vals.extend(new),
+            Err(e) => {
+                assert!(
+                    matches!(&e, anelm_mil::MilError::Invalid(m) if !m.is_empty()),
+                    "{s:?}: refused with {e:?}"
+                );
+                assert!(
+                    named || ![0, 6, 9].contains(&(s.kind % 17)),
+                    "{s:?}: an op valid for any float tensor was refused: {e}"
+                );
+            }
         }
     }
     let last = *vals.last().unwrap();

@@ -88,6 +88,8 @@ pub struct FusedExecutor<D: Device> {
     /// What the lowering made of each weight tensor.
     weight_reports: Vec<crate::lower::TensorReport>,
     cache: CacheReport,
+    /// Whether near-tied top logits are recomputed in f32 ([`settle_near_ties`]).
+    settle_ties: bool,
 }
 
 fn io_error(chunk: &str, what: &str) -> AneError {
@@ -148,7 +150,14 @@ impl<D: Device> FusedExecutor<D> {
             dispatches: 0,
             weight_reports,
             cache,
+            settle_ties: true,
         })
+    }
+
+    /// On (the default): near-tied top logits are recomputed in f32 on the CPU. Off: the
+    /// logits are the device's alone.
+    pub fn set_settle_ties(&mut self, on: bool) {
+        self.settle_ties = on;
     }
 
     /// Which chunks were compiled and which loaded from the program cache.
@@ -365,8 +374,10 @@ impl<D: Device> FusedExecutor<D> {
                             first,
                         )?;
                     }
-                    for (logits, x) in out.chunks_exact_mut(vocab).zip(xf.chunks_exact(h)) {
-                        settle_near_ties(&m.lm_head, x, logits)?;
+                    if self.settle_ties {
+                        for (logits, x) in out.chunks_exact_mut(vocab).zip(xf.chunks_exact(h)) {
+                            settle_near_ties(&m.lm_head, x, logits)?;
+                        }
                     }
                 }
             } else {

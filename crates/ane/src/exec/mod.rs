@@ -97,6 +97,8 @@ pub struct ProjectionExecutor<P> {
     model: Arc<Model>,
     proj: P,
     id: usize,
+    /// Whether near-tied top logits are recomputed in f32 ([`settle_near_ties`]).
+    settle_ties: bool,
 }
 
 fn norm_rows(norm: &Norm, x: &mut [f32], width: usize) {
@@ -109,7 +111,14 @@ impl<P: Projections> ProjectionExecutor<P> {
             model,
             proj,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            settle_ties: true,
         }
+    }
+
+    /// On (the default): near-tied top logits are recomputed in f32 on the CPU. Off: the
+    /// logits are the device's alone.
+    pub fn set_settle_ties(&mut self, on: bool) {
+        self.settle_ties = on;
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -234,8 +243,10 @@ impl<P: Projections> ProjectionExecutor<P> {
             norm_rows(&m.final_norm, &mut xr, h);
             self.proj.project(Projection::Head, &xr, rows.len(), out)?;
             let vocab = m.config.vocab_size;
-            for (logits, x) in out.chunks_exact_mut(vocab).zip(xr.chunks_exact(h)) {
-                settle_near_ties(&m.lm_head, x, logits)?;
+            if self.settle_ties {
+                for (logits, x) in out.chunks_exact_mut(vocab).zip(xr.chunks_exact(h)) {
+                    settle_near_ties(&m.lm_head, x, logits)?;
+                }
             }
         }
         Ok(())

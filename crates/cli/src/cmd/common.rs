@@ -50,6 +50,11 @@ pub struct ModelArgs {
     /// (`$ANELM_PROGRAMS/probe.json`), else b below macOS 15 and a otherwise.
     #[arg(long, value_enum, default_value_t = MilDialectArg::Auto)]
     pub mil_dialect: MilDialectArg,
+    /// The ANE path (--device sim|ane) normally recomputes in f32 on the CPU every logit
+    /// within 3e-3 (relative) of the top one when the top two are that close, so that greedy
+    /// choices do not hang on fp16 rounding of the head; this gives the device's logits alone.
+    #[arg(long)]
+    pub no_settle_ties: bool,
 }
 
 /// `--chat-template-kwargs`, for the subcommands that render conversations.
@@ -268,7 +273,7 @@ impl ModelArgs {
             cached.cache_dir = Some(models::programs_dir());
         }
         let opts = &cached;
-        match (self.device, self.driver) {
+        let mut path = match (self.device, self.driver) {
             (Device::Cpu, _) => bail!("--device cpu runs the CPU engine, not ANE programs"),
             (Device::Sim, _) => {
                 let sim = SimDevice::from_env().map_err(anyhow::Error::msg)?;
@@ -282,7 +287,9 @@ impl ModelArgs {
                 let device = CoreMlDevice::open()?;
                 compile_on("the ANE (Core ML)", model, device, strategy, opts)
             }
-        }
+        }?;
+        path.set_settle_ties(!self.no_settle_ties);
+        Ok(path)
     }
 
     /// `--weights` in the dialect `--mil-dialect` resolves to, with the forms this machine

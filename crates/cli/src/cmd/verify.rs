@@ -228,6 +228,7 @@ pub fn run(a: Args) -> Result<()> {
             "max_abs_diff": report.max_abs_diff(),
             "greedy_same": report.greedy_same(),
             "greedy_same_but_near_ties": report.same_but_near_ties(),
+            "settle_ties": !a.model.no_settle_ties,
             "n_greedy": a.greedy,
             "strategy": strategy.name(),
             "mil_dialect": a.model.dialect().name(),
@@ -266,6 +267,9 @@ pub fn run(a: Args) -> Result<()> {
                     ),
                 }
             );
+        }
+        if a.model.no_settle_ties {
+            println!("near-tied top logits: the device's own (--no-settle-ties)");
         }
         println!(
             "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs ({} compiled, {} from the cache) ready in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
