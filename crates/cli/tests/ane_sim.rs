@@ -201,8 +201,9 @@ fn check_every_kernel_of_both_models() {
             2 * (3 * layers + 1),
             "{file}: prefill and decode of every kernel"
         );
+        // Measured 2026-12-02 (--weights auto): SmolLM2 3.75e-3, Gemma 3 1.72e-3.
         for k in kernels {
-            assert!(k["rel_err"].as_f64().unwrap() <= 5e-3, "{file}: {k}");
+            assert!(k["rel_err"].as_f64().unwrap() <= 4e-3, "{file}: {k}");
         }
         assert_eq!(v["pass"], true);
         println!("{file}: worst kernel {}", v["max_rel_err"]);
