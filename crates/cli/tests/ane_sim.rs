@@ -4,22 +4,13 @@
 //! and the errors of these commands.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use anelm_testkit::{model, shared, tiny, validate_mlpackage, GEMMA3, SMOLLM2};
 use serde_json::Value;
 
 fn anelm(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_anelm"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    anelm_testkit::run_program(env!("CARGO_BIN_EXE_anelm"), args)
 }
 
 fn anelm_json(args: &[&str]) -> Value {

@@ -13,15 +13,7 @@ use anelm_testkit::{model, shared, tiny, workspace_root, SMOLLM2};
 use serde_json::{json, Value};
 
 fn anelm(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_anelm"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    anelm_testkit::run_program(env!("CARGO_BIN_EXE_anelm"), args)
 }
 
 /// `anelm serve` on a free port, stopped when dropped.

@@ -49,6 +49,19 @@ pub fn tiny(arch: &str) -> PathBuf {
     shared(&format!("fixtures/hf-tiny/{arch}"))
 }
 
+/// Runs the program `exe` with `args`: (success, stdout, stderr).
+pub fn run_program(exe: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(exe)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{exe}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A tiny HF fixture kept in this repository (families ../shared/fixtures/hf-tiny lacks; made by
 /// a generator in scripts/, e.g. scripts/gen-lfm2-fixture.py), e.g. `repo_tiny("lfm2")`.
 pub fn repo_tiny(arch: &str) -> PathBuf {
