@@ -331,7 +331,44 @@ fn run_with_a_draft_prints_the_plain_greedy_output() {
     for k in ["1", "3", "6"] {
         let spec = run(&["--draft", &draft, "--draft-k", k]);
         assert_eq!(spec["ids"], plain["ids"], "--draft-k {k}: {spec}");
+        assert!(
+            spec["speculative"]["drafted"].as_u64().unwrap() > 0,
+            "{spec}"
+        );
+        let lookup = run(&["--lookup", "--draft-k", k]);
+        assert_eq!(
+            lookup["ids"], plain["ids"],
+            "--lookup --draft-k {k}: {lookup}"
+        );
     }
+    // Sampling speculatively: as many tokens, reproducible by the seed.
+    let sampled = || -> Value {
+        let args = [
+            "run", "--model", &target, "--ids", &prompt, "--temp", "0.9", "--seed", "7", "-n",
+            "20", "--json", "--draft", &draft,
+        ];
+        let out = anelm(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (a, b) = (sampled(), sampled());
+    assert_eq!(a["ids"], b["ids"]);
+    assert_eq!(a["ids"].as_array().unwrap().len(), 20, "{a}");
+    let err = stderr_of_failure(&[
+        "run",
+        "--model",
+        &target,
+        "--ids",
+        &prompt,
+        "--lookup",
+        "--draft-k",
+        "0",
+    ]);
+    assert!(err.contains("k ≥ 1"), "{err}");
     // A draft of another vocabulary is refused, naming the draft.
     let err = stderr_of_failure(&[
         "run",

@@ -19,6 +19,7 @@ use crate::loaded::LoadedModel;
 use crate::prompt::{prepare, Input, Overflow};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::session::Session;
+use crate::speculative::{SpecStats, Speculation};
 use crate::stop::{StopScan, StopStrings};
 use crate::utf8_stream::Utf8Stream;
 
@@ -122,6 +123,8 @@ pub struct Finish {
     pub reason: FinishReason,
     pub usage: Usage,
     pub timings: Timings,
+    /// What speculative decoding drafted and kept (zeros without it).
+    pub speculative: SpecStats,
     /// The sampler's seed (the given one, or the one taken from the clock).
     pub seed: u64,
 }
@@ -156,7 +159,7 @@ enum Phase {
 
 /// The session of a generation: borrowed, or owned by a generation that must outlive the
 /// caller's frame (a server's loop keeps its generations between steps).
-enum Held<'s> {
+pub(crate) enum Held<'s> {
     Borrowed(&'s mut Session),
     Owned(Box<Session>),
 }
@@ -182,20 +185,25 @@ impl std::ops::DerefMut for Held<'_> {
 
 /// One generation in progress over a session.
 pub struct Generation<'s> {
-    session: Held<'s>,
+    pub(crate) session: Held<'s>,
     tokenizer: Option<Arc<Tokenizer>>,
     stop_ids: Vec<u32>,
     prompt: Vec<u32>,
-    max_tokens: usize,
-    top_logprobs: Option<usize>,
-    sampler: Sampler,
-    logits: Vec<f32>,
+    /// The model's vocabulary size (a drafter must have the same).
+    vocab: usize,
+    pub(crate) max_tokens: usize,
+    pub(crate) top_logprobs: Option<usize>,
+    pub(crate) sampler: Sampler,
+    pub(crate) logits: Vec<f32>,
     utf8: Utf8Stream,
     stops: StopStrings,
     pending: VecDeque<Event>,
     phase: Phase,
-    usage: Usage,
+    pub(crate) usage: Usage,
     timings: Timings,
+    /// The drafter, when decoding speculatively, and what it achieved.
+    pub(crate) speculation: Option<Speculation>,
+    pub(crate) spec_stats: SpecStats,
     /// When the decode step in progress began (its time counts even if it ends the generation).
     step_started: Option<Instant>,
     /// Whether a prefill chunk has run (the first one tells how much was cached).
@@ -249,6 +257,7 @@ impl Start {
             tokenizer: model.tokenizer.clone(),
             stop_ids: model.stop_ids(),
             prompt: self.prompt,
+            vocab: model.model.config.vocab_size,
             max_tokens: params.max_tokens,
             top_logprobs: params.logprobs,
             sampler: Sampler::new(params.sampling),
@@ -262,6 +271,8 @@ impl Start {
             step_started: None,
             prefill_started: false,
             drawing: false,
+            speculation: None,
+            spec_stats: SpecStats::default(),
         }
     }
 }
@@ -322,6 +333,30 @@ impl Generation<'_> {
     /// The prompt's tokens.
     pub fn prompt(&self) -> &[u32] {
         &self.prompt
+    }
+
+    /// Decodes speculatively from now on: `speculation`'s drafter proposes, the target verifies
+    /// several tokens per pass ([`crate::speculative`]). The output keeps the target's law
+    /// (greedy: its exact tokens).
+    /// A drafter of another vocabulary size is refused.
+    pub fn speculate(&mut self, mut speculation: Speculation) -> Result<()> {
+        if let Some(n) = speculation.drafter.vocab_size() {
+            if n != self.vocab {
+                return Err(EngineError::BadParams(format!(
+                    "the draft's vocabulary has {n} tokens, the target's {}: they must be the same",
+                    self.vocab
+                )));
+            }
+        }
+        speculation.drafter.start(self.sampler.params());
+        self.speculation = Some(speculation);
+        Ok(())
+    }
+
+    /// Takes the speculation back (to reuse its drafter, e.g. a loaded draft model, for the
+    /// next generation).
+    pub fn take_speculation(&mut self) -> Option<Speculation> {
+        self.speculation.take()
     }
 
     /// The next event, computing as much as it takes (the prefill, or one token); None after
@@ -413,6 +448,12 @@ impl Generation<'_> {
                 self.prefill_step(exec)?;
                 Ok(None)
             }
+            Phase::Decode(Some(feed)) if self.speculation.is_some() => {
+                // A verifying pass has several tokens: it runs on its own, not in the batch.
+                self.step_started = Some(start);
+                self.speculative_step(exec, feed)?;
+                Ok(None)
+            }
             Phase::Decode(feed) => {
                 self.step_started = Some(start);
                 if feed.is_some() && !self.room() {
@@ -446,7 +487,7 @@ impl Generation<'_> {
     }
 
     /// Whether the session has room for one more token; finishes the generation if not.
-    fn room(&mut self) -> bool {
+    pub(crate) fn room(&mut self) -> bool {
         let full = self.session.tokens().len() >= self.session.capacity();
         if full {
             self.finish(FinishReason::ContextFull);
@@ -456,6 +497,9 @@ impl Generation<'_> {
 
     /// Feeds the previous token (if any) and draws the next one.
     fn step(&mut self, exec: &mut dyn Executor, feed: Option<u32>) -> Result<()> {
+        if let (Some(token), true) = (feed, self.speculation.is_some()) {
+            return self.speculative_step(exec, token);
+        }
         if let Some(token) = feed {
             if !self.room() {
                 return Ok(());
@@ -467,29 +511,37 @@ impl Generation<'_> {
         Ok(())
     }
 
-    /// Draws the next token from the logits: its events, and the end of the generation when
-    /// it stops, completes a stop string or reaches the limit.
-    fn draw(&mut self) {
-        let id = self.sampler.sample(&mut self.logits, self.session.tokens());
+    /// Draws the next token from the logits.
+    pub(crate) fn draw(&mut self) {
+        self.sampler.adjust(&mut self.logits, self.session.tokens());
+        let id = self.sampler.choose(&self.logits);
         let logprob = self.top_logprobs.map(|n| logprobs(&self.logits, id, n));
+        self.emit(id, logprob);
+    }
+
+    /// Emits a chosen token: its events, and the end of the generation when it stops,
+    /// completes a stop string or reaches the limit. True when the generation ended.
+    pub(crate) fn emit(&mut self, id: u32, logprob: Option<TokenLogprob>) -> bool {
+        self.sampler.accept(id);
         self.usage.completion_tokens += 1;
         self.pending.push_back(Event::Token { id, logprob });
         if self.stop_ids.contains(&id) {
             self.finish(FinishReason::Stop);
-            return;
+            return true;
         }
         if let Some(tok) = self.tokenizer.as_ref().filter(|t| !t.is_special(id)) {
             let text = self.utf8.push(&tok.token_to_piece(id));
             if !text.is_empty() && self.scan_text(&text) {
                 self.finish(FinishReason::StopString);
-                return;
+                return true;
             }
         }
         if self.usage.completion_tokens >= self.max_tokens {
             self.finish(FinishReason::Length);
-        } else {
-            self.phase = Phase::Decode(Some(id));
+            return true;
         }
+        self.phase = Phase::Decode(Some(id));
+        false
     }
 
     /// Passes text through the stop strings; true when one of them ended the stream.
@@ -525,6 +577,7 @@ impl Generation<'_> {
             reason,
             usage: self.usage,
             timings: self.timings,
+            speculative: self.spec_stats,
             seed: self.sampler.seed(),
         }));
         self.phase = Phase::Done;

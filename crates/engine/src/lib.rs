@@ -38,9 +38,11 @@ pub use error::{EngineError, Result};
 pub use generate::{Event, Finish, FinishReason, GenerateParams, Generation, Timings, Usage};
 pub use loaded::{LoadError, LoadedModel};
 pub use prompt::{Input, Overflow};
-pub use sampler::{argmax, logprobs, Sampler, SamplingParams, TokenLogprob};
+pub use sampler::{argmax, logprobs, Prob, Sampler, SamplingParams, TokenLogprob};
 pub use session::{PrefillStep, Session};
-pub use speculative::{generate_greedy_speculative, same_vocabulary, Side, SpecStats};
+pub use speculative::{
+    same_vocabulary, DraftModel, Drafter, PromptLookup, Proposal, SpecStats, Speculation,
+};
 pub use stop::{StopScan, StopStrings};
 pub use text_side::TextSide;
 pub use utf8_stream::Utf8Stream;

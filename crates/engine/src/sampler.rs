@@ -229,6 +229,19 @@ pub fn logprobs(logits: &[f32], chosen: u32, n: usize) -> TokenLogprob {
     }
 }
 
+/// The largest logit among `cands` (-inf when there are none).
+fn top_logit(cands: &[Candidate]) -> f32 {
+    cands
+        .iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// A candidate's unnormalised weight at inverse temperature `inv_t`, relative to `max`.
+fn tempered(c: &Candidate, max: f32, inv_t: f32) -> f64 {
+    (((c.logit - max) * inv_t) as f64).exp()
+}
+
 /// A sampler for one generation: the parameters, the generator, and the counts of the tokens
 /// generated so far (for the OpenAI penalties).
 pub struct Sampler {
@@ -365,11 +378,8 @@ impl Sampler {
         let inv_t = 1.0 / self.params.temperature;
         self.candidates(logits);
         let cands = &self.cands;
-        let max = cands
-            .iter()
-            .map(|c| c.logit)
-            .fold(f32::NEG_INFINITY, f32::max);
-        let weight = |c: &Candidate| (((c.logit - max) * inv_t) as f64).exp();
+        let max = top_logit(cands);
+        let weight = |c: &Candidate| tempered(c, max, inv_t);
         let total: f64 = cands.iter().map(weight).sum();
         let mut u = self.rng.next_f64() * total;
         for c in cands {
@@ -395,6 +405,9 @@ impl Sampler {
         id
     }
 }
+
+mod dist;
+pub use dist::Prob;
 
 #[cfg(test)]
 mod tests;

@@ -3,16 +3,15 @@
 //! hold-back, stop ids, length and context limits, cancellation, logprobs, prefix reuse, the
 //! overflow policy, and input checks.
 
-use std::any::Any;
 use std::ops::ControlFlow;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anelm_engine::{
     EngineError, Event, Finish, FinishReason, GenerateParams, Input, LoadedModel, Message,
     Overflow, SamplingParams, Session,
 };
-use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{model as model_path, GEMMA3, SMOLLM2};
+use anelm_model::Executor;
+use anelm_testkit::{model as model_path, FnExec, GEMMA3, SMOLLM2};
 
 fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
     std::sync::Arc::new(
@@ -20,91 +19,19 @@ fn load(path: &std::path::Path) -> std::sync::Arc<LoadedModel> {
     )
 }
 
-struct ScriptState {
-    tokens: Vec<u32>,
-    capacity: usize,
-}
-
-impl KvState for ScriptState {
-    fn len(&self) -> usize {
-        self.tokens.len()
-    }
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-    fn truncate(&mut self, len: usize) {
-        self.tokens.truncate(len);
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
-
 /// After `prompt_len` tokens, the logits favour `script[i]` for the i-th generated token (then
 /// token 0). Records the size of every forward pass.
-struct Scripted {
-    vocab: usize,
-    prompt_len: usize,
-    script: Vec<u32>,
-    passes: Arc<Mutex<Vec<usize>>>,
-}
-
-impl Scripted {
-    fn new(vocab: usize, prompt_len: usize, script: &[u32]) -> Scripted {
-        Scripted {
-            vocab,
-            prompt_len,
-            script: script.to_vec(),
-            passes: Arc::default(),
-        }
-    }
-}
-
-impl Executor for Scripted {
-    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
-        Ok(Box::new(ScriptState {
-            tokens: Vec::new(),
-            capacity,
-        }))
-    }
-
-    fn forward(
-        &mut self,
-        state: &mut dyn KvState,
-        tokens: &[u32],
-        logits: Logits,
-        out: &mut Vec<f32>,
-    ) -> Result<(), ExecError> {
-        let st = state
-            .as_any_mut()
-            .downcast_mut::<ScriptState>()
-            .ok_or(ExecError::ForeignState)?;
-        if st.tokens.len() + tokens.len() > st.capacity {
-            return Err(ExecError::ContextFull {
-                needed: st.tokens.len() + tokens.len(),
-                capacity: st.capacity,
-            });
-        }
-        st.tokens.extend_from_slice(tokens);
-        self.passes.lock().unwrap().push(tokens.len());
-        let rows = logits.rows(tokens.len());
-        out.clear();
-        out.resize(rows * self.vocab, 0.0);
-        for r in 0..rows {
-            let pos = st.tokens.len() - rows + r + 1; // tokens seen once this row is processed
-            let favoured = pos
-                .checked_sub(self.prompt_len)
-                .and_then(|i| self.script.get(i))
-                .copied()
-                .unwrap_or(0);
-            out[r * self.vocab + favoured as usize] = 10.0;
-        }
-        Ok(())
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab
-    }
+fn scripted(vocab: usize, prompt_len: usize, script: &[u32]) -> FnExec {
+    let script = script.to_vec();
+    FnExec::new(vocab, move |history, row| {
+        let favoured = history
+            .len()
+            .checked_sub(prompt_len)
+            .and_then(|i| script.get(i))
+            .copied()
+            .unwrap_or(0);
+        row[favoured as usize] = 10.0;
+    })
 }
 
 fn smollm2() -> Arc<LoadedModel> {
@@ -188,7 +115,7 @@ fn split_characters_stream_whole(file: &str) {
     let eos = tok.eos().unwrap();
     let mut script = ids.clone();
     script.push(eos);
-    let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &script);
+    let mut exec = scripted(model.model.config.vocab_size, PROMPT.len(), &script);
     let mut session = Session::new(&exec, 64).unwrap();
     let events = collect(
         &mut session,
@@ -234,7 +161,7 @@ fn a_stop_string_is_held_back_and_never_emitted() {
     let ids = tok
         .encode("Sure thing.\nUser: and more text", false, false)
         .unwrap();
-    let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &ids);
+    let mut exec = scripted(model.model.config.vocab_size, PROMPT.len(), &ids);
     let mut session = Session::new(&exec, 64).unwrap();
     let params = GenerateParams {
         stop: vec!["\nUser:".into()],
@@ -271,7 +198,7 @@ fn limits_end_the_generation_with_their_reason() {
     let vocab = model.model.config.vocab_size;
     let script: Vec<u32> = (100..200).collect();
     // max_tokens
-    let mut exec = Scripted::new(vocab, PROMPT.len(), &script);
+    let mut exec = scripted(vocab, PROMPT.len(), &script);
     let mut session = Session::new(&exec, 64).unwrap();
     let f = finish(&collect(
         &mut session,
@@ -307,7 +234,7 @@ fn limits_end_the_generation_with_their_reason() {
 fn cancelling_stops_within_a_token() {
     let model = smollm2();
     let script: Vec<u32> = (100..200).collect();
-    let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &script);
+    let mut exec = scripted(model.model.config.vocab_size, PROMPT.len(), &script);
     let passes = exec.passes.clone();
     let mut session = Session::new(&exec, 64).unwrap();
     let mut seen = 0;
@@ -341,7 +268,7 @@ fn cancelling_stops_within_a_token() {
 fn logprobs_come_from_the_logits() {
     let model = smollm2();
     let vocab = model.model.config.vocab_size;
-    let mut exec = Scripted::new(vocab, PROMPT.len(), &[42, 43]);
+    let mut exec = scripted(vocab, PROMPT.len(), &[42, 43]);
     let mut session = Session::new(&exec, 64).unwrap();
     let params = GenerateParams {
         logprobs: Some(3),
@@ -376,7 +303,7 @@ fn logprobs_come_from_the_logits() {
 fn a_prompt_extending_the_cache_prefills_only_the_suffix() {
     let model = smollm2();
     let script = [500u32, 501, 502, EOS];
-    let mut exec = Scripted::new(model.model.config.vocab_size, PROMPT.len(), &script);
+    let mut exec = scripted(model.model.config.vocab_size, PROMPT.len(), &script);
     let passes = exec.passes.clone();
     let mut session = Session::new(&exec, 64).unwrap();
     collect(
@@ -439,7 +366,7 @@ fn long_chat(turns: usize) -> Vec<Message> {
 #[test]
 fn context_overflow_is_refused_or_reported() {
     let model = smollm2();
-    let exec = Scripted::new(model.model.config.vocab_size, 0, &[]);
+    let exec = scripted(model.model.config.vocab_size, 0, &[]);
     let chat = long_chat(10);
     let full = anelm_engine::prompt::chat_ids(&model, &chat).unwrap().len();
     let capacity = full / 2;
@@ -485,7 +412,7 @@ fn context_overflow_is_refused_or_reported() {
     );
     assert!(text.contains("Question number 9:"), "the newest turns stay");
     // Whole turns go: the count of dropped messages is even here and reported.
-    let mut exec = Scripted::new(model.model.config.vocab_size, prompt.len(), &[EOS]);
+    let mut exec = scripted(model.model.config.vocab_size, prompt.len(), &[EOS]);
     let f = session
         .generate_with(
             &mut exec,
@@ -530,7 +457,7 @@ fn context_overflow_is_refused_or_reported() {
 fn bad_requests_are_clear_errors() {
     let model = smollm2();
     let vocab = model.model.config.vocab_size;
-    let exec = Scripted::new(vocab, 0, &[]);
+    let exec = scripted(vocab, 0, &[]);
     let mut session = Session::new(&exec, 64).unwrap();
     let err = |input: Input, params: GenerateParams, session: &mut Session| {
         session
@@ -560,7 +487,7 @@ fn a_long_prompt_prefills_chunk_by_chunk_and_can_stop_between() {
     let prompt: Vec<u32> = (0..2 * PREFILL_CHUNK + 100)
         .map(|i| 100 + (i % 50) as u32)
         .collect();
-    let mut exec = Scripted::new(model.model.config.vocab_size, prompt.len(), &[500, EOS]);
+    let mut exec = scripted(model.model.config.vocab_size, prompt.len(), &[500, EOS]);
     let passes = exec.passes.clone();
     let capacity = 4 * PREFILL_CHUNK;
 

@@ -154,3 +154,61 @@ fn a_seed_reproduces_sampled_text() {
     assert_eq!(a, sample(11, &mut exec));
     assert_ne!(a, sample(12, &mut exec), "another seed, another story");
 }
+
+/// Speculative greedy decoding on the real models gives the plain greedy tokens, with prompt
+/// lookup and with a draft model (the model itself: the only one of the same vocabulary here),
+/// on a prompt whose answer repeats it.
+fn speculative_greedy_is_plain_greedy(file: &str) {
+    use anelm_engine::{DraftModel, PromptLookup, Speculation};
+    let model = load(&model_path(file));
+    let mut exec = CpuExecutor::new(model.model.clone(), 0);
+    let text = "The Apple Neural Engine is a specialised processor found in Apple's chips. \
+                It runs the matrix multiplications of neural networks at low power.";
+    let input = Input::Messages(vec![Message::user(&format!(
+        "{text}\n\nRepeat the text above word for word."
+    ))]);
+    let generate = |exec: &mut CpuExecutor, spec: Option<Speculation>| {
+        let mut session = Session::new(&*exec, 512).unwrap();
+        let mut g = session.generate(&model, &input, greedy(48)).unwrap();
+        if let Some(s) = spec {
+            g.speculate(s).unwrap();
+        }
+        let mut ids = Vec::new();
+        loop {
+            match g.next_event(exec).unwrap().unwrap() {
+                Event::Token { id, .. } => ids.push(id),
+                Event::Text(_) => {}
+                Event::Finish(f) => return (ids, f),
+            }
+        }
+    };
+    let (want, _) = generate(&mut exec, None);
+    let lookup = Speculation::new(Box::new(PromptLookup::default()), 8).unwrap();
+    let (got, f) = generate(&mut exec, Some(lookup));
+    assert_eq!(got, want, "{file}: prompt lookup");
+    assert!(
+        f.speculative.accepted > 0,
+        "{file}: lookup kept nothing: {:?}",
+        f.speculative
+    );
+    let draft = DraftModel::new(Box::new(CpuExecutor::new(model.model.clone(), 0)), 512).unwrap();
+    let (got, f) = generate(
+        &mut exec,
+        Some(Speculation::new(Box::new(draft), 4).unwrap()),
+    );
+    assert_eq!(got, want, "{file}: draft model");
+    assert_eq!(
+        f.speculative.accepted, f.speculative.drafted,
+        "{file}: itself agrees"
+    );
+}
+
+#[test]
+fn smollm2_speculative_greedy_is_plain_greedy() {
+    speculative_greedy_is_plain_greedy(SMOLLM2);
+}
+
+#[test]
+fn gemma3_speculative_greedy_is_plain_greedy() {
+    speculative_greedy_is_plain_greedy(GEMMA3);
+}

@@ -45,7 +45,7 @@ use tokio::sync::oneshot;
 
 pub use limits::Limits;
 pub use model::context_size;
-pub use scheduler::{SchedulerConfig, Stats};
+pub use scheduler::{LookupConfig, SchedulerConfig, Stats};
 
 /// How to serve.
 #[derive(Clone, Debug)]

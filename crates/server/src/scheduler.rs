@@ -19,7 +19,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use anelm_engine::{
-    Batch, Event, Finish, GenerateParams, Generation, Input, LoadedModel, Session, TokenLogprob,
+    Batch, Event, Finish, GenerateParams, Generation, Input, LoadedModel, PromptLookup, Session,
+    Speculation, TokenLogprob,
 };
 use anelm_model::Executor;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -36,6 +37,17 @@ pub struct SchedulerConfig {
     pub queue: usize,
     /// Idle sessions kept for prefix reuse.
     pub cached_sessions: usize,
+    /// Prompt lookup speculative decoding for every plain (not JSON-mode) generation.
+    pub lookup: Option<LookupConfig>,
+}
+
+/// Prompt lookup settings (`serve --lookup`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookupConfig {
+    /// Most tokens drafted per verifying pass.
+    pub k: usize,
+    /// The longest n-gram matched.
+    pub max_ngram: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -44,6 +56,7 @@ impl Default for SchedulerConfig {
             parallel: 4,
             queue: 32,
             cached_sessions: 4,
+            lookup: None,
         }
     }
 }
@@ -388,7 +401,7 @@ impl Shared {
         r.prefix = r.json.then(JsonPrefix::default);
         match session.into_generation(&self.model, &r.input, params) {
             Ok(g) => {
-                r.generation = Some(g);
+                r.generation = Some(self.speculating(g, r.json));
                 true
             }
             Err((e, session)) => {
@@ -397,6 +410,22 @@ impl Shared {
                 false
             }
         }
+    }
+
+    /// A generation with prompt lookup attached when the server speculates (JSON-mode ones
+    /// decode one constrained token at a time).
+    fn speculating(&self, mut g: Generation<'static>, json: bool) -> Generation<'static> {
+        if let (Some(l), false) = (self.config.lookup, json) {
+            let drafter = PromptLookup {
+                min_ngram: 1,
+                max_ngram: l.max_ngram,
+            };
+            // k ≥ 1 and the drafter has no vocabulary of its own: attaching cannot fail.
+            if let Ok(s) = Speculation::new(Box::new(drafter), l.k) {
+                let _ = g.speculate(s);
+            }
+        }
+        g
     }
 
     /// Starts a job taken from the queue: its session (with the longest cached prefix) and its
@@ -430,7 +459,7 @@ impl Shared {
         let input = Input::Ids(job.prompt);
         match session.into_generation(&self.model, &input, params) {
             Ok(g) => Some(Running {
-                generation: Some(g),
+                generation: Some(self.speculating(g, job.json)),
                 choice: 0,
                 rest,
                 input,

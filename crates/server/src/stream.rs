@@ -105,14 +105,22 @@ pub fn timings(finishes: &[&Finish]) -> serde_json::Value {
         .map(|f| f.timings.decode.as_secs_f64())
         .sum();
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-    serde_json::json!({
+    let mut t = serde_json::json!({
         "prompt_n": prompt_n,
         "prompt_ms": prompt_s * 1e3,
         "prompt_per_second": rate(prompt_n, prompt_s),
         "predicted_n": predicted_n,
         "predicted_ms": predicted_s * 1e3,
         "predicted_per_second": rate(predicted_n, predicted_s),
-    })
+    });
+    // Speculative decoding, in llama-server's names.
+    let drafted: usize = finishes.iter().map(|f| f.speculative.drafted).sum();
+    if finishes.iter().any(|f| f.speculative.target_passes > 0) {
+        let accepted: usize = finishes.iter().map(|f| f.speculative.accepted).sum();
+        t["draft_n"] = drafted.into();
+        t["draft_n_accepted"] = accepted.into();
+    }
+    t
 }
 
 /// An API's translation of updates into server-sent events.

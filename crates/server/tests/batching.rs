@@ -114,3 +114,58 @@ async fn concurrent_greedy_requests_equal_their_solo_replies() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// With prompt lookup (`serve --lookup`), greedy replies are the replies without it — alone
+/// and several at once (speculating generations verify on their own beside the batch) — and
+/// JSON mode still gives JSON.
+#[tokio::test]
+async fn prompt_lookup_keeps_every_greedy_reply() {
+    let plain = start(config(4, 8));
+    let mut cfg = config(4, 8);
+    cfg.scheduler.lookup = Some(anelm_server::LookupConfig { k: 6, max_ngram: 3 });
+    let lookup = start(cfg);
+    let c = client();
+    let (plain_url, lookup_url) = (
+        format!("{}/v1/chat/completions", base(&plain)),
+        format!("{}/v1/chat/completions", base(&lookup)),
+    );
+    let mut solo = Vec::new();
+    for i in 0..PROMPTS.len() {
+        solo.push(ask(&c, &plain_url, i).await);
+        assert_eq!(ask(&c, &lookup_url, i).await, solo[i], "prompt {i} alone");
+    }
+    // A reply that repeats its prompt, where lookup drafts the most.
+    let text = "The quick brown fox jumps over the lazy dog near the old river bank.";
+    let echo = chat(&format!("Repeat exactly: {text}"), 40);
+    let (s1, a) = post(&c, &plain_url, &echo).await;
+    let (s2, b) = post(&c, &lookup_url, &echo).await;
+    assert_eq!((s1, s2), (200, 200));
+    assert_eq!(reply(&a), reply(&b), "the echo");
+    assert!(a["timings"].get("draft_n").is_none(), "{a}");
+    let (drafted, accepted) = (&b["timings"]["draft_n"], &b["timings"]["draft_n_accepted"]);
+    assert!(
+        accepted.as_u64().unwrap() > 0,
+        "lookup drafted {drafted}, kept {accepted}"
+    );
+    let together: Vec<_> = (0..PROMPTS.len())
+        .map(|i| {
+            let (c, url) = (c.clone(), lookup_url.clone());
+            tokio::spawn(async move { ask(&c, &url, i).await })
+        })
+        .collect();
+    for (i, t) in together.into_iter().enumerate() {
+        assert_eq!(
+            t.await.unwrap(),
+            solo[i],
+            "prompt {i} with lookup, together"
+        );
+    }
+    let mut json = chat("Give a JSON object with a name and an age.", 40);
+    json["response_format"] = serde_json::json!({"type": "json_object"});
+    let (status, v) = post(&c, &lookup_url, &json).await;
+    assert_eq!(status, 200, "{v}");
+    let content = reply(&v).0;
+    if reply(&v).1 == "stop" {
+        serde_json::from_str::<Value>(&content).unwrap_or_else(|e| panic!("{e}: {content}"));
+    }
+}

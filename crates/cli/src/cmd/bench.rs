@@ -50,6 +50,12 @@ pub struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// With --lookup or --draft: measure speculative against plain greedy decoding of `-n`
+    /// tokens answering this file's text as a chat message (e.g. a text and "summarise it").
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub speculate: super::speculate::SpeculateArgs,
 }
 
 /// Deterministic token ids spread over the vocabulary (the content does not change the cost).
@@ -207,6 +213,20 @@ fn stats(v: &[f64]) -> Option<Stats> {
 pub fn run(a: Args) -> Result<()> {
     if a.repetitions == 0 {
         bail!("-r must be at least 1");
+    }
+    match (&a.prompt_file, a.speculate.enabled()) {
+        (Some(file), true) => {
+            return super::bench_spec::run(
+                &a.model,
+                &a.speculate,
+                file,
+                a.gen,
+                a.repetitions,
+                a.json,
+            )
+        }
+        (None, false) => {}
+        _ => bail!("--prompt-file and --lookup/--draft go together (a speculative benchmark)"),
     }
     if a.prompt == 0 && a.gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");

@@ -3,15 +3,15 @@
 //! each answer tells the speed and how much of the prompt came from the cache.
 
 use std::io::{BufRead, Write};
-use std::ops::ControlFlow;
 
 use anelm_engine::{
-    Event, Finish, FinishReason, GenerateParams, Input, Message, Overflow, Session,
+    Event, Finish, FinishReason, GenerateParams, Input, Message, Overflow, Session, Speculation,
 };
 use anyhow::Result;
 
 use super::common::{FallbackArgs, ModelArgs, TemplateKwargsArgs};
 use super::run::SamplingArgs;
+use super::speculate::SpeculateArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -36,6 +36,8 @@ pub struct Args {
     pub stop: Vec<String>,
     #[command(flatten)]
     pub template_kwargs: TemplateKwargsArgs,
+    #[command(flatten)]
+    pub speculate: SpeculateArgs,
 }
 
 const HELP: &str = "\
@@ -55,6 +57,8 @@ struct Chat {
     /// The conversation without the system message.
     turns: Vec<Message>,
     params: GenerateParams,
+    /// The drafter, kept from answer to answer (a loaded draft model stays loaded).
+    speculation: Option<Speculation>,
 }
 
 impl Chat {
@@ -87,6 +91,7 @@ pub fn run(a: Args) -> Result<()> {
             overflow: Overflow::DropOldestTurns,
             ..GenerateParams::default()
         },
+        speculation: a.speculate.build(&a.model, &loaded, ctx)?,
     };
     chat.params
         .sampling
@@ -192,20 +197,35 @@ fn answer(
 ) -> Result<Finish> {
     let input = Input::Messages(chat.messages());
     let mut text = String::new();
-    let finish = session.generate_with(exec, loaded, &input, chat.params.clone(), |event| {
-        if let Event::Text(delta) = event {
-            text.push_str(delta);
-            // A closed terminal ends the answer.
-            if out
-                .write_all(delta.as_bytes())
-                .and_then(|()| out.flush())
-                .is_err()
-            {
-                return ControlFlow::Break(());
+    let mut generation = session.generate(loaded, &input, chat.params.clone())?;
+    if let Some(s) = chat.speculation.take() {
+        generation.speculate(s)?;
+    }
+    let finish = loop {
+        let event = match generation.next_event(exec) {
+            Ok(e) => e.expect("a generation ends with a finish"),
+            Err(e) => {
+                chat.speculation = generation.take_speculation();
+                return Err(e.into());
             }
+        };
+        match event {
+            Event::Text(delta) => {
+                text.push_str(&delta);
+                // A closed terminal ends the answer.
+                if out
+                    .write_all(delta.as_bytes())
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    generation.cancel();
+                }
+            }
+            Event::Finish(f) => break f,
+            Event::Token { .. } => {}
         }
-        ControlFlow::Continue(())
-    })?;
+    };
+    chat.speculation = generation.take_speculation();
     writeln!(out)?;
     // Turns the context could not hold are gone for good (a system message is never dropped).
     chat.turns.drain(..finish.usage.dropped_messages);
@@ -221,6 +241,13 @@ fn report(f: &Finish) {
         f.usage.prompt_tokens,
         f.usage.cached_tokens
     );
+    let s = &f.speculative;
+    if s.target_passes > 0 {
+        line += &format!(
+            " | speculative: {}/{} drafted tokens accepted",
+            s.accepted, s.drafted
+        );
+    }
     if f.usage.dropped_messages > 0 {
         line += &format!(
             " | dropped the {} oldest messages to fit the context",

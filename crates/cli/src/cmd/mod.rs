@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_spec;
 pub mod chat;
 pub mod check;
 pub mod common;
@@ -14,6 +15,7 @@ pub mod probe;
 pub mod probe_all;
 pub mod run;
 pub mod serve;
+pub mod speculate;
 pub mod template;
 pub mod tokenize;
 pub mod verify;

@@ -4,15 +4,12 @@
 use std::io::Write;
 
 use anelm_engine::prompt::chat_ids;
-use anelm_engine::{
-    generate_greedy_speculative, Event, GenerateParams, Input, LoadedModel, Message,
-    SamplingParams, Session, Side, TokenLogprob, Utf8Stream,
-};
-use anelm_model::Executor;
+use anelm_engine::{Event, GenerateParams, Input, Message, SamplingParams, Session, TokenLogprob};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::common::{FallbackArgs, ModelArgs, PromptArgs, TemplateKwargsArgs};
+use super::speculate::SpeculateArgs;
 
 /// The sampling flags, shared by `run` and `chat`.
 #[derive(clap::Args, Clone, Debug)]
@@ -108,13 +105,8 @@ pub struct Args {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
-    /// Speculative decoding with this draft model (same vocabulary; greedy only): the output is
-    /// exactly the target's greedy output.
-    #[arg(long, value_name = "MODEL")]
-    pub draft: Option<std::path::PathBuf>,
-    /// Tokens the draft proposes per round.
-    #[arg(long, default_value_t = 4)]
-    pub draft_k: usize,
+    #[command(flatten)]
+    pub speculate: SpeculateArgs,
     #[command(flatten)]
     pub template_kwargs: TemplateKwargsArgs,
 }
@@ -129,9 +121,20 @@ struct RunJson {
     usage: UsageJson,
     #[serde(skip_serializing_if = "Option::is_none")]
     logprobs: Option<Vec<LogprobJson>>,
-    /// Device evaluations per decoded token (--device sim|ane).
+    /// Device evaluations per decoded token (--device sim|ane; not with speculative decoding,
+    /// whose passes verify several tokens).
     #[serde(skip_serializing_if = "Option::is_none")]
     dispatches_per_token: Option<usize>,
+    /// With --draft or --lookup: what was drafted and kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speculative: Option<SpecJson>,
+}
+
+#[derive(Serialize)]
+struct SpecJson {
+    drafted: usize,
+    accepted: usize,
+    target_passes: usize,
 }
 
 #[derive(Serialize)]
@@ -172,9 +175,7 @@ pub fn run(a: Args) -> Result<()> {
         tracing::info!("{n} device dispatches per decoded token");
     }
     let mut session = Session::new(exec.as_ref(), capacity)?;
-    if let Some(draft) = &a.draft {
-        return run_speculative(&a, draft, &loaded, exec.as_mut(), &mut session, prompt);
-    }
+    let speculation = a.speculate.build(&a.model, &loaded, capacity)?;
     let params = GenerateParams {
         sampling: a.sampling.params(0.0),
         max_tokens: a.max_tokens,
@@ -185,35 +186,32 @@ pub fn run(a: Args) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let (mut ids, mut text, mut logprobs) = (Vec::new(), String::new(), Vec::new());
     let stream_text = !a.json && loaded.tokenizer.is_some();
-    let finish = session.generate_with(
-        exec.as_mut(),
-        &loaded,
-        &Input::Ids(prompt.clone()),
-        params,
-        |event| {
-            match event {
-                Event::Token { id, logprob } => {
-                    ids.push(*id);
-                    if let Some(TokenLogprob { logprob, top }) = logprob {
-                        logprobs.push(LogprobJson {
-                            id: *id,
-                            logprob: *logprob,
-                            top: top.clone(),
-                        });
-                    }
+    let mut generation = session.generate(&loaded, &Input::Ids(prompt.clone()), params)?;
+    if let Some(s) = speculation {
+        generation.speculate(s)?;
+    }
+    let finish = loop {
+        match generation
+            .next_event(exec.as_mut())?
+            .expect("a generation ends with a finish")
+        {
+            Event::Token { id, logprob } => {
+                ids.push(id);
+                if let Some(TokenLogprob { logprob, top }) = logprob {
+                    logprobs.push(LogprobJson { id, logprob, top });
                 }
-                Event::Text(delta) => {
-                    text.push_str(delta);
-                    if stream_text {
-                        let _ = stdout.write_all(delta.as_bytes());
-                        let _ = stdout.flush();
-                    }
-                }
-                Event::Finish(_) => {}
             }
-            std::ops::ControlFlow::Continue(())
-        },
-    )?;
+            Event::Text(delta) => {
+                text.push_str(&delta);
+                if stream_text {
+                    let _ = stdout.write_all(delta.as_bytes());
+                    let _ = stdout.flush();
+                }
+            }
+            Event::Finish(f) => break f,
+        }
+    };
+    super::speculate::report(&finish.speculative);
     tracing::info!(
         reason = finish.reason.as_str(),
         seed = finish.seed,
@@ -235,106 +233,16 @@ pub fn run(a: Args) -> Result<()> {
                 decode_tokens_per_second: finish.decode_tokens_per_second(),
             },
             logprobs: a.logprobs.map(|_| logprobs),
-            dispatches_per_token,
+            dispatches_per_token: dispatches_per_token.filter(|_| !a.speculate.enabled()),
+            speculative: a.speculate.enabled().then_some(SpecJson {
+                drafted: finish.speculative.drafted,
+                accepted: finish.speculative.accepted,
+                target_passes: finish.speculative.target_passes,
+            }),
         };
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else if stream_text {
         writeln!(stdout)?;
-    } else {
-        let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-        writeln!(stdout, "{}", list.join(","))?;
-    }
-    Ok(())
-}
-
-/// `run --draft`: greedy speculative decoding; prints what the plain run prints.
-fn run_speculative(
-    a: &Args,
-    draft_path: &std::path::Path,
-    loaded: &LoadedModel,
-    exec: &mut dyn Executor,
-    session: &mut Session,
-    prompt: Vec<u32>,
-) -> Result<()> {
-    if a.sampling.temp.is_some_and(|t| t != 0.0) || !a.stop.is_empty() || a.logprobs.is_some() {
-        bail!("--draft decodes greedily: it takes no --temp, --stop or --logprobs");
-    }
-    let draft_args = ModelArgs {
-        model: Some(draft_path.to_path_buf()),
-        ..a.model.clone()
-    };
-    let draft = draft_args.load()?;
-    anelm_engine::same_vocabulary(loaded, &draft)
-        .with_context(|| format!("--draft {}", draft_path.display()))?;
-    let draft_capacity = session.capacity().min(draft.model.max_positions());
-    let mut draft_exec = draft_args.executor(&draft, draft_capacity)?;
-    let mut draft_session = Session::new(draft_exec.as_ref(), draft_capacity)?;
-    let max_new = session
-        .capacity()
-        .saturating_sub(prompt.len())
-        .min(a.max_tokens);
-    let stop = loaded.stop_ids();
-    let tokenizer = loaded.tokenizer.clone();
-    let stream_text = !a.json && tokenizer.is_some();
-    let mut utf8 = Utf8Stream::new();
-    let mut stdout = std::io::stdout().lock();
-    let started = std::time::Instant::now();
-    let (ids, stats) = generate_greedy_speculative(
-        &mut Side { exec, session },
-        &mut Side {
-            exec: draft_exec.as_mut(),
-            session: &mut draft_session,
-        },
-        &prompt,
-        max_new,
-        a.draft_k,
-        &stop,
-        |id| {
-            if let (true, Some(t)) = (stream_text && !stop.contains(&id), &tokenizer) {
-                let _ = stdout.write_all(utf8.push(&t.token_to_piece(id)).as_bytes());
-                let _ = stdout.flush();
-            }
-        },
-    )?;
-    let seconds = started.elapsed().as_secs_f64();
-    tracing::info!(
-        drafted = stats.drafted,
-        accepted = stats.accepted,
-        target_passes = stats.target_passes,
-        "acceptance {:.0} %, {:.1} tok/s",
-        100.0 * stats.acceptance(),
-        ids.len() as f64 / seconds
-    );
-    let stopped = ids.last().is_some_and(|id| stop.contains(id));
-    if a.json {
-        let text_ids = if stopped {
-            &ids[..ids.len() - 1]
-        } else {
-            &ids[..]
-        };
-        let text = tokenizer
-            .as_ref()
-            .map(|t| t.decode_lossy(text_ids))
-            .unwrap_or_default();
-        let n_prompt = prompt.len();
-        let out = RunJson {
-            prompt_ids: prompt,
-            text,
-            finish_reason: if stopped { "stop" } else { "length" },
-            seed: 0,
-            usage: UsageJson {
-                prompt_tokens: n_prompt,
-                completion_tokens: ids.len(),
-                decode_tokens_per_second: ids.len() as f64 / seconds,
-            },
-            ids,
-            logprobs: None,
-            // Target passes verify several tokens at once: no fixed count per token.
-            dispatches_per_token: None,
-        };
-        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
-    } else if stream_text {
-        writeln!(stdout, "{}", utf8.finish())?;
     } else {
         let list: Vec<String> = ids.iter().map(u32::to_string).collect();
         writeln!(stdout, "{}", list.join(","))?;

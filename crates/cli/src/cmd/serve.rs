@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anelm_server::{Limits, SchedulerConfig, Server, ServerConfig};
+use anelm_server::{Limits, LookupConfig, SchedulerConfig, Server, ServerConfig};
 use anyhow::Result;
 
 use super::common::{FallbackArgs, ModelArgs, TemplateKwargsArgs};
@@ -38,6 +38,10 @@ pub struct Args {
     pub alias: Option<String>,
     #[command(flatten)]
     pub template_kwargs: TemplateKwargsArgs,
+    /// Speculative decoding: `--lookup` for every plain generation (a draft model is not
+    /// served yet).
+    #[command(flatten)]
+    pub speculate: super::speculate::SpeculateArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -106,6 +110,13 @@ pub fn run(a: Args) -> Result<()> {
     if a.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
+    if a.speculate.draft.is_some() {
+        anyhow::bail!("serve --draft is not supported yet (run and chat take it); serve --lookup speculates without a second model");
+    }
+    let lookup = a.speculate.lookup()?.map(|s| LookupConfig {
+        k: s.k,
+        max_ngram: a.speculate.lookup_ngram,
+    });
     let limits = a.limits.limits()?;
     let mut loaded = a.model.load()?;
     a.template_kwargs.apply(&mut loaded);
@@ -124,6 +135,7 @@ pub fn run(a: Args) -> Result<()> {
             parallel: a.parallel,
             queue: a.queue,
             cached_sessions: a.cache_sessions,
+            lookup,
         },
         limits,
     };

@@ -49,6 +49,8 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
 /// Tokens one pass of the layers processes; longer batches are split.
 pub const MAX_BATCH: usize = 512;
+/// Passes of one sequence up to this many tokens choose their thread count as decode steps do.
+const ADAPTIVE_ROWS: usize = 16;
 /// Query tokens per attention work item in prefill.
 const ATTN_BLOCK: usize = 8;
 
@@ -78,7 +80,8 @@ pub struct CpuExecutor {
     /// The copies of the weights the products read.
     resident: Resident,
     /// Whether decode steps run on all threads or one, for each number of sequences decoded
-    /// at once (`adaptive[n - 1]`: their steps take different times).
+    /// at once (`adaptive[n - 1]`: their steps take different times), and for short passes of
+    /// one sequence (`adaptive[MAX_BATCH + n - 1]`, n ≤ [`ADAPTIVE_ROWS`]).
     adaptive: Vec<Adaptive>,
 }
 
@@ -325,14 +328,21 @@ impl CpuExecutor {
     /// `kvs`. Writes the logits of the chunk rows `rows` into `out` and advances the states.
     fn run(&mut self, kvs: &mut [&mut CpuKv], tokens: &[u32], rows: Range<usize>, out: &mut [f32]) {
         debug_assert!(kvs.len() == 1 || kvs.len() == tokens.len());
-        // A decode step may go on one thread while the machine is contended (see `adaptive`).
-        let decode = (kvs.len() == tokens.len()).then_some(tokens.len());
-        if let Some(n) = decode {
-            if self.adaptive.len() < n {
-                self.adaptive.resize_with(n, Adaptive::default);
+        // A decode step, or a short pass of one sequence (a speculative verification), may go
+        // on one thread while the machine is contended (see `adaptive`).
+        let decode = if kvs.len() == tokens.len() {
+            Some(tokens.len() - 1)
+        } else if tokens.len() <= ADAPTIVE_ROWS {
+            Some(MAX_BATCH + tokens.len() - 1)
+        } else {
+            None
+        };
+        if let Some(i) = decode {
+            if self.adaptive.len() <= i {
+                self.adaptive.resize_with(i + 1, Adaptive::default);
             }
         }
-        let solo = decode.is_some_and(|n| self.adaptive[n - 1].solo_next());
+        let solo = decode.is_some_and(|i| self.adaptive[i].solo_next());
         let started = Instant::now();
         let env = Env {
             m: &self.model,
@@ -348,9 +358,9 @@ impl CpuExecutor {
         }
         let per = tokens.len() / kvs.len();
         kvs.iter_mut().for_each(|kv| kv.len += per);
-        if let Some(n) = decode {
+        if let Some(i) = decode {
             let contended = !solo && self.pool.contended();
-            self.adaptive[n - 1].record(started.elapsed(), contended);
+            self.adaptive[i].record(started.elapsed(), contended);
         }
     }
 }

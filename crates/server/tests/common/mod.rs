@@ -21,6 +21,7 @@ pub fn config(parallel: usize, queue: usize) -> ServerConfig {
             parallel,
             queue,
             cached_sessions: 4,
+            lookup: None,
         },
         ..ServerConfig::default()
     }

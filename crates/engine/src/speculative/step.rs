@@ -1,0 +1,106 @@
+//! One speculative decode step of a [`Generation`]: draft, verify every drafted token in one
+//! target pass, emit the kept prefix and the target's own next token, and roll the session back
+//! to what was kept.
+
+use anelm_model::{Executor, Logits};
+
+use super::accept::{judge, Verdict};
+use super::drafter::sync;
+use crate::error::Result;
+use crate::generate::Generation;
+use crate::sampler::logprobs;
+
+impl Generation<'_> {
+    /// Feeds `feed` (the newest token) with a drafted continuation and emits what is kept.
+    pub(crate) fn speculative_step(&mut self, exec: &mut dyn Executor, feed: u32) -> Result<()> {
+        if !self.room() {
+            return Ok(());
+        }
+        let Some(mut spec) = self.speculation.take() else {
+            unreachable!("a speculative step needs a drafter");
+        };
+        let result = self.verify(exec, feed, &mut spec);
+        self.speculation = Some(spec);
+        result
+    }
+
+    fn verify(
+        &mut self,
+        exec: &mut dyn Executor,
+        feed: u32,
+        spec: &mut super::Speculation,
+    ) -> Result<()> {
+        let base = self.session.tokens().len();
+        // At most `remaining` tokens may still be emitted, one of them the target's own; the
+        // session must hold the fed token and every drafted one.
+        let remaining = self.max_tokens.saturating_sub(self.usage.completion_tokens);
+        let room = self.session.capacity().saturating_sub(base + 1);
+        let k = spec.wanted(remaining.saturating_sub(1).min(room));
+        let mut context = Vec::with_capacity(base + 1);
+        context.extend_from_slice(self.session.tokens());
+        context.push(feed);
+        spec.proposal.clear();
+        if k > 0 {
+            spec.drafter.propose(&context, k, &mut spec.proposal)?;
+        }
+        let proposal = &spec.proposal;
+        let n = proposal.tokens.len().min(k);
+        self.spec_stats.target_passes += 1;
+        if n == 0 {
+            spec.record(0, 0, false);
+            self.session
+                .run(exec, &[feed], Logits::Last, &mut self.logits)?;
+            self.draw();
+            return Ok(());
+        }
+        context.extend_from_slice(&proposal.tokens[..n]);
+        self.session
+            .run(exec, &context[base..], Logits::All, &mut self.logits)?;
+        self.spec_stats.drafted += n;
+
+        let vocab = exec.vocab_size();
+        let rows = std::mem::take(&mut self.logits);
+        let (mut row, mut p, mut residual) = (Vec::new(), Vec::new(), Vec::new());
+        let mut kept = n + 1;
+        let accepted_before = self.spec_stats.accepted;
+        let mut refused = false;
+        for i in 0..=n {
+            row.clear();
+            row.extend_from_slice(&rows[i * vocab..(i + 1) * vocab]);
+            self.sampler.adjust(&mut row, &context[..base + 1 + i]);
+            let (id, rejected) = if i < n {
+                let x = proposal.tokens[i];
+                self.sampler.distribution(&row, &mut p);
+                let q = proposal.dists.get(i).map(Vec::as_slice);
+                let u = self.sampler.uniform();
+                let sampler = &mut self.sampler;
+                match judge(&p, q, x, u, &mut residual, |d| sampler.draw(d)) {
+                    Verdict::Accepted(x) => {
+                        self.spec_stats.accepted += 1;
+                        (x, false)
+                    }
+                    Verdict::Replaced(y) => (y, true),
+                }
+            } else {
+                (self.sampler.choose(&row), false)
+            };
+            refused |= rejected;
+            let logprob = self.top_logprobs.map(|m| logprobs(&row, id, m));
+            if self.emit(id, logprob) || rejected {
+                kept = i + 1;
+                break;
+            }
+        }
+        self.logits = rows;
+        spec.record(n, self.spec_stats.accepted - accepted_before, refused);
+        // The session keeps the fed token and the drafted tokens before the last emitted one
+        // (which is pending, or ended the generation).
+        let want = base + kept;
+        self.session.truncate(want);
+        if self.session.tokens().len() < want {
+            // A recurrent state could not go back: rebuild it.
+            sync(exec, &mut self.session, &context[..want], &mut self.logits)?;
+        }
+        Ok(())
+    }
+}
