@@ -224,15 +224,19 @@ impl Hub {
 
     /// The commit and files of `revision`.
     pub fn info(&self, repo: &str, revision: &str) -> Result<RepoInfo> {
+        self.info_for(repo, revision, &format!("{repo}@{revision}"))
+    }
+
+    /// [`Hub::info`], its errors about `what`.
+    fn info_for(&self, repo: &str, revision: &str, what: &str) -> Result<RepoInfo> {
         let url = format!(
             "{}/api/models/{repo}/revision/{}?blobs=true",
             self.settings.endpoint,
             encode_segment(revision)
         );
-        let what = format!("{repo}@{revision}");
         let resp = self.request("GET", &url, None)?;
         if !resp.status().is_success() {
-            return Err(self.refusal(resp.status(), resp.headers(), &what));
+            return Err(self.refusal(resp.status(), resp.headers(), what));
         }
         let text = resp
             .into_body()
@@ -331,7 +335,7 @@ impl Hub {
                 ))
             });
         }
-        let info = self.info(repo, rev)?;
+        let info = self.info_for(repo, rev, &what)?;
         let names: Vec<String> = info.files.iter().map(|s| s.name.clone()).collect();
         let wanted = select(&names, pick, &what)?;
         for name in &wanted {

@@ -72,7 +72,8 @@ fn split_part(f: &str) -> Option<(String, u32)> {
 pub fn pick_gguf(files: &[String], pick: Option<&Pick>, what: &str) -> Result<Vec<String>> {
     let ggufs: Vec<&String> = files.iter().filter(|f| is_gguf(f)).collect();
     let listing = || {
-        let names: Vec<&str> = ggufs.iter().map(|s| s.as_str()).collect();
+        let mut names: Vec<&str> = ggufs.iter().map(|s| s.as_str()).collect();
+        names.sort();
         if names.is_empty() {
             "it has no GGUF file".to_string()
         } else {
