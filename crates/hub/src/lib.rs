@@ -10,6 +10,7 @@ pub mod hub;
 pub mod inventory;
 pub mod ollama;
 mod reference;
+pub mod remove;
 mod resolve;
 pub mod select;
 mod settings;

@@ -140,7 +140,7 @@ impl OllamaStore {
                         let what = format!("ollama:{name}:{tag}");
                         match self.read_manifest(&t.path(), &what, display_name(&name, &tag)) {
                             Ok(m) => out.push(m),
-                            Err(e) => tracing::warn!("{e}"),
+                            Err(e) => tracing::debug!("not listed: {e}"),
                         }
                     }
                 }

@@ -111,7 +111,7 @@ pub struct Args {
     /// Speculative decoding with this draft model (same vocabulary; greedy only): the output is
     /// exactly the target's greedy output.
     #[arg(long, value_name = "MODEL")]
-    pub draft: Option<std::path::PathBuf>,
+    pub draft: Option<String>,
     /// Tokens the draft proposes per round.
     #[arg(long, default_value_t = 4)]
     pub draft_k: usize,
@@ -250,7 +250,7 @@ pub fn run(a: Args) -> Result<()> {
 /// `run --draft`: greedy speculative decoding; prints what the plain run prints.
 fn run_speculative(
     a: &Args,
-    draft_path: &std::path::Path,
+    draft_ref: &str,
     loaded: &LoadedModel,
     exec: &mut dyn Executor,
     session: &mut Session,
@@ -260,12 +260,12 @@ fn run_speculative(
         bail!("--draft decodes greedily: it takes no --temp, --stop or --logprobs");
     }
     let draft_args = ModelArgs {
-        model: Some(draft_path.to_path_buf()),
+        model: Some(draft_ref.to_string()),
         ..a.model.clone()
     };
     let draft = draft_args.load()?;
     anelm_engine::same_vocabulary(loaded, &draft)
-        .with_context(|| format!("--draft {}", draft_path.display()))?;
+        .with_context(|| format!("--draft {draft_ref}"))?;
     let draft_capacity = session.capacity().min(draft.model.max_positions());
     let mut draft_exec = draft_args.executor(&draft, draft_capacity)?;
     let mut draft_session = Session::new(draft_exec.as_ref(), draft_capacity)?;
