@@ -298,7 +298,7 @@ impl Hub {
             .collect();
         let files = if pick.is_some() || !has_safetensors(&present) {
             pick_gguf(&present, pick, repo).ok()?
-        } else if present.iter().any(|f| f == "config.json") {
+        } else if present.iter().any(|f| f == "config.json") && shards_present(&dir, &present) {
             // Our pulls link config.json last: a snapshot with it is whole.
             present
         } else {
@@ -356,9 +356,40 @@ impl Hub {
     }
 }
 
+/// Whether every shard `model.safetensors.index.json` names (if there is one) is present.
+fn shards_present(dir: &std::path::Path, present: &[String]) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join("model.safetensors.index.json")) else {
+        return true;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return false;
+    };
+    v.get("weight_map")
+        .and_then(|m| m.as_object())
+        .is_some_and(|m| {
+            m.values()
+                .filter_map(|f| f.as_str())
+                .all(|f| present.iter().any(|p| p == f))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sharded_snapshot_is_whole_only_with_every_shard() {
+        let d = tempfile::tempdir().unwrap();
+        let index = r#"{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}"#;
+        std::fs::write(d.path().join("model.safetensors.index.json"), index).unwrap();
+        let mut present = vec![
+            "config.json".to_string(),
+            "model-00001-of-00002.safetensors".to_string(),
+        ];
+        assert!(!shards_present(d.path(), &present));
+        present.push("model-00002-of-00002.safetensors".to_string());
+        assert!(shards_present(d.path(), &present));
+    }
 
     #[test]
     fn paths_are_encoded_per_segment() {

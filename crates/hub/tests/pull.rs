@@ -158,6 +158,48 @@ fn a_cut_connection_is_resumed_with_a_range() {
 }
 
 #[test]
+fn a_server_without_ranges_or_hashes_in_its_listing_still_gives_checked_files() {
+    let (hub, gguf, st) = hub_with_repos();
+    hub.bare_listing();
+    hub.ignore_ranges();
+    hub.cut("tiny-F32.gguf", 100_000, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let client = Hub::new(settings(&hub, tmp.path()));
+    let snap = client
+        .pull(
+            "org/tiny-GGUF",
+            None,
+            Some(&Pick::Quant("F32".into())),
+            &NoProgress,
+        )
+        .unwrap();
+    assert_eq!(
+        std::fs::read(snap.model_path()).unwrap(),
+        gguf.bytes,
+        "the whole file again, not appended"
+    );
+    assert!(
+        blobs(tmp.path(), "org/tiny-GGUF")
+            .join(gguf.sha256())
+            .is_file(),
+        "named by X-Linked-Etag"
+    );
+    assert!(
+        hub.log().iter().any(|l| l.method == "HEAD"),
+        "hashes asked of the file"
+    );
+    let snap = client.pull("org/tiny", None, None, &NoProgress).unwrap();
+    for f in &st {
+        assert!(
+            blobs(tmp.path(), "org/tiny").join(f.etag()).is_file(),
+            "{}",
+            f.name
+        );
+        assert_eq!(std::fs::read(snap.dir.join(&f.name)).unwrap(), f.bytes);
+    }
+}
+
+#[test]
 fn a_download_broken_in_one_process_is_resumed_by_the_next() {
     let (hub, gguf, _) = hub_with_repos();
     let tmp = tempfile::tempdir().unwrap();

@@ -81,6 +81,10 @@ struct State {
     log: Vec<Logged>,
     /// Where LFS files are redirected to.
     storage: String,
+    /// List files without hashes (as the API does without `?blobs=true`).
+    bare_listing: bool,
+    /// Answer every Range request with the whole file (200), as a server without ranges does.
+    ignore_ranges: bool,
 }
 
 /// The server; it runs until the test process ends.
@@ -152,6 +156,16 @@ impl FakeHub {
     /// `file` is served with one byte changed (and its etag unchanged).
     pub fn corrupt(&self, file: &str) {
         self.state.lock().unwrap().corrupt.push(file.to_string());
+    }
+
+    /// The revision API lists names and sizes only: hashes come from the file's headers.
+    pub fn bare_listing(&self) {
+        self.state.lock().unwrap().bare_listing = true;
+    }
+
+    /// Range requests are answered with the whole file.
+    pub fn ignore_ranges(&self) {
+        self.state.lock().unwrap().ignore_ranges = true;
     }
 
     pub fn heal(&self, file: &str) {
@@ -297,7 +311,9 @@ fn route(st: &State, method: &str, path: &str, range: Option<&str>, auth: Option
                 .iter()
                 .map(|f| {
                     let mut s = serde_json::json!({ "rfilename": f.name, "size": f.bytes.len(), "blobId": f.git_sha1() });
-                    if f.lfs {
+                    if st.bare_listing {
+                        s = serde_json::json!({ "rfilename": f.name });
+                    } else if f.lfs {
                         s["lfs"] = serde_json::json!({ "sha256": f.sha256(), "size": f.bytes.len(), "pointerSize": 134 });
                     }
                     s
@@ -373,7 +389,8 @@ fn serve(conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             range: range.clone(),
             authorization: auth.clone(),
         });
-        let a = route(&st, &method, &path, range.as_deref(), auth.as_deref());
+        let served_range = range.as_deref().filter(|_| !st.ignore_ranges);
+        let a = route(&st, &method, &path, served_range, auth.as_deref());
         let mut cut = None;
         let mut corrupt = false;
         if let (Some(f), true) = (&a.file, method == "GET") {
