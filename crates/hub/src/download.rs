@@ -124,17 +124,34 @@ impl Hub {
         };
         let blob = self.cache.blob_path(repo, &etag);
         if !blob.is_file() {
-            self.download(
-                &url,
-                &blob,
-                &etag,
-                described.size,
-                &sib.name,
-                &what,
-                progress,
-            )?;
+            // One writer per blob, across processes (huggingface_hub's lock file, so its
+            // downloads and ours wait for each other too).
+            let _lock = self.lock_blob(repo, &etag)?;
+            if !blob.is_file() {
+                let size = described.size;
+                self.download(&url, &blob, &etag, size, &sib.name, &what, progress)?;
+            }
         }
         self.cache.link(repo, commit, &sib.name, &etag)
+    }
+
+    /// Holds `.locks/models--org--name/<etag>.lock` until the returned file is dropped.
+    fn lock_blob(&self, repo: &str, etag: &Etag) -> Result<std::fs::File> {
+        let repo_dir = self.cache.repo_dir(repo);
+        let name = repo_dir.file_name().expect("a repository folder");
+        let dir = self.cache.root().join(".locks").join(name);
+        io(&dir, std::fs::create_dir_all(&dir))?;
+        let path = dir.join(format!("{}.lock", etag.hex()));
+        let f = io(
+            &path,
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path),
+        )?;
+        io(&path, f.lock())?;
+        Ok(f)
     }
 
     /// Downloads into `<blob>.incomplete` (resuming it), checks it and renames it to `blob`.

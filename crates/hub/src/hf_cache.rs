@@ -76,7 +76,7 @@ impl HfCache {
             io(parent, std::fs::create_dir_all(parent))?;
         }
         // Written whole then renamed, so a reader never sees half a commit id.
-        let tmp = p.with_extension("anelm-tmp");
+        let tmp = beside(&p);
         io(&tmp, std::fs::write(&tmp, commit))?;
         io(&p, std::fs::rename(&tmp, &p))
     }
@@ -94,13 +94,13 @@ impl HfCache {
         }
         target.push("blobs");
         target.push(etag.hex());
-        if std::fs::symlink_metadata(&dst).is_ok() {
-            io(&dst, std::fs::remove_file(&dst))?;
-        }
+        // Made beside it and renamed over it: two pulls linking at once both succeed.
+        let tmp = beside(&dst);
         #[cfg(unix)]
-        io(&dst, std::os::unix::fs::symlink(&target, &dst))?;
+        io(&tmp, std::os::unix::fs::symlink(&target, &tmp))?;
         #[cfg(not(unix))]
-        io(&dst, std::fs::hard_link(self.blob_path(repo, etag), &dst))?;
+        io(&tmp, std::fs::hard_link(self.blob_path(repo, etag), &tmp))?;
+        io(&dst, std::fs::rename(&tmp, &dst))?;
         Ok(dst)
     }
 
@@ -197,6 +197,17 @@ impl HfCache {
         }
         Ok(removed)
     }
+}
+
+/// A name beside `p` that no other writer (thread or process) uses, for write-then-rename.
+fn beside(p: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    PathBuf::from(format!(
+        "{}.{}-{n}.anelm-tmp",
+        p.display(),
+        std::process::id()
+    ))
 }
 
 /// The blob a snapshot entry links to (its target's file name).

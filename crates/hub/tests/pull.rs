@@ -200,6 +200,34 @@ fn a_server_without_ranges_or_hashes_in_its_listing_still_gives_checked_files() 
 }
 
 #[test]
+fn pulls_at_once_wait_for_each_other() {
+    let (hub, gguf, _) = hub_with_repos();
+    let tmp = tempfile::tempdir().unwrap();
+    let pulls: Vec<_> = (0..4)
+        .map(|_| {
+            let client = Hub::new(settings(&hub, tmp.path()));
+            std::thread::spawn(move || {
+                client.pull(
+                    "org/tiny-GGUF",
+                    None,
+                    Some(&Pick::Quant("F32".into())),
+                    &NoProgress,
+                )
+            })
+        })
+        .collect();
+    for p in pulls {
+        let snap = p.join().unwrap().unwrap();
+        assert_eq!(std::fs::read(snap.model_path()).unwrap(), gguf.bytes);
+    }
+    assert!(tmp
+        .path()
+        .join("hub/.locks/models--org--tiny-GGUF")
+        .join(format!("{}.lock", gguf.sha256()))
+        .exists());
+}
+
+#[test]
 fn a_download_broken_in_one_process_is_resumed_by_the_next() {
     let (hub, gguf, _) = hub_with_repos();
     let tmp = tempfile::tempdir().unwrap();
