@@ -353,3 +353,50 @@ fn run_from_ollamas_store_and_bad_references_in_one_line() {
     ));
     assert!(e.contains("cannot reach http://127.0.0.1:1"), "{e}");
 }
+
+#[test]
+fn serve_loads_a_hub_reference_and_names_the_model_by_it() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let hub = FakeHub::start();
+    let (_, gguf) = tiny_files();
+    hub.add_commit("org/llama-tiny-GGUF", C, &["main"], gguf);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_anelm"))
+        .args(["serve", "--model", "org/llama-tiny-GGUF:F32", "--port", "0"])
+        .env("HOME", root)
+        .env("HF_ENDPOINT", hub.url())
+        .env("HF_HUB_CACHE", root.join("hf"))
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_OFFLINE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (line, addr) = loop {
+        let line = lines.next().expect("serve prints its address").unwrap();
+        if let Some(rest) = line.split("http://").nth(1) {
+            let addr = rest.split([' ', '/']).next().unwrap().to_string();
+            break (line, addr);
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    assert!(
+        line.starts_with("anelm serve: org/llama-tiny-GGUF:F32 on"),
+        "{line}"
+    );
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {resp}"));
+    assert_eq!(v["data"][0]["id"], "org/llama-tiny-GGUF:F32", "{v}");
+}
