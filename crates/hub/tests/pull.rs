@@ -475,3 +475,31 @@ fn an_unreachable_hub_is_one_line() {
         "{e}"
     );
 }
+
+/// A full disk (the partial download written to /dev/full, which refuses every write with
+/// ENOSPC) is one line naming the file, and nothing is linked.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_disk_is_one_line_and_links_nothing() {
+    let (hub, gguf, _) = hub_with_repos();
+    let tmp = tempfile::tempdir().unwrap();
+    let client = Hub::new(settings(&hub, tmp.path()));
+    let b = blobs(tmp.path(), "org/tiny-GGUF");
+    std::fs::create_dir_all(&b).unwrap();
+    std::os::unix::fs::symlink("/dev/full", b.join(format!("{}.incomplete", gguf.sha256())))
+        .unwrap();
+    let pick = Pick::Quant("F32".into());
+    let e = client
+        .pull("org/tiny-GGUF", None, Some(&pick), &NoProgress)
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, HubError::Io { .. }), "{msg}");
+    assert!(
+        msg.contains(".incomplete")
+            && msg.contains("No space left on device")
+            && !msg.contains('\n'),
+        "{msg}"
+    );
+    assert!(!b.join(gguf.sha256()).exists());
+    assert!(client.cached("org/tiny-GGUF", None, Some(&pick)).is_none());
+}
