@@ -192,7 +192,12 @@ impl Hub {
             size = size.or(d.size).or_else(|| range_total(resp.headers()));
             let append = match status {
                 206 if range_start(resp.headers()) == Some(have) => true,
-                200 | 206 => false,
+                200 => false,
+                206 => {
+                    return Err(HubError::Http(format!(
+                        "{what}: asked for bytes from {have}, the server sent another range"
+                    )))
+                }
                 // Nothing past what we have: check it.
                 416 => break,
                 _ => return Err(self.refusal(resp.status(), resp.headers(), what)),

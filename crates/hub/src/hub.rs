@@ -183,9 +183,15 @@ impl Hub {
             req = req.header("Range", format!("bytes={from}-"));
         }
         req.call().map_err(|e| {
+            // The Hub, or the storage it redirected to: name the one that failed.
+            let origin = match url.split_once("://") {
+                Some((scheme, rest)) => {
+                    format!("{scheme}://{}", rest.split('/').next().unwrap_or(""))
+                }
+                None => url.to_string(),
+            };
             HubError::Http(format!(
-                "cannot reach {} ({e}); with HF_HUB_OFFLINE=1 only the cache is used",
-                self.settings.endpoint
+                "cannot reach {origin} ({e}); with HF_HUB_OFFLINE=1 only the cache is used"
             ))
         })
     }
