@@ -29,6 +29,12 @@ enum Command {
     Chat(cmd::chat::Args),
     /// Serve the OpenAI and Anthropic APIs and a web chat over HTTP.
     Serve(cmd::serve::Args),
+    /// Download a model from the Hugging Face Hub into the Hugging Face cache.
+    Pull(cmd::pull::Args),
+    /// The models in the Hugging Face cache, Ollama's store and anelm's model directory.
+    List(cmd::list::Args),
+    /// Remove a model from the Hugging Face cache or anelm's model directory.
+    Rm(cmd::rm::Args),
     /// Print the prompt a conversation (a JSON messages file) becomes under the chat template.
     Template(cmd::template::Args),
     /// Evaluate a prompt: argmax at every position, the last logits, greedy tokens (JSON).
@@ -68,6 +74,9 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Pull(a) => cmd::pull::run(a),
+        Command::List(a) => cmd::list::run(a),
+        Command::Rm(a) => cmd::rm::run(a),
         Command::Template(a) => cmd::template::run(a),
         Command::Eval(a) => cmd::eval::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),

@@ -1,6 +1,8 @@
-//! Finding and loading models: the default model in the cache, a progress spinner for slow loads.
+//! Finding and loading models: references through anelm-hub (with a bar per downloaded file),
+//! the default model in the cache, a progress spinner for slow loads.
 
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -22,7 +24,7 @@ fn cache_subdir(var: &str, name: &str) -> PathBuf {
 
 /// The model cache: `$ANELM_MODELS`, else `~/.cache/anelm/models`.
 pub fn cache_dir() -> PathBuf {
-    cache_subdir("ANELM_MODELS", "models")
+    anelm_hub::anelm_models_dir()
 }
 
 /// The variable that names the compiled-program cache.
@@ -33,23 +35,97 @@ pub fn programs_dir() -> PathBuf {
     cache_subdir(PROGRAMS_ENV, "programs")
 }
 
-/// `--model` if given, else the default model from the cache (with a hint when it is missing).
-pub fn resolve(model: Option<&Path>) -> Result<PathBuf> {
+/// `--model` if given (any reference anelm-hub takes), else the default model from the cache
+/// (with a hint when it is missing).
+pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
+    Ok(resolve_named(model)?.path)
+}
+
+/// [`resolve`], with the name the reference gives the model.
+pub fn resolve_named(model: Option<&str>) -> Result<anelm_hub::Resolved> {
     if let Some(m) = model {
-        if !m.exists() {
-            bail!("{}: no such file or directory", m.display());
-        }
-        return Ok(m.to_path_buf());
+        return Ok(anelm_hub::Resolver::from_env().resolve_str(m, &Bars::new())?);
     }
     let p = cache_dir().join(DEFAULT_MODEL);
     if !p.exists() {
         bail!(
-            "the default model {} is not in {}; fetch it with `python3 scripts/fetch-models.py` or pass --model PATH",
+            "the default model {} is not in {}; fetch it with `python3 scripts/fetch-models.py` or pass --model",
             DEFAULT_MODEL,
             cache_dir().display()
         );
     }
-    Ok(p)
+    Ok(anelm_hub::Resolved {
+        path: p,
+        name: DEFAULT_MODEL.to_string(),
+    })
+}
+
+/// Download progress: a bar per file on a terminal, one line per file otherwise.
+pub struct Bars {
+    terminal: bool,
+}
+
+impl Bars {
+    pub fn new() -> Bars {
+        Bars {
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+}
+
+struct FileBar {
+    bar: Option<ProgressBar>,
+    name: String,
+    done: u64,
+}
+
+impl anelm_hub::Progress for Bars {
+    fn file(&self, name: &str, total: Option<u64>, done: u64) -> Box<dyn anelm_hub::FileProgress> {
+        let bar = self.terminal.then(|| {
+            let bar = ProgressBar::new(total.unwrap_or(0));
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+                )
+                .expect("static template"),
+            );
+            bar.set_message(name.to_string());
+            bar.set_position(done);
+            bar
+        });
+        if !self.terminal {
+            let resumed = if done > 0 {
+                format!(", resuming at {done} bytes")
+            } else {
+                String::new()
+            };
+            let size = total
+                .map(|t| format!(" ({t} bytes{resumed})"))
+                .unwrap_or_default();
+            eprintln!("downloading {name}{size}");
+        }
+        Box::new(FileBar {
+            bar,
+            name: name.to_string(),
+            done,
+        })
+    }
+}
+
+impl anelm_hub::FileProgress for FileBar {
+    fn advance(&mut self, done: u64) {
+        self.done = done;
+        if let Some(b) = &self.bar {
+            b.set_position(done);
+        }
+    }
+
+    fn finish(&mut self) {
+        match &self.bar {
+            Some(b) => b.finish(),
+            None => tracing::info!("{}: {} bytes, checked", self.name, self.done),
+        }
+    }
 }
 
 /// Runs `f`, showing a spinner with `msg` if it takes longer than a second.

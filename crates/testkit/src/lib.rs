@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod fake_hub;
+
 use serde_json::Value;
 
 pub mod exec;

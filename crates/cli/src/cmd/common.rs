@@ -1,6 +1,5 @@
 //! Arguments and steps shared by the subcommands that run a model.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anelm_ane::device::{CoreMlDevice, PrivateAneDevice};
@@ -21,10 +20,12 @@ use crate::models;
 
 #[derive(clap::Args, Clone)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct Q4_1 from
-    /// the model cache).
-    #[arg(short, long)]
-    pub model: Option<PathBuf>,
+    /// The model: a GGUF file or a Hugging Face model directory; org/name[@revision] on the
+    /// Hugging Face Hub (a GGUF repository with :QUANT or :file.gguf), fetched into the Hugging
+    /// Face cache when it is not there; ollama:name[:tag] from Ollama's store; or a name from
+    /// `anelm list` (default: SmolLM2-135M-Instruct Q4_1 from the model cache).
+    #[arg(short, long, value_name = "MODEL")]
+    pub model: Option<String>,
     /// CPU threads (default: one per core).
     #[arg(short, long, default_value_t = 0)]
     pub threads: usize,

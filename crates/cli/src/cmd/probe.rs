@@ -47,7 +47,7 @@ pub struct Args {
     pub device: Device,
     /// --all: the model whose lowering gives the op census (default: the default model).
     #[arg(short, long, requires = "all")]
-    pub model: Option<std::path::PathBuf>,
+    pub model: Option<String>,
     /// --all: the MIL dialects to probe.
     #[arg(long, value_enum, default_value_t = super::probe_all::Dialects::All, requires = "all")]
     pub mil_dialect: super::probe_all::Dialects,

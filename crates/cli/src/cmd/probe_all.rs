@@ -34,7 +34,7 @@ pub struct Options<'a> {
     pub device: DeviceArg,
     pub driver: Driver,
     pub dialects: Dialects,
-    pub model: Option<&'a std::path::Path>,
+    pub model: Option<&'a str>,
     pub json: bool,
     pub out: Option<PathBuf>,
 }

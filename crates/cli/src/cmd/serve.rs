@@ -33,7 +33,8 @@ pub struct Args {
     /// Finished conversations kept in memory so that their continuation skips the prefix.
     #[arg(long, default_value_t = 4)]
     pub cache_sessions: usize,
-    /// The model's name in the API (default: the file name without .gguf).
+    /// The model's name in the API (default: the reference given to --model, or for a path the
+    /// file name without .gguf).
     #[arg(long)]
     pub alias: Option<String>,
     #[command(flatten)]
@@ -106,6 +107,16 @@ impl LimitArgs {
     }
 }
 
+/// A store reference (`org/name`, `ollama:m:tag`, a listed name) names the model in the API;
+/// a path leaves the name to the file.
+fn reference_name(model: Option<&str>) -> Option<String> {
+    let m = model?;
+    match anelm_hub::ModelRef::parse(m) {
+        Ok(r) if !r.is_path() => Some(m.to_string()),
+        _ => None,
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     if a.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
@@ -129,7 +140,7 @@ pub fn run(a: Args) -> Result<()> {
         host: a.host,
         port: a.port,
         api_key: a.api_key.filter(|k| !k.is_empty()),
-        model_id: a.alias,
+        model_id: a.alias.or_else(|| reference_name(a.model.model.as_deref())),
         ctx: a.ctx,
         scheduler: SchedulerConfig {
             parallel: a.parallel,

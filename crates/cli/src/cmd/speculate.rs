@@ -1,8 +1,6 @@
 //! The speculative decoding flags of `run`, `chat` and `serve`: a draft model of the same
 //! vocabulary, or prompt lookup (no second model). Either keeps the target's output law.
 
-use std::path::PathBuf;
-
 use anelm_engine::{DraftModel, LoadedModel, PromptLookup, SpecStats, Speculation};
 use anyhow::{Context, Result};
 
@@ -13,7 +11,7 @@ pub struct SpeculateArgs {
     /// Speculative decoding with this draft model (same vocabulary, run on the same device):
     /// greedy output is exactly the target's, sampled output keeps the target's distribution.
     #[arg(long, value_name = "MODEL", conflicts_with = "lookup")]
-    pub draft: Option<PathBuf>,
+    pub draft: Option<String>,
     /// Speculative decoding by prompt lookup: the tokens that followed the latest earlier
     /// occurrence of the last few tokens are drafted (no second model; strong when the answer
     /// repeats its input: summaries, edits, code).
@@ -70,7 +68,7 @@ impl SpeculateArgs {
         };
         let draft = draft_args.load()?;
         anelm_engine::same_vocabulary(target, &draft)
-            .with_context(|| format!("--draft {}", path.display()))?;
+            .with_context(|| format!("--draft {path}"))?;
         let capacity = capacity.min(draft.model.max_positions());
         let exec = draft_args.executor(&draft, capacity)?;
         let drafter = DraftModel::new(exec, capacity)?;
