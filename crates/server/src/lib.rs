@@ -28,6 +28,7 @@ mod metrics;
 mod model;
 mod openai;
 mod params;
+mod reasoning;
 mod scheduler;
 mod sessions;
 mod stream;
