@@ -202,6 +202,8 @@ pub struct Generation<'s> {
     prefill_started: bool,
     /// A batched step in progress will draw a token for this generation.
     drawing: bool,
+    /// Tokens the next draws take instead of sampling ([`Generation::force`]).
+    forced: VecDeque<u32>,
 }
 
 /// A checked prompt and parameters, before a session is attached.
@@ -262,6 +264,7 @@ impl Start {
             step_started: None,
             prefill_started: false,
             drawing: false,
+            forced: VecDeque::new(),
         }
     }
 }
@@ -394,6 +397,12 @@ impl Generation<'_> {
         matches!(self.phase, Phase::Done)
     }
 
+    /// Makes the next draws take `tokens`, in order, instead of sampling (a server ends a
+    /// thought that ran past its budget this way). They count, stop and limit as drawn ones do.
+    pub fn force(&mut self, tokens: &[u32]) {
+        self.forced.extend(tokens);
+    }
+
     /// The next event already computed, computing nothing ([`crate::Batch::step`] computes).
     pub fn pop_event(&mut self) -> Option<Event> {
         self.pending.pop_front()
@@ -470,7 +479,10 @@ impl Generation<'_> {
     /// Draws the next token from the logits: its events, and the end of the generation when
     /// it stops, completes a stop string or reaches the limit.
     fn draw(&mut self) {
-        let id = self.sampler.sample(&mut self.logits, self.session.tokens());
+        let id = match self.forced.pop_front() {
+            Some(id) => id,
+            None => self.sampler.sample(&mut self.logits, self.session.tokens()),
+        };
         let logprob = self.top_logprobs.map(|n| logprobs(&self.logits, id, n));
         self.usage.completion_tokens += 1;
         self.pending.push_back(Event::Token { id, logprob });

@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::ids::new_id;
 use crate::params::{max_tokens, Sampling};
+use crate::reasoning;
 use crate::scheduler::Job;
 use crate::stream::{self, Emit, Piece, Translator};
 use crate::template_kwargs::{self, Reasoning};
@@ -185,6 +186,7 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     .to_params(&app.limits, app.model.vocab_size(), 1.0)?;
     app.limits.max_tokens("max_tokens", Some(req.max_tokens))?;
     max_tokens("max_tokens", Some(req.max_tokens), 0, app.model.ctx)?;
+    let thinking_budget = reasoning::anthropic_budget(req.thinking.as_ref())?;
     let conversation = Conversation {
         messages: req.messages,
         system: req.system,
@@ -206,11 +208,16 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
         ..GenerateParams::default()
     };
     let input_tokens = prompt.len();
-    let translator = Translator::new(1, app.model.splitter(&prompt), false);
+    let splitter = app.model.splitter(&prompt);
+    let thinking = app
+        .model
+        .thinking_budget(splitter.as_ref(), thinking_budget);
+    let translator = Translator::new(1, splitter, false);
     let rx = app.submit(Job {
         prompt,
         choices: vec![params],
         json: false,
+        thinking,
     })?;
     let reply = Reply {
         app: app.clone(),

@@ -8,7 +8,7 @@ use anelm_tokenize::Tokenizer;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::reasoning::{Markers, Splitter};
+use crate::reasoning::{Budget, Markers, Splitter};
 use crate::ServerError;
 
 pub struct ServedModel {
@@ -118,6 +118,21 @@ impl ServedModel {
         let tail = self.text_of(&prompt[prompt.len().saturating_sub(64)..]);
         let inside = markers.open_at_end(&tail);
         Some(Splitter::new(markers, inside))
+    }
+
+    /// A request's thinking budget at work: `limit` tokens of thought, then the closing marker
+    /// (on a line of its own, as templates write it) is forced. None without a limit or markers.
+    pub fn thinking_budget(
+        &self,
+        splitter: Option<&Splitter>,
+        limit: Option<usize>,
+    ) -> Option<Budget> {
+        let (splitter, limit, markers) = (splitter?, limit?, self.markers.as_ref()?);
+        let close = self
+            .tokenizer
+            .encode(&format!("\n{}\n\n", markers.close), false, true)
+            .ok()?;
+        Some(Budget::new(splitter.clone(), limit, close))
     }
 
     /// Whether the chat template reads variable `name` (e.g. `enable_thinking`).

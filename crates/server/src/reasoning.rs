@@ -204,6 +204,51 @@ fn partial_suffix(text: &str, marker: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// A thinking budget at work: counts the tokens drawn in the thought and, once they reach the
+/// limit, gives the tokens that close it (once).
+#[derive(Clone, Debug)]
+pub struct Budget {
+    splitter: Splitter,
+    limit: usize,
+    close: Vec<u32>,
+    thought: usize,
+    forced: bool,
+}
+
+impl Budget {
+    /// `splitter` as the reply starts; `close`: the closing marker's tokens.
+    pub fn new(splitter: Splitter, limit: usize, close: Vec<u32>) -> Budget {
+        Budget {
+            splitter,
+            limit,
+            close,
+            thought: 0,
+            forced: false,
+        }
+    }
+
+    /// A token was drawn.
+    pub fn token(&mut self) {
+        if self.splitter.thinking() {
+            self.thought += 1;
+        }
+    }
+
+    /// Text came out.
+    pub fn text(&mut self, text: &str) {
+        self.splitter.push(text);
+    }
+
+    /// The tokens to force now, if the thought just reached its limit.
+    pub fn due(&mut self) -> Option<&[u32]> {
+        if self.forced || !self.splitter.thinking() || self.thought < self.limit {
+            return None;
+        }
+        self.forced = true;
+        Some(&self.close)
+    }
+}
+
 /// A request's thinking budget: `max_thinking_tokens` (OpenAI-style requests) or Anthropic's
 /// `thinking.budget_tokens`; at least 1.
 pub fn budget(param: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
@@ -364,6 +409,29 @@ mod tests {
         assert!(m.open_at_end("<|Assistant|><think>\n"));
         assert!(!m.open_at_end("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
         assert!(!m.open_at_end("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn a_budget_closes_the_thought_once_when_it_is_spent() {
+        let mut b = Budget::new(Splitter::new(think(), false), 2, vec![7, 8]);
+        b.token();
+        b.text("<think>");
+        assert_eq!(b.due(), None, "the opening token does not count");
+        b.token();
+        b.text("a");
+        assert_eq!(b.due(), None);
+        b.token();
+        b.text("b");
+        assert_eq!(b.due(), Some(&[7, 8][..]));
+        b.token();
+        assert_eq!(b.due(), None, "only once");
+        let mut quick = Budget::new(Splitter::new(think(), true), 5, vec![7]);
+        quick.token();
+        quick.text("x</think>answer");
+        for _ in 0..10 {
+            quick.token();
+        }
+        assert_eq!(quick.due(), None, "the thought ended on its own");
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub struct Choice {
     pub tokens: Vec<u32>,
     /// One per token, when the request asked for logprobs.
     pub logprobs: Vec<TokenLogprob>,
+    /// Tokens drawn while the reply was in its thought.
+    pub reasoning_tokens: usize,
     pub finish: Finish,
 }
 
@@ -85,6 +87,7 @@ struct Draft {
     emitted: String,
     tokens: Vec<u32>,
     logprobs: Vec<TokenLogprob>,
+    reasoning_tokens: usize,
 }
 
 impl Translator {
@@ -112,6 +115,9 @@ impl Translator {
             } => {
                 let c = &mut self.choices[choice];
                 c.whole.tokens.push(id);
+                if c.splitter.as_ref().is_some_and(Splitter::thinking) {
+                    c.whole.reasoning_tokens += 1;
+                }
                 if let Some(lp) = logprob {
                     c.whole.logprobs.push(lp.clone());
                     c.pending.push((id, lp));
@@ -141,6 +147,7 @@ impl Translator {
                     emitted: d.emitted,
                     tokens: d.tokens,
                     logprobs: d.logprobs,
+                    reasoning_tokens: d.reasoning_tokens,
                     finish: finish.clone(),
                 };
                 out.push(Piece::Finish {

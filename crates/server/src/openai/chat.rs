@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
 use crate::params::{choices, max_tokens, Sampling, Stop};
+use crate::reasoning;
 use crate::scheduler::Job;
 use crate::stream::{self, json_event, Emit, Piece, Translator};
 use crate::template_kwargs::{self, Reasoning};
@@ -40,6 +41,8 @@ pub struct ChatRequest {
     chat_template_kwargs: Option<Value>,
     /// Mapped to the template's `enable_thinking` / `reasoning_effort`.
     reasoning_effort: Option<String>,
+    /// The most tokens of thought before the thought is closed ([`crate::reasoning::Budget`]).
+    max_thinking_tokens: Option<i64>,
     /// The sampling fields, and whatever else the client sent (ignored).
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
@@ -137,6 +140,7 @@ pub async fn handle(
     // Check the limit before the (possibly long) tokenizing; its bound needs the prompt.
     limits.max_tokens(limit_name, limit)?;
     max_tokens(limit_name, limit, 0, app.model.ctx)?;
+    let thinking_budget = reasoning::budget("max_thinking_tokens", req.max_thinking_tokens)?;
     let kwargs = template_kwargs::for_request(
         &app.model,
         req.chat_template_kwargs,
@@ -155,11 +159,16 @@ pub async fn handle(
     };
     let choices = choices(&app.limits, req.n, params)?;
     let n = choices.len();
-    let translator = Translator::new(n, app.model.splitter(&prompt), declared.is_some());
+    let splitter = app.model.splitter(&prompt);
+    let thinking = app
+        .model
+        .thinking_budget(splitter.as_ref(), thinking_budget);
+    let translator = Translator::new(n, splitter, declared.is_some());
     let rx = app.submit(Job {
         prompt,
         choices,
         json,
+        thinking,
     })?;
     let reply = Reply {
         app: app.clone(),

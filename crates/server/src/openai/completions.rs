@@ -106,6 +106,7 @@ pub async fn handle(
         prompt,
         choices,
         json: false,
+        thinking: None,
     })?;
     let reply = Reply {
         app: app.clone(),
