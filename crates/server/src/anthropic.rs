@@ -87,6 +87,9 @@ impl Content {
                 for (j, b) in blocks.into_iter().enumerate() {
                     match (b.kind.as_str(), b.text) {
                         ("text", Some(t)) => text += &t,
+                        // An earlier reply's thought, sent back as clients keep it: templates
+                        // drop past thoughts, and so does the prompt.
+                        ("thinking" | "redacted_thinking", _) => {}
                         (kind, _) => {
                             return Err(ApiError::bad_param(
                                 &format!("{field}[{j}]"),
