@@ -26,30 +26,67 @@ const KNOWN: [(&str, &str); 5] = [
 ];
 
 impl Markers {
-    /// The model's markers: the first known pair its chat template writes around an earlier
-    /// thought, or whose closing marker is one token of its vocabulary. None: the model does
-    /// not think in text, and its replies are left whole.
+    /// The model's markers: the first known pair its chat template writes, or whose closing
+    /// marker is one token of its vocabulary. None: the model does not think in text, and its
+    /// replies are left whole.
     pub fn detect(template: &ChatTemplate, tokenizer: &Tokenizer) -> Option<Markers> {
-        let probe = "anelm-probe-thought";
+        Markers::of_template(template).or_else(|| {
+            KNOWN
+                .iter()
+                .find(|(_, close)| tokenizer.token_id(close).is_some())
+                .map(|&(open, close)| Markers::new(open, close))
+        })
+    }
+
+    /// The first known pair the template writes: around an earlier thought
+    /// (`reasoning_content`, as transformers passes it), or in the generation prompt with
+    /// thinking on or off (DeepSeek-R1 opens the thought there, Qwen3 writes an empty one).
+    pub fn of_template(template: &ChatTemplate) -> Option<Markers> {
+        let (question, probe) = ("anelm-probe-question", "anelm-probe-thought");
         let mut answer = Message::assistant("anelm-probe-answer");
         answer
             .extra
             .insert("reasoning_content".into(), Value::String(probe.into()));
-        let rendered = template
-            .render(&[Message::user("hi"), answer], &RenderOptions::default())
+        let earlier = template
+            .render(
+                &[Message::user(question), answer],
+                &RenderOptions::default(),
+            )
             .unwrap_or_default();
-        let around = |open: &str, close: &str| {
-            rendered
+        let prompts: Vec<String> = [true, false]
+            .into_iter()
+            .filter_map(|on| {
+                let mut variables = serde_json::Map::new();
+                variables.insert("enable_thinking".into(), on.into());
+                let opts = RenderOptions {
+                    add_generation_prompt: true,
+                    variables,
+                    ..RenderOptions::default()
+                };
+                template.render(&[Message::user(question)], &opts).ok()
+            })
+            .collect();
+        let written = |open: &str, close: &str| {
+            let around = earlier
                 .find(probe)
-                .is_some_and(|at| rendered[..at].contains(open) && rendered[at..].contains(close))
+                .is_some_and(|at| earlier[..at].contains(open) && earlier[at..].contains(close));
+            // After the user's message: the generation prompt.
+            let prompted = prompts
+                .iter()
+                .any(|p| p.rfind(question).is_some_and(|at| p[at..].contains(open)));
+            around || prompted
         };
         KNOWN
             .iter()
-            .find(|(open, close)| around(open, close) || tokenizer.token_id(close).is_some())
-            .map(|(open, close)| Markers {
-                open: (*open).into(),
-                close: (*close).into(),
-            })
+            .find(|(open, close)| written(open, close))
+            .map(|&(open, close)| Markers::new(open, close))
+    }
+
+    fn new(open: &str, close: &str) -> Markers {
+        Markers {
+            open: open.into(),
+            close: close.into(),
+        }
     }
 
     /// Whether a prompt's text ends inside a thought (DeepSeek-R1's template opens it for the
@@ -432,6 +469,47 @@ mod tests {
             quick.token();
         }
         assert_eq!(quick.due(), None, "the thought ended on its own");
+    }
+
+    /// The real templates of the tokenize crate's fixtures (as their models publish them).
+    fn real_template(name: &str) -> ChatTemplate {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tokenize/tests/fixtures/real_templates/templates")
+            .join(format!("{name}.jinja"));
+        let source =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        ChatTemplate::new(
+            &source,
+            anelm_tokenize::TemplateOrigin::HfFile(path),
+            Some("<s>".into()),
+            Some("</s>".into()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn real_templates_name_their_markers() {
+        for (name, open) in [
+            ("Qwen-Qwen3-0.6B", "<think>"),
+            ("HuggingFaceTB-SmolLM3-3B", "<think>"),
+            ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "<think>"),
+            ("Qwen-QwQ-32B", "<think>"),
+            ("ByteDance-Seed-OSS", "<seed:think>"),
+            ("GLM-4.6", "<think>"),
+            ("Qwen3.5-4B", "<think>"),
+            ("deepseek-ai-DeepSeek-V3.1", "<think>"),
+        ] {
+            let found = Markers::of_template(&real_template(name));
+            assert_eq!(found.map(|m| m.open), Some(open.to_string()), "{name}");
+        }
+        for name in [
+            "Qwen-Qwen2.5-7B-Instruct",
+            "meta-llama-Llama-3.1-8B-Instruct",
+            "google-gemma-2-2b-it",
+            "microsoft-Phi-3.5-mini-instruct",
+        ] {
+            assert_eq!(Markers::of_template(&real_template(name)), None, "{name}");
+        }
     }
 
     #[test]
