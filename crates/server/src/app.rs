@@ -53,7 +53,7 @@ impl App {
             scheduler,
             limits: config.limits.clone(),
             metrics,
-            responses: ResponseStore::new(responses_store::KEPT),
+            responses: ResponseStore::new(responses_store::KEPT, responses_store::KEPT_BYTES),
         })
     }
 
