@@ -210,6 +210,8 @@ pub struct Generation<'s> {
     prefill_started: bool,
     /// A batched step in progress will draw a token for this generation.
     drawing: bool,
+    /// Tokens the next draws take instead of sampling ([`Generation::force`]).
+    forced: VecDeque<u32>,
 }
 
 /// A checked prompt and parameters, before a session is attached.
@@ -273,6 +275,7 @@ impl Start {
             drawing: false,
             speculation: None,
             spec_stats: SpecStats::default(),
+            forced: VecDeque::new(),
         }
     }
 }
@@ -429,6 +432,17 @@ impl Generation<'_> {
         matches!(self.phase, Phase::Done)
     }
 
+    /// Makes the next draws take `tokens`, in order, instead of sampling (a server ends a
+    /// thought that ran past its budget this way). They count, stop and limit as drawn ones do.
+    pub fn force(&mut self, tokens: &[u32]) {
+        self.forced.extend(tokens);
+    }
+
+    /// Whether forced tokens are waiting ([`Generation::force`]).
+    pub(crate) fn has_forced(&self) -> bool {
+        !self.forced.is_empty()
+    }
+
     /// The next event already computed, computing nothing ([`crate::Batch::step`] computes).
     pub fn pop_event(&mut self) -> Option<Event> {
         self.pending.pop_front()
@@ -511,10 +525,15 @@ impl Generation<'_> {
         Ok(())
     }
 
-    /// Draws the next token from the logits.
+    /// Draws the next token from the logits (or takes the next forced one).
     pub(crate) fn draw(&mut self) {
-        self.sampler.adjust(&mut self.logits, self.session.tokens());
-        let id = self.sampler.choose(&self.logits);
+        let id = match self.forced.pop_front() {
+            Some(id) => id,
+            None => {
+                self.sampler.adjust(&mut self.logits, self.session.tokens());
+                self.sampler.choose(&self.logits)
+            }
+        };
         let logprob = self.top_logprobs.map(|n| logprobs(&self.logits, id, n));
         self.emit(id, logprob);
     }

@@ -544,3 +544,50 @@ fn a_long_prompt_prefills_chunk_by_chunk_and_can_stop_between() {
     assert_eq!(f.usage.cached_tokens, PREFILL_CHUNK);
     assert_eq!(f.timings.prefilled_tokens, PREFILL_CHUNK + 100);
 }
+
+#[test]
+fn forced_tokens_replace_the_draws_and_count_as_drawn() {
+    let model = smollm2();
+    let script: Vec<u32> = (100..200).collect();
+    let mut exec = scripted(model.model.config.vocab_size, PROMPT.len(), &script);
+    let mut session = Session::new(&exec, 64).unwrap();
+    let mut g = session
+        .generate(&model, &Input::Ids(PROMPT.to_vec()), greedy(6))
+        .unwrap();
+    let mut ids = Vec::new();
+    let mut forced = false;
+    let mut last = None;
+    while let Some(e) = g.next_event(&mut exec).unwrap() {
+        match e {
+            Event::Token { id, .. } => {
+                ids.push(id);
+                if ids.len() == 2 && !forced {
+                    g.force(&[7, 8]);
+                    forced = true;
+                }
+            }
+            Event::Finish(f) => last = Some(f),
+            Event::Text(_) => {}
+        }
+    }
+    // The script's 100, 101, then the forced 7 and 8 in place of 102 and 103, then the
+    // script again (its position, not its count of draws, names the token).
+    assert_eq!(ids, [100, 101, 7, 8, 104, 105]);
+    let f = last.expect("a finish");
+    assert_eq!(
+        (f.reason, f.usage.completion_tokens),
+        (FinishReason::Length, 6)
+    );
+    // A forced end-of-generation token stops the generation as a drawn one does.
+    let mut session = Session::new(&exec, 64).unwrap();
+    let mut g = session
+        .generate(&model, &Input::Ids(PROMPT.to_vec()), greedy(6))
+        .unwrap();
+    g.force(&[EOS]);
+    let mut events = Vec::new();
+    while let Some(e) = g.next_event(&mut exec).unwrap() {
+        events.push(e);
+    }
+    assert_eq!(token_ids(&events), [EOS]);
+    assert_eq!(finish(&events).reason, FinishReason::Stop);
+}

@@ -16,8 +16,9 @@ use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::ids::new_id;
 use crate::params::{max_tokens, Sampling};
-use crate::scheduler::{Job, Update};
-use crate::stream::{self, Translate};
+use crate::reasoning;
+use crate::scheduler::Job;
+use crate::stream::{self, Emit, Piece, Translator};
 use crate::template_kwargs::{self, Reasoning};
 
 #[derive(Debug, Deserialize)]
@@ -86,6 +87,9 @@ impl Content {
                 for (j, b) in blocks.into_iter().enumerate() {
                     match (b.kind.as_str(), b.text) {
                         ("text", Some(t)) => text += &t,
+                        // An earlier reply's thought, sent back as clients keep it: templates
+                        // drop past thoughts, and so does the prompt.
+                        ("thinking" | "redacted_thinking", _) => {}
                         (kind, _) => {
                             return Err(ApiError::bad_param(
                                 &format!("{field}[{j}]"),
@@ -185,6 +189,7 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     .to_params(&app.limits, app.model.vocab_size(), 1.0)?;
     app.limits.max_tokens("max_tokens", Some(req.max_tokens))?;
     max_tokens("max_tokens", Some(req.max_tokens), 0, app.model.ctx)?;
+    let thinking_budget = reasoning::anthropic_budget(req.thinking.as_ref())?;
     let conversation = Conversation {
         messages: req.messages,
         system: req.system,
@@ -206,10 +211,16 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
         ..GenerateParams::default()
     };
     let input_tokens = prompt.len();
+    let splitter = app.model.splitter(&prompt);
+    let thinking = app
+        .model
+        .thinking_budget(splitter.as_ref(), thinking_budget);
+    let translator = Translator::new(1, splitter, false);
     let rx = app.submit(Job {
         prompt,
         choices: vec![params],
         json: false,
+        thinking,
     })?;
     let reply = Reply {
         app: app.clone(),
@@ -219,23 +230,29 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     if req.stream.unwrap_or(false) {
         return Ok(stream::sse(
             rx,
+            translator,
             MessageStream {
                 reply,
                 input_tokens,
-                text: String::new(),
-                tokens: Vec::new(),
+                open: None,
+                blocks: 0,
             },
         ));
     }
-    let mut choices = stream::collect(rx, 1).await?;
+    let mut choices = stream::collect(rx, translator).await?;
     let c = choices.remove(0);
-    let stop_sequence = reply.stop_sequence(&c.finish, &c.tokens, &c.text);
+    let stop_sequence = reply.stop_sequence(&c.finish, &c.tokens, &c.emitted);
+    let mut content = Vec::new();
+    if !c.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": c.reasoning, "signature": ""}));
+    }
+    content.push(json!({"type": "text", "text": c.text}));
     Ok(Json(json!({
         "id": reply.id,
         "type": "message",
         "role": "assistant",
         "model": app.model.id,
-        "content": [{"type": "text", "text": c.text}],
+        "content": content,
         "stop_reason": stop_reason(c.finish.reason),
         "stop_sequence": stop_sequence,
         "usage": usage(&c.finish),
@@ -270,64 +287,117 @@ fn usage(finish: &Finish) -> Value {
     })
 }
 
-/// Streaming, in Anthropic's order: `message_start`, `content_block_start`, `ping`,
-/// `content_block_delta`…, `content_block_stop`, `message_delta`, `message_stop`.
+/// Streaming, in Anthropic's order: `message_start`, then for each block (a `thinking` block
+/// first when the model thinks, then the `text` block) `content_block_start` (the first one
+/// followed by `ping`), its deltas and `content_block_stop`; then `message_delta`,
+/// `message_stop`.
 struct MessageStream {
     reply: Reply,
     input_tokens: usize,
-    /// What was sent, and the tokens behind it (to name the stop sequence at the end).
-    text: String,
-    tokens: Vec<u32>,
+    /// The block open now, and how many were opened.
+    open: Option<Kind>,
+    blocks: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Thinking,
+    Text,
 }
 
 fn event(name: &str, data: Value) -> Event {
     Event::default().event(name).data(data.to_string())
 }
 
-impl Translate for MessageStream {
-    fn opening(&mut self) -> Vec<Event> {
-        vec![
-            event(
-                "message_start",
-                json!({"type": "message_start", "message": {
-                    "id": self.reply.id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": self.reply.app.model.id,
-                    "content": [],
-                    "stop_reason": null,
-                    "stop_sequence": null,
-                    "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
-                }}),
-            ),
-            event(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-            ),
-            event("ping", json!({"type": "ping"})),
-        ]
+impl MessageStream {
+    /// The events that make `kind` the open block: the open one stopped, the new one started.
+    fn enter(&mut self, kind: Kind) -> Vec<Event> {
+        if self.open == Some(kind) {
+            return Vec::new();
+        }
+        let mut events = self.close();
+        let block = match kind {
+            Kind::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            Kind::Text => json!({"type": "text", "text": ""}),
+        };
+        events.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.blocks, "content_block": block}),
+        ));
+        if self.blocks == 0 {
+            events.push(event("ping", json!({"type": "ping"})));
+        }
+        self.open = Some(kind);
+        self.blocks += 1;
+        events
     }
 
-    fn update(&mut self, update: Update) -> Vec<Event> {
-        match update {
-            Update::Token { id, .. } => {
-                self.tokens.push(id);
-                Vec::new()
+    /// The events that stop the open block, if any.
+    fn close(&mut self) -> Vec<Event> {
+        let Some(kind) = self.open.take() else {
+            return Vec::new();
+        };
+        let index = self.blocks - 1;
+        let mut events = Vec::new();
+        if kind == Kind::Thinking {
+            events.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": ""}}),
+            ));
+        }
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        events
+    }
+
+    fn delta(&self, delta: Value) -> Event {
+        event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}),
+        )
+    }
+}
+
+impl Emit for MessageStream {
+    fn opening(&mut self) -> Vec<Event> {
+        vec![event(
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": self.reply.id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.reply.app.model.id,
+                "content": [],
+                "stop_reason": null,
+                "stop_sequence": null,
+                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            }}),
+        )]
+    }
+
+    fn piece(&mut self, piece: Piece) -> Vec<Event> {
+        match piece {
+            Piece::Reasoning { text, .. } => {
+                let mut events = self.enter(Kind::Thinking);
+                events.push(self.delta(json!({"type": "thinking_delta", "thinking": text})));
+                events
             }
-            Update::Text { text, .. } => {
-                self.text += &text;
-                vec![event(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
-                )]
+            Piece::Text { text, .. } => {
+                let mut events = self.enter(Kind::Text);
+                events.push(self.delta(json!({"type": "text_delta", "text": text})));
+                events
             }
-            Update::Finish { finish, .. } => {
-                let stop_sequence = self.reply.stop_sequence(&finish, &self.tokens, &self.text);
-                vec![
-                    event(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": 0}),
-                    ),
+            Piece::Finish { whole, .. } => {
+                // A reply always has its text block, empty as it may be.
+                let mut events = self.enter(Kind::Text);
+                events.extend(self.close());
+                let finish = &whole.finish;
+                let stop_sequence = self
+                    .reply
+                    .stop_sequence(finish, &whole.tokens, &whole.emitted);
+                events.extend([
                     event(
                         "message_delta",
                         json!({"type": "message_delta",
@@ -335,9 +405,11 @@ impl Translate for MessageStream {
                                "usage": {"output_tokens": finish.usage.completion_tokens}}),
                     ),
                     event("message_stop", json!({"type": "message_stop"})),
-                ]
+                ]);
+                events
             }
-            Update::Failed(message) => {
+            Piece::Done { .. } => Vec::new(),
+            Piece::Failed(message) => {
                 vec![event(
                     "error",
                     ApiError::internal(message).anthropic().body(),

@@ -16,6 +16,7 @@ use crate::error::{ApiError, Flavour};
 use crate::limits::Limits;
 use crate::metrics::{self, Metrics};
 use crate::model::ServedModel;
+use crate::openai::responses_store::{self, ResponseStore};
 use crate::scheduler::{Job, Scheduler, Update};
 use crate::{anthropic, auth, openai, tokens, webui, ServerConfig, ServerError};
 
@@ -24,6 +25,8 @@ pub struct App {
     pub scheduler: Scheduler,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
+    pub responses: ResponseStore,
 }
 
 impl App {
@@ -50,6 +53,7 @@ impl App {
             scheduler,
             limits: config.limits.clone(),
             metrics,
+            responses: ResponseStore::new(responses_store::KEPT, responses_store::KEPT_BYTES),
         })
     }
 
@@ -79,6 +83,11 @@ pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat::handle))
         .route("/v1/completions", post(openai::completions::handle))
+        .route("/v1/responses", post(openai::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(openai::responses::retrieve).delete(openai::responses::delete),
+        )
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(tokens::tokenize))
@@ -89,7 +98,7 @@ pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
         ));
     let cors = CorsLayer::new()
         .allow_origin(Any)
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
         .allow_headers(Any)
         .expose_headers(Any);
     Router::new()

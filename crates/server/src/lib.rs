@@ -1,5 +1,5 @@
 //! anelm's HTTP server: the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), llama-server's
+//! `/v1/models`, `/v1/responses`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), llama-server's
 //! `/tokenize` and `/detokenize`, `/health`, Prometheus `/metrics` and a web chat at `/`, over
 //! one model and one executor.
 //!
@@ -28,6 +28,7 @@ mod metrics;
 mod model;
 mod openai;
 mod params;
+mod reasoning;
 mod scheduler;
 mod sessions;
 mod stream;

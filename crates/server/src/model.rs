@@ -8,6 +8,7 @@ use anelm_tokenize::Tokenizer;
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::reasoning::{Budget, Markers, Splitter};
 use crate::ServerError;
 
 pub struct ServedModel {
@@ -21,6 +22,8 @@ pub struct ServedModel {
     pub tools_supported: bool,
     /// When the server started (OpenAI's `created` of the model).
     pub created: u64,
+    /// The markers the model thinks between, if it does ([`Markers::detect`]).
+    pub markers: Option<Markers>,
 }
 
 /// Default context when the model allows more: long chats, modest KV memory per session.
@@ -60,6 +63,7 @@ impl ServedModel {
             name.strip_suffix(".gguf").unwrap_or(&name).to_string()
         });
         let tools_supported = describes_tools(&template);
+        let markers = Markers::detect(&template, &tokenizer);
         Ok(ServedModel {
             id,
             loaded: Arc::new(loaded),
@@ -68,6 +72,7 @@ impl ServedModel {
             ctx,
             tools_supported,
             created: crate::ids::unix_seconds(),
+            markers,
         })
     }
 
@@ -104,6 +109,30 @@ impl ServedModel {
             .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
         text.push_str(prefill.unwrap_or(""));
         self.checked(self.tokenizer.encode(&text, false, true), "messages")
+    }
+
+    /// The splitter of a chat reply to `prompt` into thought and answer, when the model thinks
+    /// in marked text; the thought is open from the start when the prompt opened it.
+    pub fn splitter(&self, prompt: &[u32]) -> Option<Splitter> {
+        let markers = self.markers.clone()?;
+        let tail = self.text_of(&prompt[prompt.len().saturating_sub(64)..]);
+        let inside = markers.open_at_end(&tail);
+        Some(Splitter::new(markers, inside))
+    }
+
+    /// A request's thinking budget at work: `limit` tokens of thought, then the closing marker
+    /// (on a line of its own, as templates write it) is forced. None without a limit or markers.
+    pub fn thinking_budget(
+        &self,
+        splitter: Option<&Splitter>,
+        limit: Option<usize>,
+    ) -> Option<Budget> {
+        let (splitter, limit, markers) = (splitter?, limit?, self.markers.as_ref()?);
+        let close = self
+            .tokenizer
+            .encode(&format!("\n{}\n\n", markers.close), false, true)
+            .ok()?;
+        Some(Budget::new(splitter.clone(), limit, close))
     }
 
     /// Whether the chat template reads variable `name` (e.g. `enable_thinking`).

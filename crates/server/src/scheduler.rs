@@ -27,6 +27,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
 use crate::metrics::Metrics;
+use crate::reasoning::Budget;
 use crate::sessions::SessionPool;
 
 #[derive(Clone, Debug)]
@@ -68,6 +69,8 @@ pub struct Job {
     pub choices: Vec<GenerateParams>,
     /// Every reply must be a JSON object ([`crate::json_mode`]).
     pub json: bool,
+    /// Each choice's thought ends after this many tokens ([`crate::reasoning::Budget`]).
+    pub thinking: Option<Budget>,
 }
 
 /// What a job reports, in order; every choice ends with `Finish`, unless `Failed` ends the job.
@@ -257,6 +260,9 @@ struct Running {
     json: bool,
     /// The reply so far, in JSON mode.
     prefix: Option<JsonPrefix>,
+    /// The thinking budget of each choice, and of the current one.
+    thinking: Option<Budget>,
+    budget: Option<Budget>,
     updates: UnboundedSender<Update>,
     /// Why the last step failed this job.
     error: Option<String>,
@@ -362,6 +368,11 @@ impl Shared {
                 // The mask allowed only tokens that continue the object.
                 prefix.push_all(self.vocabulary().piece(*id));
             }
+            match (&mut r.budget, &event) {
+                (Some(b), Event::Token { .. }) => b.token(),
+                (Some(b), Event::Text(text)) => b.text(text),
+                _ => {}
+            }
             let update = match event {
                 Event::Token { id, logprob } => {
                     let now = Instant::now();
@@ -386,6 +397,9 @@ impl Shared {
             let _ = r.updates.send(update);
         }
         if !finished {
+            if let Some(close) = r.budget.as_mut().and_then(Budget::due) {
+                g.force(close);
+            }
             return true;
         }
         let session = r
@@ -399,6 +413,7 @@ impl Shared {
         };
         r.choice += 1;
         r.prefix = r.json.then(JsonPrefix::default);
+        r.budget = r.thinking.clone();
         match session.into_generation(&self.model, &r.input, params) {
             Ok(g) => {
                 r.generation = Some(self.speculating(g, r.json));
@@ -465,6 +480,8 @@ impl Shared {
                 input,
                 json: job.json,
                 prefix: job.json.then(JsonPrefix::default),
+                budget: job.thinking.clone(),
+                thinking: job.thinking,
                 updates,
                 error: None,
                 arrived,

@@ -1,5 +1,6 @@
-//! Reading a job's updates: all at once for a plain response, or as server-sent events, each
-//! API translating updates into its own events.
+//! Reading a job's updates: one translation into pieces (the thought apart from the answer,
+//! logprobs with the text they belong to), read all at once for a plain response or as
+//! server-sent events, each API mapping pieces to its own events.
 
 use std::convert::Infallible;
 
@@ -12,56 +13,202 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
 use crate::model::ServedModel;
+use crate::reasoning::{self, Splitter};
 use crate::scheduler::Update;
 
 /// One finished choice.
 #[derive(Debug)]
 pub struct Choice {
+    /// The answer (the thought apart, when the model thinks in marked text).
     pub text: String,
+    /// The thought.
+    pub reasoning: String,
+    /// All the text the engine gave out, thought and markers included (what stop strings
+    /// are matched after).
+    pub emitted: String,
     pub tokens: Vec<u32>,
     /// One per token, when the request asked for logprobs.
     pub logprobs: Vec<TokenLogprob>,
+    /// Tokens drawn while the reply was in its thought.
+    pub reasoning_tokens: usize,
     pub finish: Finish,
 }
 
-/// Waits for every choice of a job.
-pub async fn collect(mut rx: UnboundedReceiver<Update>, n: usize) -> Result<Vec<Choice>, ApiError> {
-    #[derive(Default)]
-    struct Partial {
+/// What an API turns into its own events: the engine's updates per choice, the thought apart
+/// from the answer, each piece of answer with the logprobs of the tokens behind it.
+#[derive(Debug)]
+pub enum Piece {
+    Reasoning {
+        choice: usize,
         text: String,
-        tokens: Vec<u32>,
-        logprobs: Vec<TokenLogprob>,
-        finish: Option<Finish>,
+    },
+    /// Answer text (never when the translation holds the answer to the end).
+    Text {
+        choice: usize,
+        text: String,
+        logprobs: Vec<(u32, TokenLogprob)>,
+    },
+    /// A choice ended: all of it, and the logprobs no piece has carried yet.
+    Finish {
+        choice: usize,
+        whole: Choice,
+        logprobs: Vec<(u32, TokenLogprob)>,
+    },
+    /// Every choice has ended (after the last `Finish`).
+    Done {
+        finishes: Vec<Finish>,
+    },
+    /// The engine failed; the message is for the client.
+    Failed(String),
+}
+
+/// The updates of a job, per choice, turned into [`Piece`]s: the one translation every API
+/// uses, streaming or not.
+pub struct Translator {
+    choices: Vec<Partial>,
+    /// Answer text is given only in the `Finish` (a reply that may be tool calls).
+    hold: bool,
+    finishes: Vec<Finish>,
+}
+
+#[derive(Default)]
+struct Partial {
+    splitter: Option<Splitter>,
+    whole: Draft,
+    /// Tokens not yet reported with their logprobs.
+    pending: Vec<(u32, TokenLogprob)>,
+}
+
+/// A choice so far.
+#[derive(Default)]
+struct Draft {
+    text: String,
+    reasoning: String,
+    emitted: String,
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
+    reasoning_tokens: usize,
+}
+
+impl Translator {
+    /// `n` choices; `reasoning`: the splitter each choice's reply goes through (None: the
+    /// reply is all answer).
+    pub fn new(n: usize, reasoning: Option<Splitter>, hold: bool) -> Translator {
+        Translator {
+            choices: (0..n)
+                .map(|_| Partial {
+                    splitter: reasoning.clone(),
+                    ..Partial::default()
+                })
+                .collect(),
+            hold,
+            finishes: Vec::new(),
+        }
     }
-    let mut parts: Vec<Partial> = (0..n).map(|_| Partial::default()).collect();
-    while let Some(update) = rx.recv().await {
+
+    pub fn update(&mut self, update: Update) -> Vec<Piece> {
         match update {
             Update::Token {
                 choice,
                 id,
                 logprob,
             } => {
-                parts[choice].tokens.push(id);
-                parts[choice].logprobs.extend(logprob);
+                let c = &mut self.choices[choice];
+                c.whole.tokens.push(id);
+                if c.splitter.as_ref().is_some_and(Splitter::thinking) {
+                    c.whole.reasoning_tokens += 1;
+                }
+                if let Some(lp) = logprob {
+                    c.whole.logprobs.push(lp.clone());
+                    c.pending.push((id, lp));
+                }
+                Vec::new()
             }
-            Update::Text { choice, text } => parts[choice].text += &text,
-            Update::Finish { choice, finish } => parts[choice].finish = Some(finish),
-            Update::Failed(message) => return Err(ApiError::internal(message)),
+            Update::Text { choice, text } => {
+                let c = &mut self.choices[choice];
+                c.whole.emitted += &text;
+                let pieces = match &mut c.splitter {
+                    Some(s) => s.push(&text),
+                    None => vec![reasoning::Piece::Answer(text)],
+                };
+                self.pieces(choice, pieces)
+            }
+            Update::Finish { choice, finish } => {
+                let rest = match &mut self.choices[choice].splitter {
+                    Some(s) => s.finish(),
+                    None => Vec::new(),
+                };
+                let mut out = self.pieces(choice, rest);
+                let c = &mut self.choices[choice];
+                let d = std::mem::take(&mut c.whole);
+                let whole = Choice {
+                    text: d.text,
+                    reasoning: d.reasoning,
+                    emitted: d.emitted,
+                    tokens: d.tokens,
+                    logprobs: d.logprobs,
+                    reasoning_tokens: d.reasoning_tokens,
+                    finish: finish.clone(),
+                };
+                out.push(Piece::Finish {
+                    choice,
+                    whole,
+                    logprobs: std::mem::take(&mut c.pending),
+                });
+                self.finishes.push(finish);
+                if self.finishes.len() == self.choices.len() {
+                    out.push(Piece::Done {
+                        finishes: std::mem::take(&mut self.finishes),
+                    });
+                }
+                out
+            }
+            Update::Failed(message) => vec![Piece::Failed(message)],
         }
     }
-    parts
-        .into_iter()
-        .map(|p| {
-            let finish = p
-                .finish
-                .ok_or_else(|| ApiError::internal("the generation ended without finishing"))?;
-            Ok(Choice {
-                text: p.text,
-                tokens: p.tokens,
-                logprobs: p.logprobs,
-                finish,
-            })
-        })
+
+    fn pieces(&mut self, choice: usize, pieces: Vec<reasoning::Piece>) -> Vec<Piece> {
+        let c = &mut self.choices[choice];
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                reasoning::Piece::Reasoning(text) => {
+                    c.whole.reasoning += &text;
+                    out.push(Piece::Reasoning { choice, text });
+                }
+                reasoning::Piece::Answer(text) => {
+                    c.whole.text += &text;
+                    if !self.hold {
+                        out.push(Piece::Text {
+                            choice,
+                            text,
+                            logprobs: std::mem::take(&mut c.pending),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Waits for every choice of a job.
+pub async fn collect(
+    mut rx: UnboundedReceiver<Update>,
+    mut translator: Translator,
+) -> Result<Vec<Choice>, ApiError> {
+    let mut done: Vec<Option<Choice>> = (0..translator.choices.len()).map(|_| None).collect();
+    while let Some(update) = rx.recv().await {
+        for piece in translator.update(update) {
+            match piece {
+                Piece::Finish { choice, whole, .. } => done[choice] = Some(whole),
+                Piece::Failed(message) => return Err(ApiError::internal(message)),
+                _ => {}
+            }
+        }
+    }
+    done.into_iter()
+        .map(|c| c.ok_or_else(|| ApiError::internal("the generation ended without finishing")))
         .collect()
 }
 
@@ -123,20 +270,29 @@ pub fn timings(finishes: &[&Finish]) -> serde_json::Value {
     t
 }
 
-/// An API's translation of updates into server-sent events.
-pub trait Translate: Send + 'static {
+/// An API's events for the pieces of a job.
+pub trait Emit: Send + 'static {
     /// Events before the first update.
     fn opening(&mut self) -> Vec<Event>;
-    fn update(&mut self, update: Update) -> Vec<Event>;
+    fn piece(&mut self, piece: Piece) -> Vec<Event>;
 }
 
 /// A streaming response. Dropping it (the client went away) drops the receiver, which
 /// cancels the job.
-pub fn sse(rx: UnboundedReceiver<Update>, mut translate: impl Translate) -> Response {
-    let opening = translate.opening();
-    let events = stream::iter(opening).chain(
-        UnboundedReceiverStream::new(rx).flat_map(move |u| stream::iter(translate.update(u))),
-    );
+pub fn sse(
+    rx: UnboundedReceiver<Update>,
+    mut translator: Translator,
+    mut emit: impl Emit,
+) -> Response {
+    let opening = emit.opening();
+    let events = stream::iter(opening).chain(UnboundedReceiverStream::new(rx).flat_map(move |u| {
+        let events: Vec<Event> = translator
+            .update(u)
+            .into_iter()
+            .flat_map(|p| emit.piece(p))
+            .collect();
+        stream::iter(events)
+    }));
     Sse::new(events.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::default())
         .into_response()

@@ -40,7 +40,8 @@ impl Generation<'_> {
         context.extend_from_slice(self.session.tokens());
         context.push(feed);
         spec.proposal.clear();
-        if k > 0 {
+        // Forced tokens come next: nothing to draft.
+        if k > 0 && !self.has_forced() {
             spec.drafter.propose(&context, k, &mut spec.proposal)?;
         }
         let proposal = &spec.proposal;

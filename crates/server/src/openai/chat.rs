@@ -16,8 +16,9 @@ use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
 use crate::params::{choices, max_tokens, Sampling, Stop};
-use crate::scheduler::{Job, Update};
-use crate::stream::{self, json_event, Translate};
+use crate::reasoning;
+use crate::scheduler::Job;
+use crate::stream::{self, json_event, Emit, Piece, Translator};
 use crate::template_kwargs::{self, Reasoning};
 use crate::tools::{self, ToolCall};
 
@@ -40,6 +41,8 @@ pub struct ChatRequest {
     chat_template_kwargs: Option<Value>,
     /// Mapped to the template's `enable_thinking` / `reasoning_effort`.
     reasoning_effort: Option<String>,
+    /// The most tokens of thought before the thought is closed ([`crate::reasoning::Budget`]).
+    max_thinking_tokens: Option<i64>,
     /// The sampling fields, and whatever else the client sent (ignored).
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
@@ -137,6 +140,7 @@ pub async fn handle(
     // Check the limit before the (possibly long) tokenizing; its bound needs the prompt.
     limits.max_tokens(limit_name, limit)?;
     max_tokens(limit_name, limit, 0, app.model.ctx)?;
+    let thinking_budget = reasoning::budget("max_thinking_tokens", req.max_thinking_tokens)?;
     let kwargs = template_kwargs::for_request(
         &app.model,
         req.chat_template_kwargs,
@@ -155,10 +159,16 @@ pub async fn handle(
     };
     let choices = choices(&app.limits, req.n, params)?;
     let n = choices.len();
+    let splitter = app.model.splitter(&prompt);
+    let thinking = app
+        .model
+        .thinking_budget(splitter.as_ref(), thinking_budget);
+    let translator = Translator::new(n, splitter, declared.is_some());
     let rx = app.submit(Job {
         prompt,
         choices,
         json,
+        thinking,
     })?;
     let reply = Reply {
         app: app.clone(),
@@ -172,9 +182,13 @@ pub async fn handle(
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        return Ok(stream::sse(rx, ChatStream::new(reply, n, include_usage)));
+        return Ok(stream::sse(
+            rx,
+            translator,
+            ChatStream::new(reply, n, include_usage),
+        ));
     }
-    let choices = stream::collect(rx, n).await?;
+    let choices = stream::collect(rx, translator).await?;
     Ok(Json(reply.body(&choices)).into_response())
 }
 
@@ -300,6 +314,9 @@ impl Reply {
             .map(|(i, c)| {
                 let (content, calls) = self.split_calls(&c.text);
                 let mut message = json!({"role": "assistant", "content": content});
+                if !c.reasoning.is_empty() {
+                    message["reasoning_content"] = c.reasoning.clone().into();
+                }
                 if !calls.is_empty() {
                     message["tool_calls"] = tool_calls_json(&calls);
                 }
@@ -376,19 +393,15 @@ fn tool_calls_json(calls: &[ToolCall]) -> Value {
         .collect()
 }
 
-/// Streaming: a role chunk per choice, a chunk per piece of text (with the logprobs of the
-/// tokens behind it), a finish chunk per choice, the usage chunk when asked, then `[DONE]`.
-/// With tools declared, each choice's text is held back to its end, where it becomes either
-/// text or tool calls.
+/// Streaming: a role chunk per choice, a chunk per piece of thought (`reasoning_content`) and
+/// of text (with the logprobs of the tokens behind it), a finish chunk per choice, the usage
+/// chunk when asked, then `[DONE]`. With tools declared, each choice's text is held back to its
+/// end, where it becomes either text or tool calls.
 struct ChatStream {
     reply: Reply,
     n: usize,
     /// `usage: null` on every chunk and a last chunk with the usage.
     include_usage: bool,
-    /// Per choice: tokens not yet reported with their logprobs.
-    tokens: Vec<Vec<(u32, TokenLogprob)>>,
-    held: Vec<String>,
-    finishes: Vec<Finish>,
 }
 
 impl ChatStream {
@@ -397,9 +410,6 @@ impl ChatStream {
             reply,
             n,
             include_usage,
-            tokens: vec![Vec::new(); n],
-            held: vec![String::new(); n],
-            finishes: Vec::new(),
         }
     }
 
@@ -411,8 +421,7 @@ impl ChatStream {
         )
     }
 
-    fn pending_logprobs(&mut self, choice: usize) -> Value {
-        let pending = std::mem::take(&mut self.tokens[choice]);
+    fn logprobs(&self, pending: Vec<(u32, TokenLogprob)>) -> Value {
         if !self.reply.logprobs {
             return Value::Null;
         }
@@ -421,7 +430,7 @@ impl ChatStream {
     }
 }
 
-impl Translate for ChatStream {
+impl Emit for ChatStream {
     fn opening(&mut self) -> Vec<Event> {
         (0..self.n)
             .map(|i| {
@@ -435,35 +444,30 @@ impl Translate for ChatStream {
             .collect()
     }
 
-    fn update(&mut self, update: Update) -> Vec<Event> {
-        match update {
-            Update::Token {
+    fn piece(&mut self, piece: Piece) -> Vec<Event> {
+        match piece {
+            Piece::Reasoning { choice, text } => vec![self.chunk(json!({
+                "index": choice,
+                "delta": {"reasoning_content": text},
+                "logprobs": null,
+                "finish_reason": null,
+            }))],
+            Piece::Text {
                 choice,
-                id,
-                logprob,
+                text,
+                logprobs,
+            } => vec![self.chunk(json!({
+                "index": choice,
+                "delta": {"content": text},
+                "logprobs": self.logprobs(logprobs),
+                "finish_reason": null,
+            }))],
+            Piece::Finish {
+                choice,
+                whole,
+                logprobs,
             } => {
-                if let Some(lp) = logprob {
-                    self.tokens[choice].push((id, lp));
-                }
-                Vec::new()
-            }
-            Update::Text { choice, text } if self.reply.declared.is_some() => {
-                self.held[choice] += &text;
-                Vec::new()
-            }
-            Update::Text { choice, text } => {
-                let logprobs = self.pending_logprobs(choice);
-                vec![self.chunk(json!({
-                    "index": choice,
-                    "delta": {"content": text},
-                    "logprobs": logprobs,
-                    "finish_reason": null,
-                }))]
-            }
-            Update::Finish { choice, finish } => {
-                let (content, calls) = self
-                    .reply
-                    .split_calls(&std::mem::take(&mut self.held[choice]));
+                let (content, calls) = self.reply.split_calls(&whole.text);
                 let mut delta = json!({});
                 if self.reply.declared.is_some() {
                     delta["content"] = content.into();
@@ -471,23 +475,20 @@ impl Translate for ChatStream {
                         delta["tool_calls"] = tool_calls_json(&calls);
                     }
                 }
-                let logprobs = self.pending_logprobs(choice);
-                let mut events = vec![self.chunk(json!({
+                vec![self.chunk(json!({
                     "index": choice,
                     "delta": delta,
-                    "logprobs": logprobs,
-                    "finish_reason": finish_reason(&finish, &calls),
-                }))];
-                self.finishes.push(finish);
-                if self.finishes.len() == self.n {
-                    let usage_chunk = self
-                        .include_usage
-                        .then(|| self.reply.chunk(json!([]), None));
-                    events.extend(stream_end(usage_chunk, &self.finishes));
-                }
-                events
+                    "logprobs": self.logprobs(logprobs),
+                    "finish_reason": finish_reason(&whole.finish, &calls),
+                }))]
             }
-            Update::Failed(message) => vec![json_event(&ApiError::internal(message).body())],
+            Piece::Done { finishes } => {
+                let usage_chunk = self
+                    .include_usage
+                    .then(|| self.reply.chunk(json!([]), None));
+                stream_end(usage_chunk, &finishes)
+            }
+            Piece::Failed(message) => vec![json_event(&ApiError::internal(message).body())],
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anelm_engine::{Finish, GenerateParams};
+use anelm_engine::{Finish, GenerateParams, TokenLogprob};
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -16,8 +16,8 @@ use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
 use crate::params::{choices, max_tokens, Sampling, Stop};
-use crate::scheduler::{Job, Update};
-use crate::stream::{self, json_event, Translate};
+use crate::scheduler::Job;
+use crate::stream::{self, json_event, Emit, Piece, Translator};
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
@@ -106,6 +106,7 @@ pub async fn handle(
         prompt,
         choices,
         json: false,
+        thinking: None,
     })?;
     let reply = Reply {
         app: app.clone(),
@@ -121,16 +122,15 @@ pub async fn handle(
             .unwrap_or(false);
         return Ok(stream::sse(
             rx,
+            Translator::new(n, None, false),
             CompletionStream {
                 reply,
                 n,
                 include_usage,
-                tokens: vec![Vec::new(); n],
-                finishes: Vec::new(),
             },
         ));
     }
-    let choices = stream::collect(rx, n).await?;
+    let choices = stream::collect(rx, Translator::new(n, None, false)).await?;
     Ok(Json(reply.body(&choices)).into_response())
 }
 
@@ -177,7 +177,7 @@ impl Reply {
     }
 
     /// The legacy logprobs object: tokens, their logprobs, and the alternatives as maps.
-    fn logprobs_json(&self, tokens: &[(u32, anelm_engine::TokenLogprob)]) -> Value {
+    fn logprobs_json(&self, tokens: &[(u32, TokenLogprob)]) -> Value {
         if !self.logprobs {
             return Value::Null;
         }
@@ -231,18 +231,21 @@ struct CompletionStream {
     reply: Reply,
     n: usize,
     include_usage: bool,
-    tokens: Vec<Vec<(u32, anelm_engine::TokenLogprob)>>,
-    finishes: Vec<Finish>,
 }
 
 impl CompletionStream {
-    fn chunk(&mut self, choice: usize, text: String, finish: Option<&'static str>) -> Event {
-        let lps = std::mem::take(&mut self.tokens[choice]);
+    fn chunk(
+        &self,
+        choice: usize,
+        text: String,
+        logprobs: &[(u32, TokenLogprob)],
+        finish: Option<&'static str>,
+    ) -> Event {
         let value = self.reply.chunk(
             json!([{
                 "index": choice,
                 "text": text,
-                "logprobs": self.reply.logprobs_json(&lps),
+                "logprobs": self.reply.logprobs_json(logprobs),
                 "finish_reason": finish,
             }]),
             self.include_usage.then_some(Value::Null),
@@ -251,42 +254,42 @@ impl CompletionStream {
     }
 }
 
-impl Translate for CompletionStream {
+impl Emit for CompletionStream {
     fn opening(&mut self) -> Vec<Event> {
         let Some(echo) = self.reply.echo.clone() else {
             return Vec::new();
         };
         (0..self.n)
-            .map(|i| self.chunk(i, echo.clone(), None))
+            .map(|i| self.chunk(i, echo.clone(), &[], None))
             .collect()
     }
 
-    fn update(&mut self, update: Update) -> Vec<Event> {
-        match update {
-            Update::Token {
+    fn piece(&mut self, piece: Piece) -> Vec<Event> {
+        match piece {
+            // No chat template, no thought: a continuation is all text.
+            Piece::Reasoning { .. } => Vec::new(),
+            Piece::Text {
                 choice,
-                id,
-                logprob,
-            } => {
-                if let Some(lp) = logprob {
-                    self.tokens[choice].push((id, lp));
-                }
-                Vec::new()
+                text,
+                logprobs,
+            } => vec![self.chunk(choice, text, &logprobs, None)],
+            Piece::Finish {
+                choice,
+                whole,
+                logprobs,
+            } => vec![self.chunk(
+                choice,
+                String::new(),
+                &logprobs,
+                Some(whole.finish.reason.openai()),
+            )],
+            Piece::Done { finishes } => {
+                let usage_chunk = self
+                    .include_usage
+                    .then(|| self.reply.chunk(json!([]), None));
+                stream_end(usage_chunk, &finishes)
             }
-            Update::Text { choice, text } => vec![self.chunk(choice, text, None)],
-            Update::Finish { choice, finish } => {
-                let mut events =
-                    vec![self.chunk(choice, String::new(), Some(finish.reason.openai()))];
-                self.finishes.push(finish);
-                if self.finishes.len() == self.n {
-                    let usage_chunk = self
-                        .include_usage
-                        .then(|| self.reply.chunk(json!([]), None));
-                    events.extend(stream_end(usage_chunk, &self.finishes));
-                }
-                events
-            }
-            Update::Failed(message) => vec![json_event(&ApiError::internal(message).body())],
+            Piece::Failed(message) => vec![json_event(&ApiError::internal(message).body())],
         }
     }
 }

@@ -1,7 +1,11 @@
-//! The OpenAI API: chat completions, completions, models.
+//! The OpenAI API: chat completions, completions, responses, models.
 
 pub mod chat;
 pub mod completions;
+pub mod responses;
+mod responses_input;
+pub mod responses_store;
+mod responses_stream;
 
 use std::sync::Arc;
 

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses its own share of these
 
+pub mod scripted;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -1,0 +1,141 @@
+//! A scripted model: hf-tiny llama's config with a word-level tokenizer and an executor whose
+//! next token is a fixed function of the last one ([`next`]), so a test knows every reply. To
+//! "hi" it thinks (`<think>hmm yes</think>answer<end>`); to "weather" it calls `get_weather`
+//! (one token holds the whole `<tool_call>…</tool_call>`); to anything else (a tool's result)
+//! it answers `answer`. Its template describes tools.
+
+use std::any::Any;
+
+use anelm_engine::LoadedModel;
+use anelm_model::{ExecError, Executor, KvState, Logits};
+use anelm_server::Server;
+use serde_json::{json, Value};
+
+use super::config;
+
+pub const VOCAB: [&str; 10] = [
+    "<unk>", "hi", "<think>", "hmm", "yes", "</think>", "answer", "<end>", "weather", CALL,
+];
+
+/// The call the model makes, as one token.
+pub const CALL: &str =
+    "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
+
+/// The token after `last`: hi → <think> → hmm → yes → </think> → answer → <end>; weather →
+/// the call → <end>; anything else → answer.
+pub fn next(last: u32) -> u32 {
+    match last {
+        1..=5 => last + 1,
+        8 => 9,
+        0 => 6,
+        _ => 7,
+    }
+}
+
+struct Last {
+    len: usize,
+    capacity: usize,
+    tokens: Vec<u32>,
+}
+
+impl KvState for Last {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.tokens.truncate(self.len);
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+struct Scripted {
+    vocab: usize,
+}
+
+impl Executor for Scripted {
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
+        Ok(Box::new(Last {
+            len: 0,
+            capacity,
+            tokens: Vec::new(),
+        }))
+    }
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let s = state
+            .as_any_mut()
+            .downcast_mut::<Last>()
+            .ok_or(ExecError::ForeignState)?;
+        s.tokens.extend_from_slice(tokens);
+        s.len += tokens.len();
+        let rows = logits.rows(tokens.len());
+        out.clear();
+        for &t in &tokens[tokens.len() - rows..] {
+            let mut row = vec![0.0; self.vocab];
+            row[next(t) as usize] = 100.0;
+            out.extend(row);
+        }
+        Ok(())
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+}
+
+fn model_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = anelm_testkit::tiny("llama");
+    for f in ["config.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(tiny.join(f), dir.path().join(f)).unwrap();
+    }
+    let vocab: serde_json::Map<String, Value> = VOCAB
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), json!(i)))
+        .collect();
+    let added = |id: usize, special: bool| {
+        json!({"id": id, "content": VOCAB[id], "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": special})
+    };
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [added(2, false), added(5, false), added(7, true), added(9, false)],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        json!({"eos_token": "<end>"}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% if tools %}tools {% endif %}{% for m in messages %}{{ m.content }} {% endfor %}",
+    )
+    .unwrap();
+    dir
+}
+
+/// Serves the scripted model as "m"; keep the directory while the server runs.
+pub fn start() -> (Server, tempfile::TempDir) {
+    let dir = model_dir();
+    let loaded = LoadedModel::load(dir.path()).expect("the model loads");
+    let vocab = loaded.model.config.vocab_size;
+    let mut cfg = config(1, 4);
+    cfg.model_id = Some("m".into());
+    let server = Server::start(cfg, loaded, Box::new(Scripted { vocab })).expect("starts");
+    (server, dir)
+}
