@@ -1,9 +1,10 @@
-//! What the ANE programs compute: in every layer softmax attention (without an output gate) and
-//! a dense FFN, or (projection strategy) a mixture of experts routed on the host. Gated DeltaNet
-//! layers run on the CPU engine only; the ways into the ANE path refuse them here with one clear
-//! error.
+//! What the ANE programs compute. Projection strategy: every mixer (softmax attention with or
+//! without an output gate, gated DeltaNet, LFM2's short conv) as an input and an output
+//! projection with the recurrence, conv and gating on the host, dense FFNs and host-routed
+//! experts. Fused strategy: softmax attention without a gate and dense FFNs; it refuses the rest
+//! here with one clear error.
 
-use anelm_model::plan::{Activation, Attention, Ffn, Layer, Mixer, Moe};
+use anelm_model::plan::{Activation, Attention, Ffn, Layer, Linear, Mixer, Moe};
 use anelm_model::Model;
 
 use crate::error::{AneError, Result};
@@ -14,9 +15,28 @@ pub(crate) fn unsupported(layer: usize, what: &str) -> AneError {
     ))
 }
 
-/// Ok when every layer of `model` is one the projection strategy expresses (the fused strategy
-/// also refuses mixtures: [`dense_ffn`]).
+/// A mixer the fused strategy does not hold, with the way out.
+fn not_fused(layer: usize, what: &str) -> AneError {
+    AneError::Unsupported(format!(
+        "layer {layer}: {what} is not lowered to fused chunks yet; \
+         use --strategy projection (its state on the host) or --device cpu"
+    ))
+}
+
+/// Ok when every layer of `model` is one the projection strategy expresses: every mixer and
+/// FFN the LayerPlan has (the match is exhaustive, so a new mixer must say how it lowers).
 pub fn ensure_lowerable(model: &Model) -> Result<()> {
+    for l in &model.layers {
+        match &l.mixer {
+            Mixer::Attention(_) | Mixer::DeltaNet(_) | Mixer::ShortConv(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Ok when the fused strategy expresses every layer of `model` (it also refuses mixtures:
+/// [`ffn_activation`]).
+pub fn ensure_fusable(model: &Model) -> Result<()> {
     for (i, l) in model.layers.iter().enumerate() {
         attention(l, i)?;
     }
@@ -31,13 +51,36 @@ pub(crate) fn moe_in_fused(index: usize) -> AneError {
     ))
 }
 
-/// The attention of layer `index`.
+/// The ungated softmax attention of layer `index` (what a fused chunk computes).
 pub fn attention(l: &Layer, index: usize) -> Result<&Attention> {
     match &l.mixer {
         Mixer::Attention(a) if a.output_gate.is_none() => Ok(a),
-        Mixer::Attention(_) => Err(unsupported(index, "output-gated attention")),
-        Mixer::DeltaNet(_) => Err(unsupported(index, "a gated DeltaNet mixer")),
-        Mixer::ShortConv(_) => Err(unsupported(index, "a short convolution (LFM2)")),
+        Mixer::Attention(_) => Err(not_fused(index, "output-gated attention")),
+        Mixer::DeltaNet(_) => Err(not_fused(index, "a gated DeltaNet mixer")),
+        Mixer::ShortConv(_) => Err(not_fused(index, "a short convolution (LFM2)")),
+    }
+}
+
+/// The linears of layer `l`'s mixer input kernel, stacked in this order (rows of its result):
+/// attention `q | k | v (| gate)`, DeltaNet `qkv | z | b | a`, short conv `B | C | x`.
+pub fn mixer_inputs(l: &Layer) -> Vec<&Linear> {
+    match &l.mixer {
+        Mixer::Attention(a) => {
+            let mut v = vec![&a.q, &a.k, &a.v];
+            v.extend(a.output_gate.as_ref());
+            v
+        }
+        Mixer::DeltaNet(d) => vec![&d.qkv, &d.z, &d.b, &d.a],
+        Mixer::ShortConv(c) => vec![&c.in_proj],
+    }
+}
+
+/// The output projection of layer `l`'s mixer.
+pub fn mixer_output(l: &Layer) -> &Linear {
+    match &l.mixer {
+        Mixer::Attention(a) => &a.o,
+        Mixer::DeltaNet(d) => &d.out,
+        Mixer::ShortConv(c) => &c.out,
     }
 }
 

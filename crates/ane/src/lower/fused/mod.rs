@@ -34,7 +34,7 @@ use super::graph::{linear, normalize};
 use super::weights::row_range;
 use super::{LoweringOptions, WeightPolicy};
 use crate::error::{AneError, Result};
-use crate::support::{attention, ensure_lowerable};
+use crate::support::{attention, ensure_fusable};
 use crate::unit::CompileUnit;
 use consts::{LayerConsts, LinearConst, NormConst};
 use graph::ChunkGraph;
@@ -129,7 +129,7 @@ fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
 /// Segments `model` into chunks under both ceilings (layers and weight bytes per program),
 /// balanced in layers; the head joins the last chunk if it fits, else gets its own.
 pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
-    ensure_lowerable(model)?;
+    ensure_fusable(model)?;
     let n = model.n_layers();
     let bytes = (model.layers.iter().enumerate())
         .map(|(i, l)| layer_bytes(l, i))
