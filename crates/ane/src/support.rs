@@ -1,8 +1,8 @@
 //! What the ANE programs compute. Projection strategy: every mixer (softmax attention with or
 //! without an output gate, gated DeltaNet, LFM2's short conv) as an input and an output
 //! projection with the recurrence, conv and gating on the host, dense FFNs and host-routed
-//! experts. Fused strategy: softmax attention without a gate and dense FFNs; it refuses the rest
-//! here with one clear error.
+//! experts. Fused strategy: softmax attention without a gate, dense FFNs and mixtures held dense;
+//! it refuses the rest here with one clear error.
 
 use anelm_model::plan::{Activation, Attention, Ffn, Layer, Linear, Mixer, Moe};
 use anelm_model::Model;
@@ -34,8 +34,8 @@ pub fn ensure_lowerable(model: &Model) -> Result<()> {
     Ok(())
 }
 
-/// Ok when the fused strategy expresses every layer of `model` (it also refuses mixtures:
-/// [`ffn_activation`]).
+/// Ok when the fused strategy expresses every layer of `model` (mixtures of many experts it
+/// refuses when it segments the model).
 pub fn ensure_fusable(model: &Model) -> Result<()> {
     for (i, l) in model.layers.iter().enumerate() {
         attention(l, i)?;
@@ -43,10 +43,10 @@ pub fn ensure_fusable(model: &Model) -> Result<()> {
     Ok(())
 }
 
-/// The refusal of a mixture of experts in the fused strategy.
-pub(crate) fn moe_in_fused(index: usize) -> AneError {
+/// The refusal of a mixture of experts too large to hold densely in a fused chunk.
+pub(crate) fn moe_in_fused(index: usize, why: &str) -> AneError {
     AneError::Unsupported(format!(
-        "layer {index}: a mixture-of-experts FFN is not lowered to fused chunks yet; \
+        "layer {index}: {why}, too many to run densely in a fused chunk; \
          use --strategy projection (experts routed on the host) or --device cpu"
     ))
 }
@@ -84,11 +84,11 @@ pub fn mixer_output(l: &Layer) -> &Linear {
     }
 }
 
-/// The activation of layer `index`'s dense FFN.
-pub fn ffn_activation(l: &Layer, index: usize) -> Result<Activation> {
+/// The activation of layer `index`'s FFN (of every expert, for a mixture).
+pub fn ffn_activation(l: &Layer, _index: usize) -> Result<Activation> {
     match &l.ffn {
         Ffn::Gated { act, .. } | Ffn::Plain { act, .. } => Ok(*act),
-        Ffn::Moe(_) => Err(moe_in_fused(index)),
+        Ffn::Moe(m) => Ok(m.act),
     }
 }
 

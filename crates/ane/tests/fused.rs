@@ -172,7 +172,8 @@ fn gguf_tiny_fixtures_adjacent_rope_included() {
 
 #[test]
 fn stateful_multifunction_packages_validate() {
-    for family in ["llama", "gemma3", "gpt2"] {
+    // qwen2_moe: a mixture with every expert dense in the chunk and a shared expert.
+    for family in ["llama", "gemma3", "gpt2", "qwen2_moe"] {
         let m = tiny(family);
         let opts = LoweringOptions {
             context: 64,

@@ -199,6 +199,80 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
     }
 }
 
+/// The mixture-of-experts fixtures in the fused strategy: every expert dense in the chunk, the
+/// router's softmax, the top-k choice and the combine in the graph — from safetensors and GGUF,
+/// both dialects, two chunks of two layers, against the f32 CPU engine: within fp16 error, the
+/// same greedy tokens but at near-ties, one dispatch per chunk and token.
+#[test]
+fn mixtures_verify_fused_on_the_simulator_from_safetensors_and_gguf() {
+    use anelm_ane::dialect::MilDialect;
+    use anelm_ane::exec::FusedExecutor;
+    use anelm_ane::verify::{verify, Reference};
+    for arch in ["qwen2_moe", "qwen3_moe"] {
+        let dir = anelm_testkit::tiny(arch);
+        let mut cases = prompt_cases(&dir);
+        cases.push(long_case());
+        for path in [dir.clone(), anelm_testkit::tiny_gguf(arch)] {
+            let m = Arc::new(anelm_model::load(&path).unwrap());
+            for dialect in MilDialect::ALL {
+                let opts = LoweringOptions {
+                    dialect,
+                    context: 256,
+                    chunk_layers: 2,
+                    ..LoweringOptions::default()
+                };
+                let mut sim = FusedExecutor::new(m.clone(), SimDevice::new(), &opts, |_| {})
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let r = verify(
+                    &m,
+                    &mut sim,
+                    &cases,
+                    8,
+                    Reference::CpuF32,
+                    1,
+                    opts.weight_target(),
+                )
+                .unwrap();
+                let file = path.file_name().unwrap().to_string_lossy();
+                let chunks = sim.plan().dispatches_per_token();
+                println!(
+                    "{arch:10} {file:16} fused dialect {dialect}: rel err {:.2e}, greedy same but near ties: {}, {chunks} dispatches per token and per prefill chunk",
+                    r.max_rel_err(),
+                    r.same_but_near_ties(),
+                );
+                for p in &r.prompts {
+                    println!(
+                        "  {:6} rel {:.2e} divergence {:?}",
+                        p.name, p.max_rel_err, p.divergence
+                    );
+                    assert!(
+                        p.max_rel_err <= 2e-2,
+                        "{arch} {file} {dialect} {}: {}",
+                        p.name,
+                        p.max_rel_err
+                    );
+                }
+                assert!(
+                    r.same_but_near_ties(),
+                    "{arch} {file} {dialect}: greedy differs"
+                );
+                assert_eq!(
+                    chunks, 2,
+                    "{arch}: two chunks of two layers, the head in the last"
+                );
+            }
+        }
+    }
+}
+
+/// A 150-token prompt: past the DeltaNet chunk size (64) and the kernels' width, twice.
+fn long_case() -> anelm_ane::compare::PromptCase {
+    anelm_ane::compare::PromptCase {
+        name: "150".into(),
+        ids: (0..150u32).map(|i| (i * 7919 + 13) % 512).collect(),
+    }
+}
+
 /// The hybrid and LFM2 tiny fixtures (Qwen3-Next, Qwen3.5 and Qwen3.5-MoE: gated DeltaNet and
 /// output-gated attention; LFM2: short convolutions and attention) from safetensors and from
 /// the GGUF llama.cpp's converter wrote, in both MIL dialects: the projection strategy (input
@@ -220,10 +294,7 @@ fn hybrids_verify_on_the_simulator_from_safetensors_and_gguf() {
     ];
     for (arch, dir) in fixtures {
         let mut cases = prompt_cases(&dir);
-        cases.push(anelm_ane::compare::PromptCase {
-            name: "150".into(),
-            ids: (0..150u32).map(|i| (i * 7919 + 13) % 512).collect(),
-        });
+        cases.push(long_case());
         let mut paths = vec![dir.clone(), anelm_testkit::tiny_gguf(arch)];
         if arch == "qwen3_next" {
             paths.push(anelm_testkit::tiny_gguf("qwen3_next-fused"));
@@ -290,6 +361,11 @@ fn hybrids_verify_on_the_simulator_from_safetensors_and_gguf() {
                 };
                 let per_token: usize = m.layers.iter().map(|l| 2 + ffn(&l.ffn)).sum::<usize>() + 1;
                 assert_eq!(decode as usize, per_token, "{arch} {file} {dialect}");
+                assert_eq!(
+                    sim.projections().dispatches_per_token(&m),
+                    per_token,
+                    "{arch} {file} {dialect}: as the executor reports it"
+                );
                 assert!(chunk as usize >= per_token - 1, "{arch}: {chunk}");
             }
         }

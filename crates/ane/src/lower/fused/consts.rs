@@ -10,6 +10,7 @@ use anelm_model::Weight;
 
 use super::super::encode::{Encoded, WeightTarget};
 use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
+use super::moe::MoeConsts;
 use crate::error::Result;
 use crate::support::attention;
 
@@ -82,11 +83,31 @@ pub(super) struct LayerConsts {
     pub(super) o: LinearConst,
     pub(super) post_attn_norm: Option<NormConst>,
     pub(super) ffn_norm: NormConst,
-    /// Gate (if gated) and up, stacked: one normalised input for both.
-    pub(super) gate_up: LinearConst,
-    pub(super) gated: bool,
-    pub(super) down: LinearConst,
+    pub(super) ffn: FfnConsts,
     pub(super) post_ffn_norm: Option<NormConst>,
+}
+
+pub(super) enum FfnConsts {
+    Dense {
+        /// Gate (if gated) and up, stacked: one normalised input for both.
+        gate_up: LinearConst,
+        gated: bool,
+        down: LinearConst,
+    },
+    /// Every expert dense in the program ([`super::moe`]).
+    Moe(MoeConsts),
+}
+
+impl LayerConsts {
+    /// Every matrix of the layer, in program order.
+    pub(super) fn linears(&self) -> Vec<&LinearConst> {
+        let mut v = vec![&self.qkv, &self.o];
+        match &self.ffn {
+            FfnConsts::Dense { gate_up, down, .. } => v.extend([gate_up, down]),
+            FfnConsts::Moe(m) => v.extend(m.linears()),
+        }
+        v
+    }
 }
 
 /// Row order that turns GGUF llama's adjacent-pair RoPE layout back into half-split (undoing
@@ -153,30 +174,30 @@ impl LayerConsts {
             policy,
         )?;
         let head_order = orders.as_ref().map(|o| o.2.as_slice());
-        let (gate_up, gated, down) = match &l.ffn {
-            Ffn::Gated { gate, up, down, .. } => (
-                LinearConst::new(
-                    &[&gate.weight, &up.weight],
-                    linear_biases(&[gate, up]),
-                    policy,
-                )?,
-                true,
-                down,
-            ),
-            Ffn::Plain { up, down, .. } => (
-                LinearConst::new(&[&up.weight], linear_biases(&[up]), policy)?,
-                false,
-                down,
-            ),
-            Ffn::Moe(_) => return Err(crate::support::moe_in_fused(index)),
-        };
         // Layer outputs join the residual stream scaled by 2^-shift: through the sandwich norm
         // when there is one, else through the projection.
         let out_scale = |post: &Option<Norm>| if post.is_some() { 1.0 } else { shift };
         let scaled_bias =
             |b: &Option<Vec<f32>>, s: f32| b.as_ref().map(|b| b.iter().map(|v| v * s).collect());
-        let o_scale = out_scale(&l.post_attn_norm);
         let d_scale = out_scale(&l.post_ffn_norm);
+        let ffn = match &l.ffn {
+            Ffn::Gated { gate, up, down, .. } => FfnConsts::Dense {
+                gate_up: LinearConst::new(
+                    &[&gate.weight, &up.weight],
+                    linear_biases(&[gate, up]),
+                    policy,
+                )?,
+                gated: true,
+                down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
+            },
+            Ffn::Plain { up, down, .. } => FfnConsts::Dense {
+                gate_up: LinearConst::new(&[&up.weight], linear_biases(&[up]), policy)?,
+                gated: false,
+                down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
+            },
+            Ffn::Moe(m) => FfnConsts::Moe(MoeConsts::new(m, index, policy)?),
+        };
+        let o_scale = out_scale(&l.post_attn_norm);
         Ok(LayerConsts {
             attn_norm: NormConst::new(&l.attn_norm, 1.0, shift, None),
             qkv,
@@ -194,9 +215,7 @@ impl LayerConsts {
                 .as_ref()
                 .map(|n| NormConst::new(n, shift, 1.0, None)),
             ffn_norm: NormConst::new(&l.ffn_norm, 1.0, shift, None),
-            gate_up,
-            gated,
-            down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
+            ffn,
             post_ffn_norm: l
                 .post_ffn_norm
                 .as_ref()

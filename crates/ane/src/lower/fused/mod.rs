@@ -24,6 +24,7 @@ use std::ops::Range;
 
 mod consts;
 mod graph;
+mod moe;
 
 use anelm_mil::{FunctionBuilder, Program, TensorType};
 use anelm_model::plan::{Ffn, Layer, Linear, Rope};
@@ -121,7 +122,7 @@ fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
             linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
         }
         Ffn::Plain { up, down, .. } => linear_bytes(up) + linear_bytes(down),
-        Ffn::Moe(_) => return Err(crate::support::moe_in_fused(index)),
+        Ffn::Moe(m) => moe::moe_bytes(m, index)?,
     };
     Ok(linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o) + ffn)
 }
@@ -236,10 +237,7 @@ struct ChunkConsts {
 impl ChunkConsts {
     /// What became of each weight tensor, in program order.
     fn reports(&self) -> Vec<super::TensorReport> {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|(_, c)| [&c.qkv, &c.o, &c.gate_up, &c.down]);
+        let layers = self.layers.iter().flat_map(|(_, c)| c.linears());
         let head = self.head.iter().flat_map(|(_, tiles)| tiles.iter());
         layers
             .chain(head)
