@@ -1,8 +1,8 @@
 //! What the ANE programs compute. Projection strategy: every mixer (softmax attention with or
 //! without an output gate, gated DeltaNet, LFM2's short conv) as an input and an output
 //! projection with the recurrence, conv and gating on the host, dense FFNs and host-routed
-//! experts. Fused strategy: softmax attention without a gate, dense FFNs and mixtures held dense;
-//! it refuses the rest here with one clear error.
+//! experts. Fused strategy: softmax attention without a gate, LFM2's short conv, dense FFNs and
+//! mixtures held dense; it refuses the rest here with one clear error.
 
 use anelm_model::plan::{Activation, Attention, Ffn, Layer, Linear, Mixer, Moe};
 use anelm_model::Model;
@@ -38,7 +38,9 @@ pub fn ensure_lowerable(model: &Model) -> Result<()> {
 /// refuses when it segments the model).
 pub fn ensure_fusable(model: &Model) -> Result<()> {
     for (i, l) in model.layers.iter().enumerate() {
-        attention(l, i)?;
+        if !matches!(l.mixer, Mixer::ShortConv(_)) {
+            attention(l, i)?;
+        }
     }
     Ok(())
 }

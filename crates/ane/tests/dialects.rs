@@ -232,24 +232,30 @@ fn hybrid_projection_kernels_lint_and_validate_in_both_dialects() {
     }
 }
 
-/// A mixture's fused chunks (every expert dense, the top-k choice in the graph) in dialect B:
-/// one package per function, the KV cache as inputs and outputs, valid at specification 7
-/// (dialect A's stateful packages: tests/fused.rs).
+/// A mixture's fused chunks (every expert dense, the top-k choice in the graph) and LFM2's
+/// (short convs, their history an input) in dialect B: one package per function, the KV cache
+/// as inputs and outputs, valid at specification 7 (dialect A's stateful packages:
+/// tests/fused.rs).
 #[test]
-fn fused_mixture_chunks_validate_in_dialect_b() {
+fn fused_mixture_and_short_conv_chunks_validate_in_dialect_b() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny("qwen2_moe");
-    let o = opts(MilDialect::B);
-    let plan = fused_plan(&m, &o).unwrap();
-    assert_eq!(plan.chunks.len(), 2);
-    let mut n = 0;
-    for i in 0..plan.chunks.len() {
-        let u = build_chunk(&m, &plan, i, KvForm::Inputs).unwrap();
-        for (function, program) in coreml_packages(&u.program) {
-            let name = format!("qwen2_moe_{}_{}.mlpackage", u.name, function.unwrap());
-            validate(&program, &dir.path().join(name), 7);
-            n += 1;
+    let lfm2 = Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap());
+    for (family, m) in [("qwen2_moe", tiny("qwen2_moe")), ("lfm2", lfm2)] {
+        let o = opts(MilDialect::B);
+        let plan = fused_plan(&m, &o).unwrap();
+        let mut n = 0;
+        for i in 0..plan.chunks.len() {
+            let u = build_chunk(&m, &plan, i, KvForm::Inputs).unwrap();
+            for (function, program) in coreml_packages(&u.program) {
+                let name = format!("{family}_{}_{}.mlpackage", u.name, function.unwrap());
+                validate(&program, &dir.path().join(name), 7);
+                n += 1;
+            }
         }
+        assert_eq!(
+            n,
+            2 * plan.chunks.len(),
+            "{family}: prefill and decode of every chunk"
+        );
     }
-    assert_eq!(n, 4, "prefill and decode of two chunks");
 }

@@ -172,9 +172,14 @@ fn gguf_tiny_fixtures_adjacent_rope_included() {
 
 #[test]
 fn stateful_multifunction_packages_validate() {
-    // qwen2_moe: a mixture with every expert dense in the chunk and a shared expert.
-    for family in ["llama", "gemma3", "gpt2", "qwen2_moe"] {
-        let m = tiny(family);
+    // qwen2_moe: a mixture with every expert dense in the chunk and a shared expert; lfm2:
+    // short convs (their history an input, B · x an output) between attention layers.
+    for family in ["llama", "gemma3", "gpt2", "qwen2_moe", "lfm2"] {
+        let m = if family == "lfm2" {
+            Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap())
+        } else {
+            tiny(family)
+        };
         let opts = LoweringOptions {
             context: 64,
             chunk_layers: 2,
@@ -198,8 +203,8 @@ fn stateful_multifunction_packages_validate() {
             let functions = report["summary"]["functions"].as_object().unwrap();
             assert_eq!(functions.len(), 2, "prefill and decode");
             let decode = &functions["decode"]["inputs"];
-            let kv = plan.chunks[i].layers.start;
-            if !plan.chunks[i].layers.is_empty() {
+            let kv = (plan.chunks[i].layers.clone()).find(|&l| m.layers[l].attention().is_some());
+            if let Some(kv) = kv {
                 assert!(
                     decode[format!("k{kv}")]
                         .as_str()

@@ -21,7 +21,6 @@ use crate::lower::fused::{
 };
 use crate::lower::LoweringOptions;
 use crate::planar::{gather, scatter};
-use crate::support::attention;
 
 static NEXT_STATE: AtomicUsize = AtomicUsize::new(1);
 static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(1);
@@ -50,6 +49,9 @@ pub struct FusedKv {
     context: usize,
     /// Per layer: keys and values.
     cache: Vec<[Vec<f16>; 2]>,
+    /// Per layer: a short conv's history, `[kernel - 1][hidden]` oldest first (f32, as the
+    /// CPU engine keeps it; empty for attention layers).
+    conv: Vec<Vec<f32>>,
 }
 
 impl OwnedState for FusedKv {
@@ -65,9 +67,18 @@ impl KvState for FusedKv {
     fn capacity(&self) -> usize {
         self.capacity
     }
+    /// Positions from `len` on are masked out; their stale values need no clearing. A conv
+    /// history cannot go back: a model with one starts over (len 0), as the CPU engine's does.
     fn truncate(&mut self, len: usize) {
-        // Positions from `len` on are masked out; their stale values need no clearing.
-        self.len = self.len.min(len);
+        if len >= self.len {
+            return;
+        }
+        if self.conv.iter().any(|c| !c.is_empty()) {
+            self.conv.iter_mut().for_each(|c| c.fill(0.0));
+            self.len = 0;
+        } else {
+            self.len = len;
+        }
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
@@ -106,9 +117,9 @@ impl<D: Device> FusedExecutor<D> {
         mut on_chunk: impl FnMut(&ChunkSpec),
     ) -> Result<Self> {
         let plan = fused_plan(&model, opts)?;
-        let kv_dims = (model.layers.iter().enumerate())
-            .map(|(i, l)| attention(l, i).map(|a| a.n_kv_heads * a.head_dim))
-            .collect::<Result<Vec<usize>>>()?;
+        let kv_dims = (model.layers.iter())
+            .map(|l| l.attention().map_or(0, |a| a.n_kv_heads * a.head_dim))
+            .collect();
         let mut chunks = Vec::new();
         let mut weight_reports = Vec::new();
         let mut cache = CacheReport::default();
@@ -311,6 +322,11 @@ impl<D: Device> FusedExecutor<D> {
                     .and_then(|r| r.parse::<usize>().ok())
                 {
                     Some((&masks[mi], self.plan.context + width))
+                } else if let Some(li) = name
+                    .strip_prefix("conv")
+                    .and_then(|r| r.parse::<usize>().ok())
+                {
+                    Some((&kv.conv[li], l.width))
                 } else {
                     None
                 };
@@ -341,6 +357,25 @@ impl<D: Device> FusedExecutor<D> {
             let mut new_kv = Vec::new();
             for li in chunk.spec.layers.clone() {
                 let kvd = self.kv_dims[li];
+                if kvd == 0 {
+                    // A short conv: its history moves on by the new tokens' B · x.
+                    let hist = &mut kv.conv[li];
+                    let mut bx = vec![0f32; n * h];
+                    read(
+                        &self.device,
+                        &b.binding,
+                        &format!("conv{li}_new"),
+                        0..n,
+                        &mut bx,
+                        h,
+                        0,
+                    )?;
+                    let mut all = std::mem::take(hist);
+                    let keep = all.len();
+                    all.extend_from_slice(&bx);
+                    *hist = all.split_off(all.len() - keep);
+                    continue;
+                }
                 for kind in ["k", "v"] {
                     let mut vals = vec![0f32; n * kvd];
                     read(
@@ -420,6 +455,13 @@ impl<D: Device> Executor for FusedExecutor<D> {
         let cache = (self.kv_dims.iter())
             .map(|d| [vec![f16::ZERO; d * context], vec![f16::ZERO; d * context]])
             .collect();
+        let h = self.model.config.hidden_size;
+        let conv = (self.model.layers.iter())
+            .map(|l| match &l.mixer {
+                anelm_model::plan::Mixer::ShortConv(c) => vec![0f32; (c.kernel - 1) * h],
+                _ => Vec::new(),
+            })
+            .collect();
         Ok(Box::new(FusedKv {
             owner: self.id,
             uid: NEXT_STATE.fetch_add(1, Ordering::Relaxed),
@@ -427,6 +469,7 @@ impl<D: Device> Executor for FusedExecutor<D> {
             capacity,
             context,
             cache,
+            conv,
         }))
     }
 

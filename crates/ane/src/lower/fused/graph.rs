@@ -373,7 +373,7 @@ impl ChunkGraph<'_> {
         Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
     }
 
-    fn shift(&self) -> f32 {
+    pub(super) fn shift(&self) -> f32 {
         2f32.powi(-self.plan.residual_shift)
     }
 

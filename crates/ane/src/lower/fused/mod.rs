@@ -1,7 +1,8 @@
 //! The fused strategy: consecutive whole layers in one program ("chunk") — norms, QKV (with
 //! biases), QK-norm, RoPE from cos/sin inputs, grouped-query attention written out (matmul,
-//! additive mask input, softmax with the maximum subtracted), O, the FFN, residuals — with the
-//! final norm and the tiled lm_head in the last chunk. Each chunk has two functions sharing
+//! additive mask input, softmax with the maximum subtracted), O, the FFN (a mixture with every
+//! expert dense: [`moe`]), residuals — or LFM2's short conv in place of attention
+//! ([`shortconv`]) — with the final norm and the tiled lm_head in the last chunk. Each chunk has two functions sharing
 //! its weights: [`PREFILL`] (`width` columns) and [`DECODE`] (one column).
 //!
 //! The KV cache enters a chunk as inputs `k{l}`/`v{l}` (`[1, kv_dim, 1, context]`, positions
@@ -25,9 +26,10 @@ use std::ops::Range;
 mod consts;
 mod graph;
 mod moe;
+mod shortconv;
 
 use anelm_mil::{FunctionBuilder, Program, TensorType};
-use anelm_model::plan::{Ffn, Layer, Linear, Rope};
+use anelm_model::plan::{Ffn, Layer, Linear, Mixer, Rope, ShortConv};
 use anelm_model::Model;
 
 use super::encode::WeightTarget;
@@ -116,7 +118,13 @@ fn linear_bytes(l: &Linear) -> u64 {
 }
 
 fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
-    let a = attention(l, index)?;
+    let mixer = match &l.mixer {
+        Mixer::ShortConv(c) => linear_bytes(&c.in_proj) + linear_bytes(&c.out),
+        _ => {
+            let a = attention(l, index)?;
+            linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o)
+        }
+    };
     let ffn = match &l.ffn {
         Ffn::Gated { gate, up, down, .. } => {
             linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
@@ -124,7 +132,7 @@ fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
         Ffn::Plain { up, down, .. } => linear_bytes(up) + linear_bytes(down),
         Ffn::Moe(m) => moe::moe_bytes(m, index)?,
     };
-    Ok(linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o) + ffn)
+    Ok(mixer + ffn)
 }
 
 /// Segments `model` into chunks under both ceilings (layers and weight bytes per program),
@@ -183,8 +191,13 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
     let mut ropes: Vec<Rope> = Vec::new();
     let mut windows: Vec<Option<usize>> = Vec::new();
     let (mut layer_rope, mut layer_window) = (Vec::new(), Vec::new());
-    for (i, l) in model.layers.iter().enumerate() {
-        let a = attention(l, i)?;
+    for l in &model.layers {
+        // A short conv has no RoPE and no mask (window index 0, never declared).
+        let Some(a) = l.attention() else {
+            layer_rope.push(None);
+            layer_window.push(0);
+            continue;
+        };
         layer_rope.push(a.rope.as_ref().map(|r| {
             match ropes
                 .iter()
@@ -246,6 +259,14 @@ impl ChunkConsts {
     }
 }
 
+/// Layer `li`'s short conv, if it is one.
+fn short_conv(model: &Model, li: usize) -> Option<&ShortConv> {
+    match &model.layers[li].mixer {
+        Mixer::ShortConv(c) => Some(c),
+        _ => None,
+    }
+}
+
 fn build_function(
     model: &Model,
     plan: &FusedPlan,
@@ -266,6 +287,15 @@ fn build_function(
     // Inputs first (MIL declares them before any op): the hidden state, tables, masks, caches.
     g.declare("x", TensorType::fp16([1, h, 1, w]), false)?;
     for (li, _) in &consts.layers {
+        if let Some(c) = short_conv(model, *li) {
+            let hist = c.kernel - 1;
+            g.declare(
+                &format!("conv{li}"),
+                TensorType::fp16([1, h, 1, hist]),
+                false,
+            )?;
+            continue;
+        }
         if let Some(r) = plan.layer_rope[*li] {
             let d2 = plan.ropes[r].dims / 2;
             g.declare(&format!("cos{r}"), TensorType::fp16([1, d2, 1, w]), false)?;
@@ -279,6 +309,9 @@ fn build_function(
         )?;
     }
     for (li, _) in &consts.layers {
+        if short_conv(model, *li).is_some() {
+            continue;
+        }
         let a = attention(&model.layers[*li], *li)?;
         let kvd = a.n_kv_heads * a.head_dim;
         for kind in ["k", "v"] {
@@ -296,13 +329,17 @@ fn build_function(
             }
         }
     }
-    if form == KvForm::States && !consts.layers.is_empty() {
+    let attends = (consts.layers.iter()).any(|(li, _)| short_conv(model, *li).is_none());
+    if form == KvForm::States && attends {
         g.declare("kv_begin", TensorType::int32([4]), false)?;
         g.declare("kv_end", TensorType::int32([4]), false)?;
     }
     let mut x = g.input("x")?;
     for (li, c) in &consts.layers {
-        x = g.attention(*li, x, c)?;
+        x = match short_conv(model, *li) {
+            Some(_) => g.short_conv(*li, x, c)?,
+            None => g.attention(*li, x, c)?,
+        };
         x = g.ffn(*li, x, c)?;
     }
     match &consts.head {
