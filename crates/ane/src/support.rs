@@ -1,8 +1,8 @@
 //! What the ANE programs compute. Projection strategy: every mixer (softmax attention with or
 //! without an output gate, gated DeltaNet, LFM2's short conv) as an input and an output
 //! projection with the recurrence, conv and gating on the host, dense FFNs and host-routed
-//! experts. Fused strategy: softmax attention without a gate, LFM2's short conv, dense FFNs and
-//! mixtures held dense; it refuses the rest here with one clear error.
+//! experts. Fused strategy: every mixer in the graph (the DeltaNet one token per evaluation),
+//! dense FFNs and mixtures held dense.
 
 use anelm_model::plan::{Activation, Attention, Ffn, Layer, Linear, Mixer, Moe};
 use anelm_model::Model;
@@ -12,14 +12,6 @@ use crate::error::{AneError, Result};
 pub(crate) fn unsupported(layer: usize, what: &str) -> AneError {
     AneError::Unsupported(format!(
         "layer {layer}: {what} is not lowered to ANE programs yet; run this model with --device cpu"
-    ))
-}
-
-/// A mixer the fused strategy does not hold, with the way out.
-fn not_fused(layer: usize, what: &str) -> AneError {
-    AneError::Unsupported(format!(
-        "layer {layer}: {what} is not lowered to fused chunks yet; \
-         use --strategy projection (its state on the host) or --device cpu"
     ))
 }
 
@@ -35,11 +27,11 @@ pub fn ensure_lowerable(model: &Model) -> Result<()> {
 }
 
 /// Ok when the fused strategy expresses every layer of `model` (mixtures of many experts it
-/// refuses when it segments the model).
+/// refuses when it segments the model). The match is exhaustive: a new mixer must say.
 pub fn ensure_fusable(model: &Model) -> Result<()> {
-    for (i, l) in model.layers.iter().enumerate() {
-        if !matches!(l.mixer, Mixer::ShortConv(_)) {
-            attention(l, i)?;
+    for l in &model.layers {
+        match &l.mixer {
+            Mixer::Attention(_) | Mixer::DeltaNet(_) | Mixer::ShortConv(_) => {}
         }
     }
     Ok(())
@@ -53,13 +45,13 @@ pub(crate) fn moe_in_fused(index: usize, why: &str) -> AneError {
     ))
 }
 
-/// The ungated softmax attention of layer `index` (what a fused chunk computes).
+/// The softmax attention of layer `index` (of a fused chunk, which builds the other mixers
+/// on their own).
 pub fn attention(l: &Layer, index: usize) -> Result<&Attention> {
     match &l.mixer {
-        Mixer::Attention(a) if a.output_gate.is_none() => Ok(a),
-        Mixer::Attention(_) => Err(not_fused(index, "output-gated attention")),
-        Mixer::DeltaNet(_) => Err(not_fused(index, "a gated DeltaNet mixer")),
-        Mixer::ShortConv(_) => Err(not_fused(index, "a short convolution (LFM2)")),
+        Mixer::Attention(a) => Ok(a),
+        Mixer::DeltaNet(_) => Err(unsupported(index, "a gated DeltaNet as attention")),
+        Mixer::ShortConv(_) => Err(unsupported(index, "a short convolution as attention")),
     }
 }
 

@@ -232,15 +232,21 @@ fn hybrid_projection_kernels_lint_and_validate_in_both_dialects() {
     }
 }
 
-/// A mixture's fused chunks (every expert dense, the top-k choice in the graph) and LFM2's
-/// (short convs, their history an input) in dialect B: one package per function, the KV cache
+/// A mixture's fused chunks (every expert dense, the top-k choice in the graph), LFM2's
+/// (short convs, their history an input) and Qwen3-Next's (DeltaNet state and conv history
+/// inputs, output-gated attention) in dialect B: one package per function, the KV cache
 /// as inputs and outputs, valid at specification 7 (dialect A's stateful packages:
 /// tests/fused.rs).
 #[test]
-fn fused_mixture_and_short_conv_chunks_validate_in_dialect_b() {
+fn fused_mixture_short_conv_and_deltanet_chunks_validate_in_dialect_b() {
     let dir = tempfile::tempdir().unwrap();
     let lfm2 = Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap());
-    for (family, m) in [("qwen2_moe", tiny("qwen2_moe")), ("lfm2", lfm2)] {
+    let families = [
+        ("qwen2_moe", tiny("qwen2_moe")),
+        ("lfm2", lfm2),
+        ("qwen3_next", tiny("qwen3_next")),
+    ];
+    for (family, m) in families {
         let o = opts(MilDialect::B);
         let plan = fused_plan(&m, &o).unwrap();
         let mut n = 0;

@@ -174,7 +174,8 @@ fn gguf_tiny_fixtures_adjacent_rope_included() {
 fn stateful_multifunction_packages_validate() {
     // qwen2_moe: a mixture with every expert dense in the chunk and a shared expert; lfm2:
     // short convs (their history an input, B · x an output) between attention layers.
-    for family in ["llama", "gemma3", "gpt2", "qwen2_moe", "lfm2"] {
+    // qwen3_next: DeltaNet layers (state and conv history inputs) and output-gated attention.
+    for family in ["llama", "gemma3", "gpt2", "qwen2_moe", "lfm2", "qwen3_next"] {
         let m = if family == "lfm2" {
             Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap())
         } else {

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anelm_cpu::ops::softcap;
+use anelm_model::plan::Mixer;
 use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, OwnedState};
 use half::f16;
 
@@ -52,6 +53,8 @@ pub struct FusedKv {
     /// Per layer: a short conv's history, `[kernel - 1][hidden]` oldest first (f32, as the
     /// CPU engine keeps it; empty for attention layers).
     conv: Vec<Vec<f32>>,
+    /// Per layer: a DeltaNet's state `[n_v][dk][dv]` (f32 between steps, fp16 in the program).
+    s: Vec<Vec<f32>>,
 }
 
 impl OwnedState for FusedKv {
@@ -74,7 +77,10 @@ impl KvState for FusedKv {
             return;
         }
         if self.conv.iter().any(|c| !c.is_empty()) {
-            self.conv.iter_mut().for_each(|c| c.fill(0.0));
+            self.conv
+                .iter_mut()
+                .chain(&mut self.s)
+                .for_each(|c| c.fill(0.0));
             self.len = 0;
         } else {
             self.len = len;
@@ -327,6 +333,10 @@ impl<D: Device> FusedExecutor<D> {
                     .and_then(|r| r.parse::<usize>().ok())
                 {
                     Some((&kv.conv[li], l.width))
+                } else if let Some(li) =
+                    name.strip_prefix('s').and_then(|r| r.parse::<usize>().ok())
+                {
+                    Some((&kv.s[li], 1))
                 } else {
                     None
                 };
@@ -358,16 +368,34 @@ impl<D: Device> FusedExecutor<D> {
             for li in chunk.spec.layers.clone() {
                 let kvd = self.kv_dims[li];
                 if kvd == 0 {
-                    // A short conv: its history moves on by the new tokens' B · x.
+                    // A short conv or DeltaNet: its conv history moves on by the new tokens'
+                    // pre-conv values, and a DeltaNet's state is the chunk's new one.
+                    let (width, state) = match &m.layers[li].mixer {
+                        Mixer::DeltaNet(d) => (d.conv_channels(), true),
+                        _ => (h, false),
+                    };
+                    if state {
+                        let s = &mut kv.s[li];
+                        let len = s.len();
+                        read(
+                            &self.device,
+                            &b.binding,
+                            &format!("s{li}_new"),
+                            0..1,
+                            s,
+                            len,
+                            0,
+                        )?;
+                    }
                     let hist = &mut kv.conv[li];
-                    let mut bx = vec![0f32; n * h];
+                    let mut bx = vec![0f32; n * width];
                     read(
                         &self.device,
                         &b.binding,
                         &format!("conv{li}_new"),
                         0..n,
                         &mut bx,
-                        h,
+                        width,
                         0,
                     )?;
                     let mut all = std::mem::take(hist);
@@ -458,7 +486,14 @@ impl<D: Device> Executor for FusedExecutor<D> {
         let h = self.model.config.hidden_size;
         let conv = (self.model.layers.iter())
             .map(|l| match &l.mixer {
-                anelm_model::plan::Mixer::ShortConv(c) => vec![0f32; (c.kernel - 1) * h],
+                Mixer::ShortConv(c) => vec![0f32; (c.kernel - 1) * h],
+                Mixer::DeltaNet(d) => vec![0f32; (d.conv_kernel - 1) * d.conv_channels()],
+                Mixer::Attention(_) => Vec::new(),
+            })
+            .collect();
+        let s = (self.model.layers.iter())
+            .map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => vec![0f32; d.n_v_heads * d.k_dim * d.v_dim],
                 _ => Vec::new(),
             })
             .collect();
@@ -470,6 +505,7 @@ impl<D: Device> Executor for FusedExecutor<D> {
             context,
             cache,
             conv,
+            s,
         }))
     }
 

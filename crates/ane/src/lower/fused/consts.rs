@@ -10,6 +10,7 @@ use anelm_model::Weight;
 
 use super::super::encode::{Encoded, WeightTarget};
 use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
+use super::deltanet::DeltaNetConsts;
 use super::moe::MoeConsts;
 use crate::error::Result;
 use crate::support::attention;
@@ -85,6 +86,8 @@ pub(super) struct LayerConsts {
     pub(super) o: LinearConst,
     /// A short conv's taps (its projections are `qkv` and `o`).
     pub(super) short_conv: Option<ShortConvConsts>,
+    /// A gated DeltaNet's conv, gates and norm (its projections are `qkv` and `o`).
+    pub(super) delta_net: Option<DeltaNetConsts>,
     pub(super) post_attn_norm: Option<NormConst>,
     pub(super) ffn_norm: NormConst,
     pub(super) ffn: FfnConsts,
@@ -175,15 +178,25 @@ fn attention_consts(
         perm_bias(&a.k.bias, orders.as_ref().map(|o| &o.1)),
     );
     let (qd, kvd) = (a.q.out_features(), a.k.out_features());
-    let qkv = LinearConst::new(
-        &[qw, kw, &a.v.weight],
-        stacked_bias(&[
-            (qb.as_deref(), qd),
-            (kb.as_deref(), kvd),
-            (a.v.bias.as_deref(), kvd),
-        ]),
-        policy,
-    )?;
+    // The output gate's rows follow q's order (one per query element).
+    let gate_perm = match (&a.output_gate, &orders) {
+        (Some(g), Some((qo, _, _))) => Some(g.weight.permute_rows(qo)),
+        _ => None,
+    };
+    let gate = (gate_perm.as_ref()).or(a.output_gate.as_ref().map(|g| &g.weight));
+    let mut ws = vec![qw, kw, &a.v.weight];
+    ws.extend(gate);
+    let mut biases = vec![
+        (qb.as_deref(), qd),
+        (kb.as_deref(), kvd),
+        (a.v.bias.as_deref(), kvd),
+    ];
+    let gb =
+        (a.output_gate.as_ref()).and_then(|g| perm_bias(&g.bias, orders.as_ref().map(|o| &o.0)));
+    if a.output_gate.is_some() {
+        biases.push((gb.as_deref(), qd));
+    }
+    let qkv = LinearConst::new(&ws, stacked_bias(&biases), policy)?;
     let head_order = orders.as_ref().map(|o| o.2.as_slice());
     let norm = |n: &Option<Norm>| n.as_ref().map(|n| NormConst::new(n, 1.0, 1.0, head_order));
     Ok((
@@ -243,6 +256,16 @@ impl LayerConsts {
                 LinearConst::new(&[&c.out.weight], scaled_bias(&c.out.bias, o_scale), policy)?,
                 Some(ShortConvConsts::new(c)),
             ),
+            Mixer::DeltaNet(d) => {
+                let ins = [&d.qkv, &d.z, &d.b, &d.a];
+                (
+                    LinearConst::new(&ins.map(|l| &l.weight), linear_biases(&ins), policy)?,
+                    None,
+                    None,
+                    LinearConst::new(&[&d.out.weight], scaled_bias(&d.out.bias, o_scale), policy)?,
+                    None,
+                )
+            }
             _ => {
                 let a = attention(l, index)?;
                 attention_consts(a, scaled_bias(&a.o.bias, o_scale), policy)?
@@ -272,6 +295,10 @@ impl LayerConsts {
             k_norm,
             o,
             short_conv,
+            delta_net: match &l.mixer {
+                Mixer::DeltaNet(d) => Some(DeltaNetConsts::new(d)),
+                _ => None,
+            },
             post_attn_norm: l
                 .post_attn_norm
                 .as_ref()

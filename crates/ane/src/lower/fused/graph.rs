@@ -258,13 +258,12 @@ impl ChunkGraph<'_> {
             &c.attn_norm,
         )?;
         let qkv = self.linear(&format!("{p}_qkv"), xn, &c.qkv, 1.0)?;
-        let parts = (self.plan.alternatives).split(
-            &mut self.f,
-            &format!("{p}_split"),
-            qkv,
-            1,
-            &[qd, kvd, kvd],
-        )?;
+        let mut sizes = vec![qd, kvd, kvd];
+        if a.output_gate.is_some() {
+            sizes.push(qd);
+        }
+        let parts =
+            (self.plan.alternatives).split(&mut self.f, &format!("{p}_split"), qkv, 1, &sizes)?;
         let (wi, hdi) = (w as i32, hd as i32);
         let mut q = self
             .f
@@ -358,9 +357,13 @@ impl ChunkGraph<'_> {
         let o = f
             .name_next(&format!("{p}_ot"))
             .transpose(o, &[0, 1, 3, 2])?;
-        let o = f
+        let mut o = f
             .name_next(&format!("{p}_att"))
             .reshape(o, &[1, qd as i32, 1, wi])?;
+        if a.output_gate.is_some() {
+            let g = f.name_next(&format!("{p}_ogate")).sigmoid(parts[3])?;
+            o = f.name_next(&format!("{p}_gated")).mul(o, g)?;
+        }
         let shift = if c.post_attn_norm.is_some() {
             1.0
         } else {

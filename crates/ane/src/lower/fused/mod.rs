@@ -24,12 +24,13 @@
 use std::ops::Range;
 
 mod consts;
+mod deltanet;
 mod graph;
 mod moe;
 mod shortconv;
 
 use anelm_mil::{FunctionBuilder, Program, TensorType};
-use anelm_model::plan::{Ffn, Layer, Linear, Mixer, Rope, ShortConv};
+use anelm_model::plan::{Ffn, Layer, Linear, Mixer, Rope};
 use anelm_model::Model;
 
 use super::encode::WeightTarget;
@@ -37,7 +38,7 @@ use super::graph::{linear, normalize};
 use super::weights::row_range;
 use super::{LoweringOptions, WeightPolicy};
 use crate::error::{AneError, Result};
-use crate::support::{attention, ensure_fusable};
+use crate::support::ensure_fusable;
 use crate::unit::CompileUnit;
 use consts::{LayerConsts, LinearConst, NormConst};
 use graph::ChunkGraph;
@@ -118,13 +119,7 @@ fn linear_bytes(l: &Linear) -> u64 {
 }
 
 fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
-    let mixer = match &l.mixer {
-        Mixer::ShortConv(c) => linear_bytes(&c.in_proj) + linear_bytes(&c.out),
-        _ => {
-            let a = attention(l, index)?;
-            linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o)
-        }
-    };
+    let mixer: u64 = l.mixer.linears().into_iter().map(linear_bytes).sum();
     let ffn = match &l.ffn {
         Ffn::Gated { gate, up, down, .. } => {
             linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
@@ -231,7 +226,12 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         windows,
         layer_window,
         context: opts.context,
-        width: opts.width,
+        // A gated DeltaNet runs one token per evaluation (until the chunked prefill lands).
+        width: if (model.layers.iter()).any(|l| matches!(l.mixer, Mixer::DeltaNet(_))) {
+            1
+        } else {
+            opts.width
+        },
         residual_shift: opts.residual_shift,
         head_tiles,
         weights: opts.weights,
@@ -259,14 +259,6 @@ impl ChunkConsts {
     }
 }
 
-/// Layer `li`'s short conv, if it is one.
-fn short_conv(model: &Model, li: usize) -> Option<&ShortConv> {
-    match &model.layers[li].mixer {
-        Mixer::ShortConv(c) => Some(c),
-        _ => None,
-    }
-}
-
 fn build_function(
     model: &Model,
     plan: &FusedPlan,
@@ -287,14 +279,28 @@ fn build_function(
     // Inputs first (MIL declares them before any op): the hidden state, tables, masks, caches.
     g.declare("x", TensorType::fp16([1, h, 1, w]), false)?;
     for (li, _) in &consts.layers {
-        if let Some(c) = short_conv(model, *li) {
-            let hist = c.kernel - 1;
-            g.declare(
-                &format!("conv{li}"),
-                TensorType::fp16([1, h, 1, hist]),
-                false,
-            )?;
-            continue;
+        match &model.layers[*li].mixer {
+            Mixer::ShortConv(c) => {
+                let hist = c.kernel - 1;
+                g.declare(
+                    &format!("conv{li}"),
+                    TensorType::fp16([1, h, 1, hist]),
+                    false,
+                )?;
+                continue;
+            }
+            Mixer::DeltaNet(d) => {
+                let (ch, hist) = (d.conv_channels(), d.conv_kernel - 1);
+                let s = d.n_v_heads * d.k_dim * d.v_dim;
+                g.declare(
+                    &format!("conv{li}"),
+                    TensorType::fp16([1, ch, 1, hist]),
+                    false,
+                )?;
+                g.declare(&format!("s{li}"), TensorType::fp16([1, s, 1, 1]), false)?;
+                continue;
+            }
+            Mixer::Attention(_) => {}
         }
         if let Some(r) = plan.layer_rope[*li] {
             let d2 = plan.ropes[r].dims / 2;
@@ -309,10 +315,9 @@ fn build_function(
         )?;
     }
     for (li, _) in &consts.layers {
-        if short_conv(model, *li).is_some() {
+        let Some(a) = model.layers[*li].attention() else {
             continue;
-        }
-        let a = attention(&model.layers[*li], *li)?;
+        };
         let kvd = a.n_kv_heads * a.head_dim;
         for kind in ["k", "v"] {
             match form {
@@ -329,16 +334,17 @@ fn build_function(
             }
         }
     }
-    let attends = (consts.layers.iter()).any(|(li, _)| short_conv(model, *li).is_none());
+    let attends = (consts.layers.iter()).any(|(li, _)| model.layers[*li].attention().is_some());
     if form == KvForm::States && attends {
         g.declare("kv_begin", TensorType::int32([4]), false)?;
         g.declare("kv_end", TensorType::int32([4]), false)?;
     }
     let mut x = g.input("x")?;
     for (li, c) in &consts.layers {
-        x = match short_conv(model, *li) {
-            Some(_) => g.short_conv(*li, x, c)?,
-            None => g.attention(*li, x, c)?,
+        x = match &model.layers[*li].mixer {
+            Mixer::ShortConv(_) => g.short_conv(*li, x, c)?,
+            Mixer::DeltaNet(_) => g.delta_net(*li, x, c)?,
+            Mixer::Attention(_) => g.attention(*li, x, c)?,
         };
         x = g.ffn(*li, x, c)?;
     }
