@@ -215,3 +215,46 @@ impl ChunkGraph<'_> {
         Ok(weights)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anelm_model::plan::{GatedMlp, Linear};
+    use anelm_model::Weight;
+
+    fn moe(experts: usize) -> Moe {
+        let lin = || Linear {
+            weight: Weight::from_f32("w", 1, 1, &[0.5]),
+            bias: None,
+        };
+        Moe {
+            act: Activation::Silu,
+            router: Weight::from_f32("router", experts, 1, &vec![0.0; experts]),
+            experts: (0..experts)
+                .map(|_| GatedMlp {
+                    gate: lin(),
+                    up: lin(),
+                    down: lin(),
+                })
+                .collect(),
+            top_k: 2,
+            norm_top_k: true,
+            shared: None,
+        }
+    }
+
+    #[test]
+    fn many_experts_are_refused_with_the_way_out() {
+        assert_eq!(moe_bytes(&moe(4), 0).unwrap(), (4 * 3 + 4) * 2);
+        let e = moe_bytes(&moe(MAX_DENSE_EXPERTS + 1), 3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("layer 3")
+                && e.contains("65 experts")
+                && e.contains("--strategy projection"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
