@@ -6,12 +6,13 @@
 //! where they map exactly, the re-quantised ones where the policy compresses), so that the
 //! only difference left is the device's fp16 arithmetic.
 
-use anelm_model::plan::{Attention, Ffn, GatedMlp, Layer, Linear, Mixer, Moe, Norm, SharedExpert};
+use anelm_model::plan::{
+    Attention, DeltaNet, Ffn, GatedMlp, Layer, Linear, Mixer, Moe, Norm, SharedExpert, ShortConv,
+};
 use anelm_model::{Model, ModelSource, Weight};
 
 use crate::error::Result;
 use crate::lower::encode::{encode, Encoding, Part, WeightPolicy, WeightTarget};
-use crate::support::attention;
 
 fn f32_weight(w: &Weight, target: WeightTarget) -> Result<Weight> {
     let values = match target.policy {
@@ -50,24 +51,52 @@ fn norm(n: &Norm) -> Norm {
     }
 }
 
-fn layer(l: &Layer, index: usize, p: WeightTarget) -> Result<Layer> {
-    let a = attention(l, index)?;
-    let attention = Attention {
-        n_heads: a.n_heads,
-        n_kv_heads: a.n_kv_heads,
-        head_dim: a.head_dim,
-        scale: a.scale,
-        window: a.window,
-        softcap: a.softcap,
-        rope: a.rope.clone(),
-        q: linear(&a.q, p)?,
-        k: linear(&a.k, p)?,
-        v: linear(&a.v, p)?,
-        o: linear(&a.o, p)?,
-        q_norm: a.q_norm.as_ref().map(norm),
-        k_norm: a.k_norm.as_ref().map(norm),
-        output_gate: None,
-    };
+fn mixer(m: &Mixer, p: WeightTarget) -> Result<Mixer> {
+    Ok(match m {
+        Mixer::Attention(a) => Mixer::Attention(Attention {
+            n_heads: a.n_heads,
+            n_kv_heads: a.n_kv_heads,
+            head_dim: a.head_dim,
+            scale: a.scale,
+            window: a.window,
+            softcap: a.softcap,
+            rope: a.rope.clone(),
+            q: linear(&a.q, p)?,
+            k: linear(&a.k, p)?,
+            v: linear(&a.v, p)?,
+            o: linear(&a.o, p)?,
+            q_norm: a.q_norm.as_ref().map(norm),
+            k_norm: a.k_norm.as_ref().map(norm),
+            output_gate: a.output_gate.as_ref().map(|g| linear(g, p)).transpose()?,
+        }),
+        Mixer::DeltaNet(d) => Mixer::DeltaNet(DeltaNet {
+            n_k_heads: d.n_k_heads,
+            n_v_heads: d.n_v_heads,
+            k_dim: d.k_dim,
+            v_dim: d.v_dim,
+            conv_kernel: d.conv_kernel,
+            key_head_of: d.key_head_of,
+            qkv: linear(&d.qkv, p)?,
+            z: linear(&d.z, p)?,
+            b: linear(&d.b, p)?,
+            a: linear(&d.a, p)?,
+            conv: d.conv.clone(),
+            neg_a: d.neg_a.clone(),
+            dt_bias: d.dt_bias.clone(),
+            norm: norm(&d.norm),
+            out: linear(&d.out, p)?,
+        }),
+        Mixer::ShortConv(c) => Mixer::ShortConv(ShortConv {
+            kernel: c.kernel,
+            in_proj: linear(&c.in_proj, p)?,
+            conv: c.conv.clone(),
+            conv_bias: c.conv_bias.clone(),
+            out: linear(&c.out, p)?,
+        }),
+    })
+}
+
+fn layer(l: &Layer, p: WeightTarget) -> Result<Layer> {
     let ffn = match &l.ffn {
         Ffn::Gated {
             act,
@@ -111,7 +140,7 @@ fn layer(l: &Layer, index: usize, p: WeightTarget) -> Result<Layer> {
     };
     Ok(Layer {
         attn_norm: norm(&l.attn_norm),
-        mixer: Mixer::Attention(attention),
+        mixer: mixer(&l.mixer, p)?,
         post_attn_norm: l.post_attn_norm.as_ref().map(norm),
         ffn_norm: norm(&l.ffn_norm),
         ffn,
@@ -140,8 +169,8 @@ pub fn dequantized_as(m: &Model, policy: WeightTarget) -> Result<Model> {
         embedding: copy(&m.embedding),
         embed_scale: m.embed_scale,
         pos_embedding: m.pos_embedding.as_ref().map(copy),
-        layers: (m.layers.iter().enumerate())
-            .map(|(i, l)| layer(l, i, policy))
+        layers: (m.layers.iter())
+            .map(|l| layer(l, policy))
             .collect::<Result<_>>()?,
         final_norm: norm(&m.final_norm),
         lm_head: f32_weight(&m.lm_head, policy)?,

@@ -88,7 +88,7 @@ impl<D: Device> DevicePath for AneExecutor<D> {
 
     fn dispatches_per_token(&self) -> usize {
         match self {
-            AneExecutor::Projection(e) => e.projections().n_kernels(),
+            AneExecutor::Projection(e) => e.projections().dispatches_per_token(e.model()),
             AneExecutor::Fused(e) => e.plan().dispatches_per_token(),
         }
     }

@@ -164,3 +164,104 @@ fn packages_of_both_dialects_validate() {
         }
     }
 }
+
+/// The projection kernels of a hybrid (Qwen3-Next: gated DeltaNet `qkv | z | b | a` and `out`,
+/// output-gated attention, experts) and of LFM2 (short-conv `B | C | x` and `out`) in both
+/// dialects: they lint without errors and print and parse back, and coremltools' validator
+/// accepts their packages — dialect A all kernels in one multifunction package, dialect B one
+/// package per kernel of the first layer, of the first attention layer, and the head.
+#[test]
+fn hybrid_projection_kernels_lint_and_validate_in_both_dialects() {
+    use anelm_model::plan::Mixer;
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = [
+        ("qwen3_next", anelm_testkit::tiny("qwen3_next")),
+        ("lfm2", anelm_testkit::repo_tiny("lfm2")),
+    ];
+    for (family, path) in fixtures {
+        let m = Arc::new(anelm_model::load(&path).unwrap());
+        let attn = (m.layers.iter())
+            .position(|l| matches!(l.mixer, Mixer::Attention(_)))
+            .unwrap();
+        assert!(
+            !matches!(m.layers[0].mixer, Mixer::Attention(_)),
+            "{family}"
+        );
+        let picked = |name: &str| {
+            let layer = ["layer00_", &format!("layer{attn:02}_")]
+                .iter()
+                .any(|p| name.starts_with(p));
+            let first_expert = !name.contains("expert") || name.ends_with("expert000");
+            name == "lm_head" || (layer && first_expert)
+        };
+        for (d, spec) in [(MilDialect::A, 9), (MilDialect::B, 7)] {
+            let o = opts(d);
+            let mut package = anelm_mil::Program::new(d.mil());
+            let mut singles = 0;
+            for s in projection_kernels(&m, &o).unwrap() {
+                let u = build_unit(&m, &s, &o).unwrap().unit;
+                let errors: Vec<_> = lint_with(&u.program, &LintConfig::default())
+                    .into_iter()
+                    .filter(|f| f.severity == Severity::Error)
+                    .collect();
+                assert!(errors.is_empty(), "{family} {d} {}: {errors:?}", u.name);
+                let back = anelm_mil::text::parse_program(&u.text).unwrap();
+                assert_eq!(back.dialect, d.mil(), "{family} {d} {}", u.name);
+                match d {
+                    MilDialect::A => {
+                        let mut f = u.program.functions.into_iter().next().unwrap();
+                        f.name = s.name.clone();
+                        package.add_function(f).unwrap();
+                    }
+                    MilDialect::B if picked(&s.name) => {
+                        let name = format!("{family}_{d}_{}.mlpackage", s.name);
+                        validate(&u.program, &dir.path().join(name), spec);
+                        singles += 1;
+                    }
+                    MilDialect::B => {}
+                }
+            }
+            match d {
+                MilDialect::A => {
+                    let name = format!("{family}_{d}.mlpackage");
+                    validate(&package, &dir.path().join(name), spec);
+                }
+                MilDialect::B => assert!(singles >= 5, "{family}: {singles}"),
+            }
+        }
+    }
+}
+
+/// A mixture's fused chunks (every expert dense, the top-k choice in the graph), LFM2's
+/// (short convs, their history an input) and Qwen3-Next's (DeltaNet state and conv history
+/// inputs, output-gated attention) in dialect B: one package per function, the KV cache
+/// as inputs and outputs, valid at specification 7 (dialect A's stateful packages:
+/// tests/fused.rs).
+#[test]
+fn fused_mixture_short_conv_and_deltanet_chunks_validate_in_dialect_b() {
+    let dir = tempfile::tempdir().unwrap();
+    let lfm2 = Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap());
+    let families = [
+        ("qwen2_moe", tiny("qwen2_moe")),
+        ("lfm2", lfm2),
+        ("qwen3_next", tiny("qwen3_next")),
+    ];
+    for (family, m) in families {
+        let o = opts(MilDialect::B);
+        let plan = fused_plan(&m, &o).unwrap();
+        let mut n = 0;
+        for i in 0..plan.chunks.len() {
+            let u = build_chunk(&m, &plan, i, KvForm::Inputs).unwrap();
+            for (function, program) in coreml_packages(&u.program) {
+                let name = format!("{family}_{}_{}.mlpackage", u.name, function.unwrap());
+                validate(&program, &dir.path().join(name), 7);
+                n += 1;
+            }
+        }
+        assert_eq!(
+            n,
+            2 * plan.chunks.len(),
+            "{family}: prefill and decode of every chunk"
+        );
+    }
+}

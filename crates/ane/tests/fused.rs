@@ -172,8 +172,15 @@ fn gguf_tiny_fixtures_adjacent_rope_included() {
 
 #[test]
 fn stateful_multifunction_packages_validate() {
-    for family in ["llama", "gemma3", "gpt2"] {
-        let m = tiny(family);
+    // qwen2_moe: a mixture with every expert dense in the chunk and a shared expert; lfm2:
+    // short convs (their history an input, B · x an output) between attention layers.
+    // qwen3_next: DeltaNet layers (state and conv history inputs) and output-gated attention.
+    for family in ["llama", "gemma3", "gpt2", "qwen2_moe", "lfm2", "qwen3_next"] {
+        let m = if family == "lfm2" {
+            Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap())
+        } else {
+            tiny(family)
+        };
         let opts = LoweringOptions {
             context: 64,
             chunk_layers: 2,
@@ -197,8 +204,8 @@ fn stateful_multifunction_packages_validate() {
             let functions = report["summary"]["functions"].as_object().unwrap();
             assert_eq!(functions.len(), 2, "prefill and decode");
             let decode = &functions["decode"]["inputs"];
-            let kv = plan.chunks[i].layers.start;
-            if !plan.chunks[i].layers.is_empty() {
+            let kv = (plan.chunks[i].layers.clone()).find(|&l| m.layers[l].attention().is_some());
+            if let Some(kv) = kv {
                 assert!(
                     decode[format!("k{kv}")]
                         .as_str()

@@ -1,12 +1,13 @@
 //! Gated DeltaNet (ARCHITECTURES.md §4.4) for one key-head group: the causal depthwise conv of
 //! the group's channels, then per value head the decayed delta-rule update of its state and the
 //! gated RMSNorm of the read-out. Groups touch disjoint channels, states and outputs, so the
-//! threads of a forward pass run different groups at once.
+//! threads of a forward pass run different groups at once. Public: the ANE projection
+//! strategy runs this same recurrence on its host side ([`run_layer`]).
 
 use anelm_model::plan::{DeltaNet, KeyHeadMap};
 
 /// Value heads served by key head `g`.
-pub(crate) fn value_heads(d: &DeltaNet, g: usize) -> impl Iterator<Item = usize> + '_ {
+pub fn value_heads(d: &DeltaNet, g: usize) -> impl Iterator<Item = usize> + '_ {
     let r = d.n_v_heads / d.n_k_heads;
     (0..r).map(move |j| match d.key_head_of {
         KeyHeadMap::Grouped => g * r + j,
@@ -15,13 +16,13 @@ pub(crate) fn value_heads(d: &DeltaNet, g: usize) -> impl Iterator<Item = usize>
 }
 
 /// Scratch floats [`run_group`] needs.
-pub(crate) fn scratch_len(d: &DeltaNet) -> usize {
+pub fn scratch_len(d: &DeltaNet) -> usize {
     2 * d.k_dim + 4 * d.v_dim
 }
 
 /// The token-by-token inputs of one layer: rows of the flat `q | k | v` projection (`qkv`,
 /// `channels` wide), of `z` (`n_v * dv`), and of `b` and `a` (`n_v`).
-pub(crate) struct Inputs<'a> {
+pub struct Inputs<'a> {
     pub qkv: &'a [f32],
     pub z: &'a [f32],
     pub b: &'a [f32],
@@ -29,7 +30,7 @@ pub(crate) struct Inputs<'a> {
 }
 
 /// The parts of a layer's recurrent state and output that group `g` owns.
-pub(crate) struct GroupState<'a> {
+pub struct GroupState<'a> {
     /// `[channels][K - 1]` previous conv inputs, oldest first (whole layer; the group touches
     /// only its channels).
     pub conv: &'a mut [f32],
@@ -84,9 +85,26 @@ fn conv_at(
     silu(acc)
 }
 
+/// Runs every key group of a layer over `n` tokens, one after another: `conv` and `s` are the
+/// layer's whole conv history and states, `out` the `n` rows of outputs (`n_v * dv` each).
+pub fn run_layer(
+    d: &DeltaNet,
+    n: usize,
+    io: &Inputs<'_>,
+    conv: &mut [f32],
+    s: &mut [f32],
+    out: &mut [f32],
+) {
+    let mut scratch = vec![0f32; scratch_len(d)];
+    let mut st = GroupState { conv, s, out };
+    for g in 0..d.n_k_heads {
+        run_group(d, g, n, io, &mut st, &mut scratch);
+    }
+}
+
 /// Runs key group `g` over `n` tokens, updating its conv history and states and writing its
 /// value heads' outputs.
-pub(crate) fn run_group(
+pub fn run_group(
     d: &DeltaNet,
     g: usize,
     n: usize,

@@ -3,7 +3,7 @@
 
 mod adaptive;
 mod attention;
-mod deltanet;
+pub mod deltanet;
 mod forward;
 pub mod kernels;
 mod kv;
@@ -16,7 +16,7 @@ pub mod pool;
 pub mod q8;
 mod resident;
 mod shared;
-mod shortconv;
+pub mod shortconv;
 pub mod simd;
 pub mod vecmath;
 

@@ -1,4 +1,4 @@
-//! Row operations of the forward pass, in f32: norms, RoPE, soft-capping.
+//! Row operations of the forward pass, in f32: norms, RoPE, the output gate, soft-capping.
 
 use anelm_model::plan::{Norm, NormKind, Rope, RopePairing};
 
@@ -58,6 +58,13 @@ pub fn rope_head(rope: &Rope, head: &mut [f32], cos: &[f32], sin: &[f32]) {
             }
         }
     }
+}
+
+/// `out *= sigmoid(z)`: the attention output gate (one gate value per element of a head).
+pub fn output_gate(out: &mut [f32], z: &[f32]) {
+    out.iter_mut()
+        .zip(z)
+        .for_each(|(o, g)| *o /= 1.0 + (-g).exp());
 }
 
 /// `x = cap * tanh(x / cap)`.

@@ -1,13 +1,14 @@
 //! LFM2's gated short convolution over a block of channels of one sequence (ARCHITECTURES.md has
 //! no section; transformers' `Lfm2ShortConv`): per token `y = C · conv(B · x)`, the conv causal
 //! and depthwise over the last `kernel` values of `B · x`, whose last `kernel - 1` are the state.
+//! Public: the ANE projection strategy runs this same conv on its host side.
 
 use anelm_model::plan::ShortConv;
 
 /// Tokens `0..n` of one sequence, channels `ch`: `bcx` holds each token's `B | C | x` (`3h`
 /// wide), `state` the history of `B · x` (`kernel - 1` rows of `h`, oldest first), `out` each
 /// token's `h` outputs. Only channels `ch` of `state` and `out` are written.
-pub(crate) fn run(
+pub fn run(
     s: &ShortConv,
     h: usize,
     ch: std::ops::Range<usize>,

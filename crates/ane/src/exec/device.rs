@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use anelm_model::plan::Ffn;
 use anelm_model::Model;
 
 use super::Projections;
@@ -130,6 +131,22 @@ impl<D: Device> DeviceProjections<D> {
     /// Kernels compiled.
     pub fn n_kernels(&self) -> usize {
         self.kernels.values().map(Vec::len).sum()
+    }
+
+    /// Device evaluations one decoded token costs: every kernel but the experts, and per
+    /// mixture layer its `top_k` experts (the ones the router picks).
+    pub fn dispatches_per_token(&self, model: &Model) -> usize {
+        let experts: usize = (model.layers.iter())
+            .map(|l| match &l.ffn {
+                Ffn::Moe(m) => m.top_k.min(m.experts.len()),
+                _ => 0,
+            })
+            .sum();
+        let others: usize = (self.kernels.iter())
+            .filter(|(p, _)| !matches!(p, Projection::Expert(..)))
+            .map(|(_, b)| b.len())
+            .sum();
+        others + experts
     }
 
     /// Device evaluations so far.

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anelm_cpu::ops::softcap;
+use anelm_model::plan::Mixer;
 use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, OwnedState};
 use half::f16;
 
@@ -21,7 +22,6 @@ use crate::lower::fused::{
 };
 use crate::lower::LoweringOptions;
 use crate::planar::{gather, scatter};
-use crate::support::attention;
 
 static NEXT_STATE: AtomicUsize = AtomicUsize::new(1);
 static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(1);
@@ -50,6 +50,11 @@ pub struct FusedKv {
     context: usize,
     /// Per layer: keys and values.
     cache: Vec<[Vec<f16>; 2]>,
+    /// Per layer: a short conv's history, `[kernel - 1][hidden]` oldest first (f32, as the
+    /// CPU engine keeps it; empty for attention layers).
+    conv: Vec<Vec<f32>>,
+    /// Per layer: a DeltaNet's state `[n_v][dk][dv]` (f32 between steps, fp16 in the program).
+    s: Vec<Vec<f32>>,
 }
 
 impl OwnedState for FusedKv {
@@ -65,9 +70,21 @@ impl KvState for FusedKv {
     fn capacity(&self) -> usize {
         self.capacity
     }
+    /// Positions from `len` on are masked out; their stale values need no clearing. A conv
+    /// history cannot go back: a model with one starts over (len 0), as the CPU engine's does.
     fn truncate(&mut self, len: usize) {
-        // Positions from `len` on are masked out; their stale values need no clearing.
-        self.len = self.len.min(len);
+        if len >= self.len {
+            return;
+        }
+        if self.conv.iter().any(|c| !c.is_empty()) {
+            self.conv
+                .iter_mut()
+                .chain(&mut self.s)
+                .for_each(|c| c.fill(0.0));
+            self.len = 0;
+        } else {
+            self.len = len;
+        }
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
@@ -106,9 +123,9 @@ impl<D: Device> FusedExecutor<D> {
         mut on_chunk: impl FnMut(&ChunkSpec),
     ) -> Result<Self> {
         let plan = fused_plan(&model, opts)?;
-        let kv_dims = (model.layers.iter().enumerate())
-            .map(|(i, l)| attention(l, i).map(|a| a.n_kv_heads * a.head_dim))
-            .collect::<Result<Vec<usize>>>()?;
+        let kv_dims = (model.layers.iter())
+            .map(|l| l.attention().map_or(0, |a| a.n_kv_heads * a.head_dim))
+            .collect();
         let mut chunks = Vec::new();
         let mut weight_reports = Vec::new();
         let mut cache = CacheReport::default();
@@ -311,6 +328,15 @@ impl<D: Device> FusedExecutor<D> {
                     .and_then(|r| r.parse::<usize>().ok())
                 {
                     Some((&masks[mi], self.plan.context + width))
+                } else if let Some(li) = name
+                    .strip_prefix("conv")
+                    .and_then(|r| r.parse::<usize>().ok())
+                {
+                    Some((&kv.conv[li], l.width))
+                } else if let Some(li) =
+                    name.strip_prefix('s').and_then(|r| r.parse::<usize>().ok())
+                {
+                    Some((&kv.s[li], 1))
                 } else {
                     None
                 };
@@ -341,6 +367,43 @@ impl<D: Device> FusedExecutor<D> {
             let mut new_kv = Vec::new();
             for li in chunk.spec.layers.clone() {
                 let kvd = self.kv_dims[li];
+                if kvd == 0 {
+                    // A short conv or DeltaNet: its conv history moves on by the new tokens'
+                    // pre-conv values, and a DeltaNet's state is the chunk's new one.
+                    let (width, state) = match &m.layers[li].mixer {
+                        Mixer::DeltaNet(d) => (d.conv_channels(), true),
+                        _ => (h, false),
+                    };
+                    if state {
+                        let s = &mut kv.s[li];
+                        let len = s.len();
+                        read(
+                            &self.device,
+                            &b.binding,
+                            &format!("s{li}_new"),
+                            0..1,
+                            s,
+                            len,
+                            0,
+                        )?;
+                    }
+                    let hist = &mut kv.conv[li];
+                    let mut bx = vec![0f32; n * width];
+                    read(
+                        &self.device,
+                        &b.binding,
+                        &format!("conv{li}_new"),
+                        0..n,
+                        &mut bx,
+                        width,
+                        0,
+                    )?;
+                    let mut all = std::mem::take(hist);
+                    let keep = all.len();
+                    all.extend_from_slice(&bx);
+                    *hist = all.split_off(all.len() - keep);
+                    continue;
+                }
                 for kind in ["k", "v"] {
                     let mut vals = vec![0f32; n * kvd];
                     read(
@@ -420,6 +483,20 @@ impl<D: Device> Executor for FusedExecutor<D> {
         let cache = (self.kv_dims.iter())
             .map(|d| [vec![f16::ZERO; d * context], vec![f16::ZERO; d * context]])
             .collect();
+        let h = self.model.config.hidden_size;
+        let conv = (self.model.layers.iter())
+            .map(|l| match &l.mixer {
+                Mixer::ShortConv(c) => vec![0f32; (c.kernel - 1) * h],
+                Mixer::DeltaNet(d) => vec![0f32; (d.conv_kernel - 1) * d.conv_channels()],
+                Mixer::Attention(_) => Vec::new(),
+            })
+            .collect();
+        let s = (self.model.layers.iter())
+            .map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => vec![0f32; d.n_v_heads * d.k_dim * d.v_dim],
+                _ => Vec::new(),
+            })
+            .collect();
         Ok(Box::new(FusedKv {
             owner: self.id,
             uid: NEXT_STATE.fetch_add(1, Ordering::Relaxed),
@@ -427,6 +504,8 @@ impl<D: Device> Executor for FusedExecutor<D> {
             capacity,
             context,
             cache,
+            conv,
+            s,
         }))
     }
 

@@ -1,32 +1,65 @@
-//! The KV cache of the projection strategy (f32, on the CPU) and attention over it: causal,
+//! The state of the projection strategy (on the CPU, f32): every attention layer's KV cache,
+//! every recurrent layer's conv history and DeltaNet state; attention over the cache: causal,
 //! optionally sliding-window and soft-capped, grouped-query.
 
 use std::any::Any;
 
 use anelm_cpu::ops::softcap;
-use anelm_model::plan::Attention;
-use anelm_model::{KvState, OwnedState};
+use anelm_model::plan::{Attention, Mixer};
+use anelm_model::{KvState, Model, OwnedState};
 use rayon::prelude::*;
 
-/// Keys and values of every layer, `[position][kv_dim]` each.
+/// Per layer: keys and values (`[position][kv_dim]`, empty for recurrent layers), the conv
+/// history and the DeltaNet states (empty for attention layers), kept as the CPU engine keeps
+/// them.
 pub struct ProjectionKv {
     pub(crate) owner: usize,
     pub(crate) len: usize,
     capacity: usize,
     pub(crate) k: Vec<Vec<f32>>,
     pub(crate) v: Vec<Vec<f32>>,
+    pub(crate) conv: Vec<Vec<f32>>,
+    pub(crate) s: Vec<Vec<f32>>,
+}
+
+/// Floats of each layer's (KV row, conv history, recurrent state).
+pub(crate) fn state_sizes(m: &Model) -> Vec<(usize, usize, usize)> {
+    let h = m.config.hidden_size;
+    (m.layers.iter())
+        .map(|l| match &l.mixer {
+            Mixer::Attention(a) => (a.n_kv_heads * a.head_dim, 0, 0),
+            Mixer::DeltaNet(d) => (
+                0,
+                d.conv_channels() * (d.conv_kernel - 1),
+                d.n_v_heads * d.k_dim * d.v_dim,
+            ),
+            Mixer::ShortConv(c) => (0, (c.kernel - 1) * h, 0),
+        })
+        .collect()
 }
 
 impl ProjectionKv {
-    pub(crate) fn new(owner: usize, kv_dims: &[usize], capacity: usize) -> ProjectionKv {
-        let zeros = || kv_dims.iter().map(|&d| vec![0f32; d * capacity]).collect();
+    pub(crate) fn new(
+        owner: usize,
+        sizes: &[(usize, usize, usize)],
+        capacity: usize,
+    ) -> ProjectionKv {
+        let each = |f: fn(&(usize, usize, usize)) -> usize, times: usize| {
+            sizes.iter().map(|s| vec![0f32; f(s) * times]).collect()
+        };
         ProjectionKv {
             owner,
             len: 0,
             capacity,
-            k: zeros(),
-            v: zeros(),
+            k: each(|s| s.0, capacity),
+            v: each(|s| s.0, capacity),
+            conv: each(|s| s.1, 1),
+            s: each(|s| s.2, 1),
         }
+    }
+
+    fn recurrent(&self) -> bool {
+        self.conv.iter().chain(&self.s).any(|v| !v.is_empty())
     }
 }
 
@@ -43,8 +76,22 @@ impl KvState for ProjectionKv {
     fn capacity(&self) -> usize {
         self.capacity
     }
+    /// Keys and values can be forgotten from any position; a recurrent state cannot go back,
+    /// so a model with one starts over (len 0) when asked to keep fewer positions than it has
+    /// (as the CPU engine's state does).
     fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        if len >= self.len {
+            return;
+        }
+        if self.recurrent() {
+            self.conv
+                .iter_mut()
+                .chain(&mut self.s)
+                .for_each(|v| v.fill(0.0));
+            self.len = 0;
+        } else {
+            self.len = len;
+        }
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
@@ -134,6 +181,22 @@ mod tests {
             k_norm: None,
             output_gate: None,
         }
+    }
+
+    #[test]
+    fn a_recurrent_state_restarts_instead_of_going_back() {
+        let mut kv = ProjectionKv::new(1, &[(4, 0, 0), (0, 6, 8)], 10);
+        kv.len = 5;
+        kv.s[1][3] = 1.0;
+        kv.truncate(7);
+        assert_eq!(kv.len(), 5, "keeping more than held changes nothing");
+        kv.truncate(3);
+        assert_eq!(kv.len(), 0);
+        assert!(kv.s[1].iter().all(|&x| x == 0.0));
+        let mut plain = ProjectionKv::new(1, &[(4, 0, 0)], 10);
+        plain.len = 5;
+        plain.truncate(3);
+        assert_eq!(plain.len(), 3);
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! The executor of the projection strategy: the linear layers as kernels ([`Projections`]:
 //! compiled on a device, or the f32 reference), the rest on the CPU in f32 — embeddings, norms,
-//! QK-norm, RoPE, the KV cache, attention, residuals, soft-caps.
+//! the mixers between their projections ([`mixers`]: attention and its KV cache, the DeltaNet
+//! and short-conv recurrences and their state), expert routing, residuals, soft-caps.
 
 mod device;
 mod fallback;
 mod fused;
 mod kv;
+mod mixers;
 mod reference;
 
 pub use device::DeviceProjections;
@@ -18,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anelm_cpu::moe::route;
-use anelm_cpu::ops::{norm_row, rope_head, softcap};
+use anelm_cpu::ops::{norm_row, softcap};
 use anelm_model::plan::{Ffn, Moe, Norm};
 use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model};
 
@@ -26,7 +28,6 @@ use crate::compare::NEAR_TIE;
 use crate::device::Device;
 use crate::error::Result;
 use crate::lower::{LoweringOptions, Projection};
-use crate::support::attention;
 
 /// Runs the linear layers of a model.
 pub trait Projections: Send {
@@ -186,42 +187,9 @@ impl<P: Projections> ProjectionExecutor<P> {
         let mut xn = vec![0f32; n * h];
         let mut y = vec![0f32; n * h];
         for (li, layer) in m.layers.iter().enumerate() {
-            let a = attention(layer, li)?;
-            let (hd, qd, kvd) = (
-                a.head_dim,
-                a.n_heads * a.head_dim,
-                a.n_kv_heads * a.head_dim,
-            );
             xn.copy_from_slice(&x);
             norm_rows(&layer.attn_norm, &mut xn, h);
-            let mut qkv = vec![0f32; n * (qd + 2 * kvd)];
-            self.proj.project(Projection::Qkv(li), &xn, n, &mut qkv)?;
-            let mut q = vec![0f32; n * qd];
-            let half = a.rope.as_ref().map_or(0, |r| r.dims / 2);
-            let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
-            for (t, row) in qkv.chunks_exact_mut(qd + 2 * kvd).enumerate() {
-                let (qt, rest) = row.split_at_mut(qd);
-                let (kt, vt) = rest.split_at_mut(kvd);
-                if let Some(qn) = &a.q_norm {
-                    norm_rows(qn, qt, hd);
-                }
-                if let Some(kn) = &a.k_norm {
-                    norm_rows(kn, kt, hd);
-                }
-                if let Some(rope) = &a.rope {
-                    rope.angles(p0 + t, &mut cos, &mut sin);
-                    qt.chunks_exact_mut(hd)
-                        .chain(kt.chunks_exact_mut(hd))
-                        .for_each(|head| rope_head(rope, head, &cos, &sin));
-                }
-                q[t * qd..(t + 1) * qd].copy_from_slice(qt);
-                let at = (p0 + t) * kvd;
-                kv.k[li][at..at + kvd].copy_from_slice(kt);
-                kv.v[li][at..at + kvd].copy_from_slice(vt);
-            }
-            let mut att = vec![0f32; n * qd];
-            attend(a, &q, n, p0, &kv.k[li], &kv.v[li], &mut att);
-            self.proj.project(Projection::O(li), &att, n, &mut y)?;
+            self.mixer(li, layer, kv, &xn, n, &mut y)?;
             if let Some(pn) = &layer.post_attn_norm {
                 norm_rows(pn, &mut y, h);
             }
@@ -337,10 +305,8 @@ impl<P: Projections> Executor for ProjectionExecutor<P> {
                 capacity: max,
             });
         }
-        let dims = (self.model.layers.iter().enumerate())
-            .map(|(i, l)| attention(l, i).map(|a| a.n_kv_heads * a.head_dim))
-            .collect::<Result<Vec<usize>>>()?;
-        Ok(Box::new(ProjectionKv::new(self.id, &dims, capacity)))
+        let sizes = kv::state_sizes(&self.model);
+        Ok(Box::new(ProjectionKv::new(self.id, &sizes, capacity)))
     }
 
     fn forward(

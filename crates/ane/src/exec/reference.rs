@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::Projections;
 use crate::error::{AneError, Result};
 use crate::lower::Projection;
-use crate::support::{attention, mixture, unsupported};
+use crate::support::{mixer_inputs, mixer_output, mixture, unsupported};
 
 pub struct ReferenceProjections {
     model: Arc<Model>,
@@ -109,14 +109,17 @@ impl Projections for ReferenceProjections {
         };
         match p {
             Projection::Qkv(i) => {
-                let a = attention(layer(i)?, i)?;
-                let ld = a.q.out_features() + a.k.out_features() + a.v.out_features();
-                linear(&a.q, x, n, out, ld, 0)?;
-                linear(&a.k, x, n, out, ld, a.q.out_features())?;
-                linear(&a.v, x, n, out, ld, a.q.out_features() + a.k.out_features())
+                let ls = mixer_inputs(layer(i)?);
+                let ld: usize = ls.iter().map(|l| l.out_features()).sum();
+                let mut first = 0;
+                for l in ls {
+                    linear(l, x, n, out, ld, first)?;
+                    first += l.out_features();
+                }
+                Ok(())
             }
             Projection::O(i) => {
-                let o = &attention(layer(i)?, i)?.o;
+                let o = mixer_output(layer(i)?);
                 linear(o, x, n, out, o.out_features(), 0)
             }
             Projection::Ffn(i) => match &layer(i)?.ffn {

@@ -109,9 +109,11 @@ impl Default for LoweringOptions {
 /// What a projection kernel computes, by its place in the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Projection {
-    /// `[q; k; v] = x [Wq; Wk; Wv]ᵀ (+ biases)` of a layer's attention.
+    /// The mixer's input projections stacked ([`crate::support::mixer_inputs`]): attention
+    /// `[q; k; v (; gate)] = x [Wq; Wk; Wv (; Wg)]ᵀ (+ biases)`, DeltaNet `qkv | z | b | a`,
+    /// short conv `B | C | x`.
     Qkv(usize),
-    /// The attention output projection.
+    /// The mixer's output projection (attention `o`, DeltaNet and short conv `out`).
     O(usize),
     /// The whole FFN: `down(act(gate x) * up x)` or `down(act(up x))`.
     Ffn(usize),

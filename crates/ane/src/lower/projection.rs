@@ -11,7 +11,7 @@ use super::graph::{activate, linear, normalize};
 use super::weights::{bias_data, linear_biases, row_range, stacked};
 use super::{KernelSpec, LoweringOptions, Port, Projection, DESCALE};
 use crate::error::{AneError, Result};
-use crate::support::{attention, ensure_lowerable, mixture, unsupported};
+use crate::support::{ensure_lowerable, mixer_inputs, mixer_output, mixture, unsupported};
 use crate::unit::CompileUnit;
 
 fn port(name: &str, channels: usize) -> Port {
@@ -28,8 +28,8 @@ pub fn projection_kernels(model: &Model, opts: &LoweringOptions) -> Result<Vec<K
     let h = model.config.hidden_size;
     let mut out = Vec::new();
     for (i, l) in model.layers.iter().enumerate() {
-        let a = attention(l, i)?;
-        let (q, kv) = (a.q.out_features(), a.k.out_features() + a.v.out_features());
+        let ins = mixer_inputs(l);
+        let rows: usize = ins.iter().map(|l| l.out_features()).sum();
         let spec = |suffix: &str, projection, input: Port, output: Port| KernelSpec {
             name: format!("layer{i:02}_{suffix}"),
             projection,
@@ -41,12 +41,12 @@ pub fn projection_kernels(model: &Model, opts: &LoweringOptions) -> Result<Vec<K
             "qkv",
             Projection::Qkv(i),
             port("x", h),
-            port("qkv", q + kv),
+            port("qkv", rows),
         ));
         out.push(spec(
             "o",
             Projection::O(i),
-            port("x", a.o.in_features()),
+            port("x", mixer_output(l).in_features()),
             port("y", h),
         ));
         match &l.ffn {
@@ -219,9 +219,8 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
     let mut outputs = Vec::new();
     match spec.projection {
         Projection::Qkv(i) => {
-            let a = attention(layer(i)?, i)?;
-            let ls = [&a.q, &a.k, &a.v];
-            let ws = stacked(&ls.map(|l| &l.weight), b.policy)?;
+            let ls = mixer_inputs(layer(i)?);
+            let ws = stacked(&ls.iter().map(|l| &l.weight).collect::<Vec<_>>(), b.policy)?;
             outputs.push(b.input_linear(
                 &spec.outputs[0].name,
                 x,
@@ -229,11 +228,9 @@ pub fn build_unit(model: &Model, spec: &KernelSpec, opts: &LoweringOptions) -> R
                 bias_data(linear_biases(&ls)),
             )?);
         }
-        Projection::O(i) => outputs.push(b.input_linear_of(
-            &spec.outputs[0].name,
-            x,
-            &attention(layer(i)?, i)?.o,
-        )?),
+        Projection::O(i) => {
+            outputs.push(b.input_linear_of(&spec.outputs[0].name, x, mixer_output(layer(i)?))?)
+        }
         Projection::Ffn(i) => {
             let y = match &layer(i)?.ffn {
                 Ffn::Gated {

@@ -9,7 +9,7 @@ use anelm_model::Weight;
 use super::layer::{Forward, Src};
 use super::ATTN_BLOCK;
 use crate::attention::{attend, attend_parts, combine, parts, positions, MAX_PARTS};
-use crate::ops::{norm_row, rope_head};
+use crate::ops::{norm_row, output_gate, rope_head};
 use crate::shared::SharedSlice;
 use crate::vecmath::KvElem;
 
@@ -187,11 +187,4 @@ impl<E: KvElem> Forward<'_, E> {
             }
         }
     }
-}
-
-/// `out *= sigmoid(z)`: the attention output gate (one gate value per element of a head).
-fn output_gate(out: &mut [f32], z: &[f32]) {
-    out.iter_mut()
-        .zip(z)
-        .for_each(|(o, g)| *o /= 1.0 + (-g).exp());
 }

@@ -5,11 +5,13 @@
 use std::sync::Arc;
 
 use anelm_mil::WeightData;
-use anelm_model::plan::{Ffn, Layer, Norm, NormKind, RopePairing};
+use anelm_model::plan::{Attention, Ffn, Layer, Mixer, Norm, NormKind, RopePairing, ShortConv};
 use anelm_model::Weight;
 
 use super::super::encode::{Encoded, WeightTarget};
 use super::super::weights::{bias_data, linear_biases, stacked, stacked_bias};
+use super::deltanet::DeltaNetConsts;
+use super::moe::MoeConsts;
 use crate::error::Result;
 use crate::support::attention;
 
@@ -76,17 +78,43 @@ impl LinearConst {
 
 pub(super) struct LayerConsts {
     pub(super) attn_norm: NormConst,
+    /// The mixer's input projection: attention's stacked QKV, a short conv's `B | C | x`.
     pub(super) qkv: LinearConst,
     pub(super) q_norm: Option<NormConst>,
     pub(super) k_norm: Option<NormConst>,
+    /// The mixer's output projection.
     pub(super) o: LinearConst,
+    /// A short conv's taps (its projections are `qkv` and `o`).
+    pub(super) short_conv: Option<ShortConvConsts>,
+    /// A gated DeltaNet's conv, gates and norm (its projections are `qkv` and `o`).
+    pub(super) delta_net: Option<DeltaNetConsts>,
     pub(super) post_attn_norm: Option<NormConst>,
     pub(super) ffn_norm: NormConst,
-    /// Gate (if gated) and up, stacked: one normalised input for both.
-    pub(super) gate_up: LinearConst,
-    pub(super) gated: bool,
-    pub(super) down: LinearConst,
+    pub(super) ffn: FfnConsts,
     pub(super) post_ffn_norm: Option<NormConst>,
+}
+
+pub(super) enum FfnConsts {
+    Dense {
+        /// Gate (if gated) and up, stacked: one normalised input for both.
+        gate_up: LinearConst,
+        gated: bool,
+        down: LinearConst,
+    },
+    /// Every expert dense in the program ([`super::moe`]).
+    Moe(MoeConsts),
+}
+
+impl LayerConsts {
+    /// Every matrix of the layer, in program order.
+    pub(super) fn linears(&self) -> Vec<&LinearConst> {
+        let mut v = vec![&self.qkv, &self.o];
+        match &self.ffn {
+            FfnConsts::Dense { gate_up, down, .. } => v.extend([gate_up, down]),
+            FfnConsts::Moe(m) => v.extend(m.linears()),
+        }
+        v
+    }
 }
 
 /// Row order that turns GGUF llama's adjacent-pair RoPE layout back into half-split (undoing
@@ -109,6 +137,103 @@ pub(super) fn half_split_order(heads: usize, head_dim: usize, dims: usize) -> Ve
         .collect()
 }
 
+/// The mixer's input projection, QK-norms and output projection.
+type MixerParts = (
+    LinearConst,
+    Option<NormConst>,
+    Option<NormConst>,
+    LinearConst,
+    Option<ShortConvConsts>,
+);
+
+/// Softmax attention's stacked QKV, QK-norms and O.
+fn attention_consts(
+    a: &Attention,
+    o_bias: Option<Vec<f32>>,
+    policy: WeightTarget,
+) -> Result<MixerParts> {
+    // Adjacent pairs become half-split pairs by permuting Q/K rows (and their biases and
+    // QK-norm weights); the attention scores are unchanged.
+    let orders = match &a.rope {
+        Some(r) if r.pairing == RopePairing::Adjacent => Some((
+            half_split_order(a.n_heads, a.head_dim, r.dims),
+            half_split_order(a.n_kv_heads, a.head_dim, r.dims),
+            half_split_order(1, a.head_dim, r.dims),
+        )),
+        _ => None,
+    };
+    let permuted = orders
+        .as_ref()
+        .map(|(qo, ko, _)| (a.q.weight.permute_rows(qo), a.k.weight.permute_rows(ko)));
+    let (qw, kw) = match &permuted {
+        Some((q, k)) => (q, k),
+        None => (&a.q.weight, &a.k.weight),
+    };
+    let perm_bias = |b: &Option<Vec<f32>>, o: Option<&Vec<usize>>| match (b, o) {
+        (Some(b), Some(o)) => Some(o.iter().map(|&i| b[i]).collect::<Vec<f32>>()),
+        (b, _) => b.clone(),
+    };
+    let (qb, kb) = (
+        perm_bias(&a.q.bias, orders.as_ref().map(|o| &o.0)),
+        perm_bias(&a.k.bias, orders.as_ref().map(|o| &o.1)),
+    );
+    let (qd, kvd) = (a.q.out_features(), a.k.out_features());
+    // The output gate's rows follow q's order (one per query element).
+    let gate_perm = match (&a.output_gate, &orders) {
+        (Some(g), Some((qo, _, _))) => Some(g.weight.permute_rows(qo)),
+        _ => None,
+    };
+    let gate = (gate_perm.as_ref()).or(a.output_gate.as_ref().map(|g| &g.weight));
+    let mut ws = vec![qw, kw, &a.v.weight];
+    ws.extend(gate);
+    let mut biases = vec![
+        (qb.as_deref(), qd),
+        (kb.as_deref(), kvd),
+        (a.v.bias.as_deref(), kvd),
+    ];
+    let gb =
+        (a.output_gate.as_ref()).and_then(|g| perm_bias(&g.bias, orders.as_ref().map(|o| &o.0)));
+    if a.output_gate.is_some() {
+        biases.push((gb.as_deref(), qd));
+    }
+    let qkv = LinearConst::new(&ws, stacked_bias(&biases), policy)?;
+    let head_order = orders.as_ref().map(|o| o.2.as_slice());
+    let norm = |n: &Option<Norm>| n.as_ref().map(|n| NormConst::new(n, 1.0, 1.0, head_order));
+    Ok((
+        qkv,
+        norm(&a.q_norm),
+        norm(&a.k_norm),
+        LinearConst::new(&[&a.o.weight], o_bias, policy)?,
+        None,
+    ))
+}
+
+/// LFM2's short conv: its taps (and bias) as `[1, h, 1, 1]` constants.
+pub(super) struct ShortConvConsts {
+    /// Tap `j` multiplies the input `kernel - 1 - j` tokens back.
+    pub(super) taps: Vec<Arc<WeightData>>,
+    pub(super) bias: Option<Arc<WeightData>>,
+}
+
+impl ShortConvConsts {
+    fn new(c: &ShortConv) -> ShortConvConsts {
+        let k = c.kernel;
+        let h = c.conv.len() / k;
+        ShortConvConsts {
+            taps: (0..k)
+                .map(|j| {
+                    let tap: Vec<f32> = (0..h).map(|ch| c.conv[ch * k + j]).collect();
+                    Arc::new(WeightData::f16_from_f32(&tap))
+                })
+                .collect(),
+            bias: c
+                .conv_bias
+                .as_ref()
+                .map(|b| Arc::new(WeightData::f16_from_f32(b))),
+        }
+    }
+}
+
 impl LayerConsts {
     pub(super) fn new(
         l: &Layer,
@@ -116,87 +241,70 @@ impl LayerConsts {
         shift: f32,
         policy: WeightTarget,
     ) -> Result<LayerConsts> {
-        let a = attention(l, index)?;
-        // Adjacent pairs become half-split pairs by permuting Q/K rows (and their biases and
-        // QK-norm weights); the attention scores are unchanged.
-        let orders = match &a.rope {
-            Some(r) if r.pairing == RopePairing::Adjacent => Some((
-                half_split_order(a.n_heads, a.head_dim, r.dims),
-                half_split_order(a.n_kv_heads, a.head_dim, r.dims),
-                half_split_order(1, a.head_dim, r.dims),
-            )),
-            _ => None,
-        };
-        let permuted = orders
-            .as_ref()
-            .map(|(qo, ko, _)| (a.q.weight.permute_rows(qo), a.k.weight.permute_rows(ko)));
-        let (qw, kw) = match &permuted {
-            Some((q, k)) => (q, k),
-            None => (&a.q.weight, &a.k.weight),
-        };
-        let perm_bias = |b: &Option<Vec<f32>>, o: Option<&Vec<usize>>| match (b, o) {
-            (Some(b), Some(o)) => Some(o.iter().map(|&i| b[i]).collect::<Vec<f32>>()),
-            (b, _) => b.clone(),
-        };
-        let (qb, kb) = (
-            perm_bias(&a.q.bias, orders.as_ref().map(|o| &o.0)),
-            perm_bias(&a.k.bias, orders.as_ref().map(|o| &o.1)),
-        );
-        let (qd, kvd) = (a.q.out_features(), a.k.out_features());
-        let qkv = LinearConst::new(
-            &[qw, kw, &a.v.weight],
-            stacked_bias(&[
-                (qb.as_deref(), qd),
-                (kb.as_deref(), kvd),
-                (a.v.bias.as_deref(), kvd),
-            ]),
-            policy,
-        )?;
-        let head_order = orders.as_ref().map(|o| o.2.as_slice());
-        let (gate_up, gated, down) = match &l.ffn {
-            Ffn::Gated { gate, up, down, .. } => (
-                LinearConst::new(
-                    &[&gate.weight, &up.weight],
-                    linear_biases(&[gate, up]),
-                    policy,
-                )?,
-                true,
-                down,
-            ),
-            Ffn::Plain { up, down, .. } => (
-                LinearConst::new(&[&up.weight], linear_biases(&[up]), policy)?,
-                false,
-                down,
-            ),
-            Ffn::Moe(_) => return Err(crate::support::moe_in_fused(index)),
-        };
         // Layer outputs join the residual stream scaled by 2^-shift: through the sandwich norm
         // when there is one, else through the projection.
         let out_scale = |post: &Option<Norm>| if post.is_some() { 1.0 } else { shift };
         let scaled_bias =
             |b: &Option<Vec<f32>>, s: f32| b.as_ref().map(|b| b.iter().map(|v| v * s).collect());
-        let o_scale = out_scale(&l.post_attn_norm);
         let d_scale = out_scale(&l.post_ffn_norm);
+        let o_scale = out_scale(&l.post_attn_norm);
+        let (qkv, q_norm, k_norm, o, short_conv) = match &l.mixer {
+            Mixer::ShortConv(c) => (
+                LinearConst::new(&[&c.in_proj.weight], linear_biases(&[&c.in_proj]), policy)?,
+                None,
+                None,
+                LinearConst::new(&[&c.out.weight], scaled_bias(&c.out.bias, o_scale), policy)?,
+                Some(ShortConvConsts::new(c)),
+            ),
+            Mixer::DeltaNet(d) => {
+                let ins = [&d.qkv, &d.z, &d.b, &d.a];
+                (
+                    LinearConst::new(&ins.map(|l| &l.weight), linear_biases(&ins), policy)?,
+                    None,
+                    None,
+                    LinearConst::new(&[&d.out.weight], scaled_bias(&d.out.bias, o_scale), policy)?,
+                    None,
+                )
+            }
+            _ => {
+                let a = attention(l, index)?;
+                attention_consts(a, scaled_bias(&a.o.bias, o_scale), policy)?
+            }
+        };
+        let ffn = match &l.ffn {
+            Ffn::Gated { gate, up, down, .. } => FfnConsts::Dense {
+                gate_up: LinearConst::new(
+                    &[&gate.weight, &up.weight],
+                    linear_biases(&[gate, up]),
+                    policy,
+                )?,
+                gated: true,
+                down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
+            },
+            Ffn::Plain { up, down, .. } => FfnConsts::Dense {
+                gate_up: LinearConst::new(&[&up.weight], linear_biases(&[up]), policy)?,
+                gated: false,
+                down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
+            },
+            Ffn::Moe(m) => FfnConsts::Moe(MoeConsts::new(m, index, policy)?),
+        };
         Ok(LayerConsts {
             attn_norm: NormConst::new(&l.attn_norm, 1.0, shift, None),
             qkv,
-            q_norm: a
-                .q_norm
-                .as_ref()
-                .map(|n| NormConst::new(n, 1.0, 1.0, head_order)),
-            k_norm: a
-                .k_norm
-                .as_ref()
-                .map(|n| NormConst::new(n, 1.0, 1.0, head_order)),
-            o: LinearConst::new(&[&a.o.weight], scaled_bias(&a.o.bias, o_scale), policy)?,
+            q_norm,
+            k_norm,
+            o,
+            short_conv,
+            delta_net: match &l.mixer {
+                Mixer::DeltaNet(d) => Some(DeltaNetConsts::new(d)),
+                _ => None,
+            },
             post_attn_norm: l
                 .post_attn_norm
                 .as_ref()
                 .map(|n| NormConst::new(n, shift, 1.0, None)),
             ffn_norm: NormConst::new(&l.ffn_norm, 1.0, shift, None),
-            gate_up,
-            gated,
-            down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
+            ffn,
             post_ffn_norm: l
                 .post_ffn_norm
                 .as_ref()

@@ -8,7 +8,7 @@ use anelm_model::plan::{Attention, NormKind};
 use anelm_model::Model;
 
 use super::super::graph::{activate, linear, normalize};
-use super::consts::{LayerConsts, LinearConst, NormConst};
+use super::consts::{FfnConsts, LayerConsts, LinearConst, NormConst};
 use super::{FusedPlan, KvForm};
 use crate::error::{AneError, Result};
 use crate::support::{attention, ffn_activation};
@@ -118,7 +118,7 @@ impl ChunkGraph<'_> {
 
     /// A linear over a `[1, C, 1, W]` value, its input normalised per column; the result is
     /// multiplied by `out_scale`.
-    fn linear(
+    pub(super) fn linear(
         &mut self,
         name: &str,
         x: ValueId,
@@ -258,13 +258,12 @@ impl ChunkGraph<'_> {
             &c.attn_norm,
         )?;
         let qkv = self.linear(&format!("{p}_qkv"), xn, &c.qkv, 1.0)?;
-        let parts = (self.plan.alternatives).split(
-            &mut self.f,
-            &format!("{p}_split"),
-            qkv,
-            1,
-            &[qd, kvd, kvd],
-        )?;
+        let mut sizes = vec![qd, kvd, kvd];
+        if a.output_gate.is_some() {
+            sizes.push(qd);
+        }
+        let parts =
+            (self.plan.alternatives).split(&mut self.f, &format!("{p}_split"), qkv, 1, &sizes)?;
         let (wi, hdi) = (w as i32, hd as i32);
         let mut q = self
             .f
@@ -358,9 +357,13 @@ impl ChunkGraph<'_> {
         let o = f
             .name_next(&format!("{p}_ot"))
             .transpose(o, &[0, 1, 3, 2])?;
-        let o = f
+        let mut o = f
             .name_next(&format!("{p}_att"))
             .reshape(o, &[1, qd as i32, 1, wi])?;
+        if a.output_gate.is_some() {
+            let g = f.name_next(&format!("{p}_ogate")).sigmoid(parts[3])?;
+            o = f.name_next(&format!("{p}_gated")).mul(o, g)?;
+        }
         let shift = if c.post_attn_norm.is_some() {
             1.0
         } else {
@@ -373,7 +376,7 @@ impl ChunkGraph<'_> {
         Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
     }
 
-    fn shift(&self) -> f32 {
+    pub(super) fn shift(&self) -> f32 {
         2f32.powi(-self.plan.residual_shift)
     }
 
@@ -389,27 +392,36 @@ impl ChunkGraph<'_> {
             vec![1, h, 1, 1],
             &c.ffn_norm,
         )?;
-        let gu = self.linear(&format!("{p}_gate_up"), xn, &c.gate_up, 1.0)?;
-        let hidden = if c.gated {
-            let half = c.gate_up.w.rows / 2;
-            let parts = (self.plan.alternatives).split(
-                &mut self.f,
-                &format!("{p}_gu"),
-                gu,
-                1,
-                &[half, half],
-            )?;
-            let a = activate(&mut self.f, act, parts[0], &format!("{p}_act"))?;
-            self.f.name_next(&format!("{p}_hidden")).mul(a, parts[1])?
-        } else {
-            activate(&mut self.f, act, gu, &format!("{p}_hidden"))?
-        };
         let shift = if c.post_ffn_norm.is_some() {
             1.0
         } else {
             self.shift()
         };
-        let mut y = self.linear(&format!("{p}_down"), hidden, &c.down, shift)?;
+        let mut y = match &c.ffn {
+            FfnConsts::Dense {
+                gate_up,
+                gated,
+                down,
+            } => {
+                let gu = self.linear(&format!("{p}_gate_up"), xn, gate_up, 1.0)?;
+                let hidden = if *gated {
+                    let half = gate_up.w.rows / 2;
+                    let parts = (self.plan.alternatives).split(
+                        &mut self.f,
+                        &format!("{p}_gu"),
+                        gu,
+                        1,
+                        &[half, half],
+                    )?;
+                    let a = activate(&mut self.f, act, parts[0], &format!("{p}_act"))?;
+                    self.f.name_next(&format!("{p}_hidden")).mul(a, parts[1])?
+                } else {
+                    activate(&mut self.f, act, gu, &format!("{p}_hidden"))?
+                };
+                self.linear(&format!("{p}_down"), hidden, down, shift)?
+            }
+            FfnConsts::Moe(m) => self.moe(&p, xn, act, m, shift)?,
+        };
         if let Some(n) = &c.post_ffn_norm {
             y = self.norm(&format!("{p}_post_ffn"), y, 1, h, vec![1, h, 1, 1], n)?;
         }

@@ -1,7 +1,8 @@
 //! The fused strategy: consecutive whole layers in one program ("chunk") — norms, QKV (with
 //! biases), QK-norm, RoPE from cos/sin inputs, grouped-query attention written out (matmul,
-//! additive mask input, softmax with the maximum subtracted), O, the FFN, residuals — with the
-//! final norm and the tiled lm_head in the last chunk. Each chunk has two functions sharing
+//! additive mask input, softmax with the maximum subtracted), O, the FFN (a mixture with every
+//! expert dense: [`moe`]), residuals — or LFM2's short conv in place of attention
+//! ([`shortconv`]) — with the final norm and the tiled lm_head in the last chunk. Each chunk has two functions sharing
 //! its weights: [`PREFILL`] (`width` columns) and [`DECODE`] (one column).
 //!
 //! The KV cache enters a chunk as inputs `k{l}`/`v{l}` (`[1, kv_dim, 1, context]`, positions
@@ -23,10 +24,13 @@
 use std::ops::Range;
 
 mod consts;
+mod deltanet;
 mod graph;
+mod moe;
+mod shortconv;
 
 use anelm_mil::{FunctionBuilder, Program, TensorType};
-use anelm_model::plan::{Ffn, Layer, Linear, Rope};
+use anelm_model::plan::{Ffn, Layer, Linear, Mixer, Rope};
 use anelm_model::Model;
 
 use super::encode::WeightTarget;
@@ -34,7 +38,7 @@ use super::graph::{linear, normalize};
 use super::weights::row_range;
 use super::{LoweringOptions, WeightPolicy};
 use crate::error::{AneError, Result};
-use crate::support::{attention, ensure_lowerable};
+use crate::support::ensure_fusable;
 use crate::unit::CompileUnit;
 use consts::{LayerConsts, LinearConst, NormConst};
 use graph::ChunkGraph;
@@ -115,21 +119,21 @@ fn linear_bytes(l: &Linear) -> u64 {
 }
 
 fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
-    let a = attention(l, index)?;
+    let mixer: u64 = l.mixer.linears().into_iter().map(linear_bytes).sum();
     let ffn = match &l.ffn {
         Ffn::Gated { gate, up, down, .. } => {
             linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
         }
         Ffn::Plain { up, down, .. } => linear_bytes(up) + linear_bytes(down),
-        Ffn::Moe(_) => return Err(crate::support::moe_in_fused(index)),
+        Ffn::Moe(m) => moe::moe_bytes(m, index)?,
     };
-    Ok(linear_bytes(&a.q) + linear_bytes(&a.k) + linear_bytes(&a.v) + linear_bytes(&a.o) + ffn)
+    Ok(mixer + ffn)
 }
 
 /// Segments `model` into chunks under both ceilings (layers and weight bytes per program),
 /// balanced in layers; the head joins the last chunk if it fits, else gets its own.
 pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
-    ensure_lowerable(model)?;
+    ensure_fusable(model)?;
     let n = model.n_layers();
     let bytes = (model.layers.iter().enumerate())
         .map(|(i, l)| layer_bytes(l, i))
@@ -182,8 +186,13 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
     let mut ropes: Vec<Rope> = Vec::new();
     let mut windows: Vec<Option<usize>> = Vec::new();
     let (mut layer_rope, mut layer_window) = (Vec::new(), Vec::new());
-    for (i, l) in model.layers.iter().enumerate() {
-        let a = attention(l, i)?;
+    for l in &model.layers {
+        // A short conv has no RoPE and no mask (window index 0, never declared).
+        let Some(a) = l.attention() else {
+            layer_rope.push(None);
+            layer_window.push(0);
+            continue;
+        };
         layer_rope.push(a.rope.as_ref().map(|r| {
             match ropes
                 .iter()
@@ -217,7 +226,12 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         windows,
         layer_window,
         context: opts.context,
-        width: opts.width,
+        // A gated DeltaNet runs one token per evaluation (until the chunked prefill lands).
+        width: if (model.layers.iter()).any(|l| matches!(l.mixer, Mixer::DeltaNet(_))) {
+            1
+        } else {
+            opts.width
+        },
         residual_shift: opts.residual_shift,
         head_tiles,
         weights: opts.weights,
@@ -236,10 +250,7 @@ struct ChunkConsts {
 impl ChunkConsts {
     /// What became of each weight tensor, in program order.
     fn reports(&self) -> Vec<super::TensorReport> {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|(_, c)| [&c.qkv, &c.o, &c.gate_up, &c.down]);
+        let layers = self.layers.iter().flat_map(|(_, c)| c.linears());
         let head = self.head.iter().flat_map(|(_, tiles)| tiles.iter());
         layers
             .chain(head)
@@ -268,6 +279,29 @@ fn build_function(
     // Inputs first (MIL declares them before any op): the hidden state, tables, masks, caches.
     g.declare("x", TensorType::fp16([1, h, 1, w]), false)?;
     for (li, _) in &consts.layers {
+        match &model.layers[*li].mixer {
+            Mixer::ShortConv(c) => {
+                let hist = c.kernel - 1;
+                g.declare(
+                    &format!("conv{li}"),
+                    TensorType::fp16([1, h, 1, hist]),
+                    false,
+                )?;
+                continue;
+            }
+            Mixer::DeltaNet(d) => {
+                let (ch, hist) = (d.conv_channels(), d.conv_kernel - 1);
+                let s = d.n_v_heads * d.k_dim * d.v_dim;
+                g.declare(
+                    &format!("conv{li}"),
+                    TensorType::fp16([1, ch, 1, hist]),
+                    false,
+                )?;
+                g.declare(&format!("s{li}"), TensorType::fp16([1, s, 1, 1]), false)?;
+                continue;
+            }
+            Mixer::Attention(_) => {}
+        }
         if let Some(r) = plan.layer_rope[*li] {
             let d2 = plan.ropes[r].dims / 2;
             g.declare(&format!("cos{r}"), TensorType::fp16([1, d2, 1, w]), false)?;
@@ -281,7 +315,9 @@ fn build_function(
         )?;
     }
     for (li, _) in &consts.layers {
-        let a = attention(&model.layers[*li], *li)?;
+        let Some(a) = model.layers[*li].attention() else {
+            continue;
+        };
         let kvd = a.n_kv_heads * a.head_dim;
         for kind in ["k", "v"] {
             match form {
@@ -298,13 +334,18 @@ fn build_function(
             }
         }
     }
-    if form == KvForm::States && !consts.layers.is_empty() {
+    let attends = (consts.layers.iter()).any(|(li, _)| model.layers[*li].attention().is_some());
+    if form == KvForm::States && attends {
         g.declare("kv_begin", TensorType::int32([4]), false)?;
         g.declare("kv_end", TensorType::int32([4]), false)?;
     }
     let mut x = g.input("x")?;
     for (li, c) in &consts.layers {
-        x = g.attention(*li, x, c)?;
+        x = match &model.layers[*li].mixer {
+            Mixer::ShortConv(_) => g.short_conv(*li, x, c)?,
+            Mixer::DeltaNet(_) => g.delta_net(*li, x, c)?,
+            Mixer::Attention(_) => g.attention(*li, x, c)?,
+        };
         x = g.ffn(*li, x, c)?;
     }
     match &consts.head {

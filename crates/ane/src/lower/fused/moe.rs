@@ -1,0 +1,260 @@
+//! A mixture of experts inside a fused chunk, every expert dense in the program (right for
+//! small expert counts): the router's softmax, the top-k choice and the combine in the graph.
+//!
+//! The choice is the CPU engine's ([`anelm_cpu::moe::route`]): expert `e` is picked when fewer
+//! than `k` experts rank before it — a higher probability, or an equal one at a lower index —
+//! counted from pairwise comparisons (`greater`, `greater_equal`, cast to fp16), so no `topk`
+//! op is needed. Every expert runs on every token; the ones not picked get weight 0. The
+//! probabilities are fp16, so experts whose f32 probabilities differ by less than fp16
+//! resolves may be chosen otherwise than by the CPU.
+
+use std::sync::Arc;
+
+use anelm_mil::{DType, TensorType, ValueId, WeightData};
+use anelm_model::plan::{Activation, Moe};
+
+use super::super::graph::activate;
+use super::super::weights::linear_biases;
+use super::super::WeightTarget;
+use super::consts::LinearConst;
+use super::graph::ChunkGraph;
+use crate::error::Result;
+use crate::support::moe_in_fused;
+
+/// Most experts a fused chunk holds densely.
+pub const MAX_DENSE_EXPERTS: usize = 64;
+
+/// A mixture's weights as constants.
+pub(super) struct MoeConsts {
+    /// One row per expert, then the shared expert's gate row when it has one.
+    router: LinearConst,
+    /// Every expert's gate and up rows (expert by expert), then the shared expert's.
+    gate_up: LinearConst,
+    /// Every expert's down, then the shared expert's.
+    downs: Vec<LinearConst>,
+    /// Hidden width of each of them.
+    hidden: Vec<usize>,
+    /// `[E, E, 1, 1]`: 1 where `j < e` (a tie ranks the lower index first).
+    lower: Arc<WeightData>,
+    n_experts: usize,
+    top_k: usize,
+    norm_top_k: bool,
+    shared_gate: bool,
+}
+
+/// fp16 bytes of a mixture's matrices; refuses more experts than [`MAX_DENSE_EXPERTS`].
+pub(super) fn moe_bytes(m: &Moe, index: usize) -> Result<u64> {
+    if m.experts.len() > MAX_DENSE_EXPERTS {
+        return Err(moe_in_fused(
+            index,
+            &format!("{} experts (at most {MAX_DENSE_EXPERTS})", m.experts.len()),
+        ));
+    }
+    let mlps = m.experts.iter().chain(m.shared.iter().map(|s| &s.mlp));
+    let bytes: usize = mlps
+        .flat_map(|e| [&e.gate, &e.up, &e.down])
+        .map(|l| l.out_features() * l.in_features() * 2)
+        .sum();
+    Ok((bytes + m.router.rows * m.router.cols * 2) as u64)
+}
+
+impl MoeConsts {
+    pub(super) fn new(m: &Moe, index: usize, policy: WeightTarget) -> Result<MoeConsts> {
+        moe_bytes(m, index)?;
+        let ne = m.experts.len();
+        let mlps = m.experts.iter().chain(m.shared.iter().map(|s| &s.mlp));
+        if mlps.clone().any(|e| e.down.bias.is_some()) {
+            return Err(crate::error::AneError::Unsupported(format!(
+                "layer {index}: an expert with a down-projection bias (the fused mixture weights \
+                 the experts' hidden states, which would leave the bias unweighted)"
+            )));
+        }
+        let shared_gate = m.shared.as_ref().and_then(|s| s.gate.as_ref());
+        let mut router = vec![&m.router];
+        router.extend(shared_gate);
+        let mlps: Vec<_> = m
+            .experts
+            .iter()
+            .chain(m.shared.iter().map(|s| &s.mlp))
+            .collect();
+        let gate_up: Vec<_> = mlps.iter().flat_map(|e| [&e.gate, &e.up]).collect();
+        Ok(MoeConsts {
+            router: LinearConst::new(&router, None, policy)?,
+            gate_up: LinearConst::new(
+                &gate_up.iter().map(|l| &l.weight).collect::<Vec<_>>(),
+                linear_biases(&gate_up),
+                policy,
+            )?,
+            downs: mlps
+                .iter()
+                .map(|e| LinearConst::new(&[&e.down.weight], None, policy))
+                .collect::<Result<_>>()?,
+            hidden: mlps.iter().map(|e| e.up.out_features()).collect(),
+            lower: Arc::new(WeightData::f16_from_f32(
+                &(0..ne * ne)
+                    .map(|i| f32::from(u8::from(i / ne < i % ne)))
+                    .collect::<Vec<_>>(),
+            )),
+            n_experts: ne,
+            top_k: m.top_k.min(m.experts.len()),
+            norm_top_k: m.norm_top_k,
+            shared_gate: shared_gate.is_some(),
+        })
+    }
+
+    pub(super) fn linears(&self) -> Vec<&LinearConst> {
+        let mut v = vec![&self.router, &self.gate_up];
+        v.extend(&self.downs);
+        v
+    }
+}
+
+impl ChunkGraph<'_> {
+    /// The mixture over the normed `xn` (`[1, H, 1, W]`), its output times `out_scale`.
+    pub(super) fn moe(
+        &mut self,
+        p: &str,
+        xn: ValueId,
+        act: Activation,
+        m: &MoeConsts,
+        out_scale: f32,
+    ) -> Result<ValueId> {
+        let (w, ne) = (self.w as i32, m.n_experts);
+        let alts = self.plan.alternatives.clone();
+        let r = self.linear(&format!("{p}_router"), xn, &m.router, 1.0)?;
+        let (logits, gate) = if m.shared_gate {
+            let parts = alts.split(&mut self.f, &format!("{p}_rsplit"), r, 1, &[ne, 1])?;
+            (parts[0], Some(parts[1]))
+        } else {
+            (r, None)
+        };
+        let weights = self.route(p, logits, m)?;
+        let gu = self.linear(&format!("{p}_experts_gu"), xn, &m.gate_up, 1.0)?;
+        let sizes: Vec<usize> = m.hidden.iter().flat_map(|&i| [i, i]).collect();
+        let parts = alts.split(&mut self.f, &format!("{p}_egu"), gu, 1, &sizes)?;
+        let mut y: Option<ValueId> = None;
+        for (e, down) in m.downs.iter().enumerate() {
+            let q = format!("{p}_e{e}");
+            let a = activate(&mut self.f, act, parts[2 * e], &format!("{q}_act"))?;
+            let mut hidden = self
+                .f
+                .name_next(&format!("{q}_hidden"))
+                .mul(a, parts[2 * e + 1])?;
+            let scale = if e < ne {
+                Some(self.f.name_next(&format!("{q}_w")).slice_by_size(
+                    weights,
+                    &[0, e as i32, 0, 0],
+                    &[1, 1, 1, w],
+                )?)
+            } else {
+                match gate {
+                    Some(g) => Some(self.f.name_next(&format!("{q}_gate")).sigmoid(g)?),
+                    None => None,
+                }
+            };
+            if let Some(s) = scale {
+                hidden = self.f.name_next(&format!("{q}_scaled")).mul(hidden, s)?;
+            }
+            let ye = self.linear(&format!("{q}_down"), hidden, down, out_scale)?;
+            y = Some(match y {
+                Some(acc) => self.f.name_next(&format!("{q}_sum")).add(acc, ye)?,
+                None => ye,
+            });
+        }
+        Ok(y.expect("a mixture has experts"))
+    }
+
+    /// Each expert's weight per column (`[1, E, 1, W]`): its softmax probability where it is
+    /// among the top k, else 0; renormalised over the picked ones when the model says so.
+    fn route(&mut self, p: &str, logits: ValueId, m: &MoeConsts) -> Result<ValueId> {
+        let (w, ne) = (self.w as i32, m.n_experts);
+        let f = &mut self.f;
+        let mx = f
+            .name_next(&format!("{p}_rmax"))
+            .reduce("reduce_max", logits, &[1], true)?;
+        let d = f.name_next(&format!("{p}_rd")).sub(logits, mx)?;
+        let e = f.name_next(&format!("{p}_re")).exp(d)?;
+        let z = f
+            .name_next(&format!("{p}_rz"))
+            .reduce("reduce_sum", e, &[1], true)?;
+        let probs = f.name_next(&format!("{p}_probs")).real_div(e, z)?;
+        // [j, e]: whether expert j ranks before expert e.
+        let pj = f
+            .name_next(&format!("{p}_pj"))
+            .reshape(probs, &[ne as i32, 1, 1, w])?;
+        let pe = f
+            .name_next(&format!("{p}_pe"))
+            .reshape(probs, &[1, ne as i32, 1, w])?;
+        let gt = f.name_next(&format!("{p}_gtb")).greater(pj, pe)?;
+        let gt = f.name_next(&format!("{p}_gt")).cast(gt, DType::Fp16)?;
+        let ge = f
+            .name_next(&format!("{p}_geb"))
+            .binary("greater_equal", pj, pe)?;
+        let ge = f.name_next(&format!("{p}_ge")).cast(ge, DType::Fp16)?;
+        let lower = f.weight(
+            &format!("{p}_lower"),
+            TensorType::fp16([ne, ne, 1, 1]),
+            m.lower.clone(),
+        )?;
+        let tie = f.name_next(&format!("{p}_tie")).sub(ge, gt)?;
+        let tie = f.name_next(&format!("{p}_tiel")).mul(tie, lower)?;
+        let before = f.name_next(&format!("{p}_before")).add(gt, tie)?;
+        let rank = f
+            .name_next(&format!("{p}_rank"))
+            .reduce("reduce_sum", before, &[0], true)?;
+        let k = f.scalar(&format!("{p}_k"), DType::Fp16, m.top_k as f32 - 0.5)?;
+        let sel = f.name_next(&format!("{p}_selb")).less(rank, k)?;
+        let sel = f.name_next(&format!("{p}_sel")).cast(sel, DType::Fp16)?;
+        let mut weights = f.name_next(&format!("{p}_wsel")).mul(probs, sel)?;
+        if m.norm_top_k {
+            let s = f
+                .name_next(&format!("{p}_wsum"))
+                .reduce("reduce_sum", weights, &[1], true)?;
+            weights = f.name_next(&format!("{p}_wnorm")).real_div(weights, s)?;
+        }
+        Ok(weights)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anelm_model::plan::{GatedMlp, Linear};
+    use anelm_model::Weight;
+
+    fn moe(experts: usize) -> Moe {
+        let lin = || Linear {
+            weight: Weight::from_f32("w", 1, 1, &[0.5]),
+            bias: None,
+        };
+        Moe {
+            act: Activation::Silu,
+            router: Weight::from_f32("router", experts, 1, &vec![0.0; experts]),
+            experts: (0..experts)
+                .map(|_| GatedMlp {
+                    gate: lin(),
+                    up: lin(),
+                    down: lin(),
+                })
+                .collect(),
+            top_k: 2,
+            norm_top_k: true,
+            shared: None,
+        }
+    }
+
+    #[test]
+    fn many_experts_are_refused_with_the_way_out() {
+        assert_eq!(moe_bytes(&moe(4), 0).unwrap(), (4 * 3 + 4) * 2);
+        let e = moe_bytes(&moe(MAX_DENSE_EXPERTS + 1), 3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("layer 3")
+                && e.contains("65 experts")
+                && e.contains("--strategy projection"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
