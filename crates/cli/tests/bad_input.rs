@@ -1,7 +1,7 @@
 //! Bad input ends with a one-line error naming the file and the problem, a non-zero exit and no
 //! panic: truncated GGUF, wrong magic, unknown tensor type, data past the end, a missing tensor,
 //! a config.json without a required field, a prompt id outside the vocabulary, a prompt longer
-//! than the context.
+//! than the context, a KV cache type the model's heads or the device cannot hold.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -210,4 +210,49 @@ fn a_prompt_longer_than_the_context() {
         assert_eq!(lines.len(), 1, "{args:?}: one line expected: {stderr}");
         assert!(lines[0].contains("64"), "{args:?}: {stderr}");
     }
+}
+
+/// `anelm args` fails with one `error:` line mentioning `needles`.
+fn expect_one_line(args: &[&str], needles: &[&str]) {
+    let (code, stderr) = anelm(args);
+    assert_ne!(code, 0, "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines[0].starts_with("error: "), "{args:?}: {stderr}");
+    for n in needles {
+        assert!(
+            lines[0].contains(n),
+            "{args:?}: '{n}' missing from: {stderr}"
+        );
+    }
+    // clap follows its one-line error with a pointer to --help; ours is the line alone.
+    assert!(
+        lines.len() == 1 || (lines.len() == 2 && lines[1].contains("--help")),
+        "{args:?}: {stderr}"
+    );
+}
+
+#[test]
+fn cache_types_the_heads_or_the_device_cannot_hold() {
+    let d = tempfile::tempdir().unwrap();
+    let p = write(d.path(), "ok.gguf", &tiny_llama().to_bytes());
+    let m = p.to_str().unwrap();
+    let eval = |extra: &[&'static str]| {
+        let mut a = vec!["eval", "--model", m, "--ids", "1,2", "--json"];
+        a.extend_from_slice(extra);
+        a
+    };
+    // Heads of 4 dimensions are not whole blocks of 32.
+    expect_one_line(
+        &eval(&["--cache-type-k", "q8_0"]),
+        &["--cache-type-k q8_0", "4 dimensions"],
+    );
+    expect_one_line(&eval(&["--cache-type-v", "q5_1"]), &["q5_1", "q8_0"]);
+    // The ANE path keeps its own f16 cache.
+    expect_one_line(
+        &eval(&["--device", "sim", "--cache-type-v", "f32"]),
+        &["--cache-type-v f32", "f16"],
+    );
+    let (code, stderr) = anelm(&eval(&["--cache-type-k", "f32", "--cache-type-v", "f16"]));
+    assert_eq!(code, 0, "{stderr}");
 }

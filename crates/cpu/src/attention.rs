@@ -3,10 +3,13 @@
 //! are read once for all the heads of a call.
 //!
 //! A query's positions are split into [`parts`] (by their number only), each part's softmax
-//! is taken on its own and [`combine`] merges them. Decode hands the parts to different threads
-//! (with few KV heads — one in Gemma 3 — and a long context, the heads alone would not keep the
-//! threads busy) and prefill runs the parts of each of its queries in turn ([`attend_parts`]):
-//! the same operations in the same order, so a position's output is the same bits whether it
+//! is taken on its own and [`combine`] merges them. A part longer than a [`TILE`] of positions
+//! is read a tile at a time with a running (online) softmax, so that no score row is longer than
+//! a tile; a shorter one is one softmax. Decode hands the parts to different threads (with few KV
+//! heads — one in Gemma 3 — and a long context, the heads alone would not keep the threads
+//! busy); prefill takes a block of queries at once ([`attend_block`]), tile by tile, so that a
+//! tile of keys and values is read once for all of them. Each (query, part) sees the same
+//! updates in the same order either way, so a position's output is the same bits whether it
 //! was decoded or prefilled, and a conversation continued from the cache equals one prefilled
 //! afresh.
 
@@ -14,15 +17,24 @@ use std::ops::Range;
 
 use anelm_model::plan::Attention;
 
+use crate::kv::Rows;
+use crate::kvblock::{each_format, KvBlock};
+use crate::kvdot;
 use crate::ops::softcap;
 use crate::simd::Isa;
-use crate::vecmath::{softmax, KvElem};
+use crate::vecmath::{exp, exp_shift, max, softmax};
 
-/// The cache of one layer as attention reads it: `[pos][kv_dim]` keys and values.
-pub struct Cache<'a, E> {
-    pub k: &'a [E],
-    pub v: &'a [E],
+/// The cache of one layer as attention reads it: `[pos][kv_dim]` keys and values, each in its
+/// format.
+pub struct Cache<'a> {
+    pub k: Rows<'a>,
+    pub v: Rows<'a>,
     pub kv_dim: usize,
+}
+
+/// The rows of `rows` from value `at` on, and the distance between positions, in blocks.
+fn from<B: KvBlock>(rows: &[B], at: usize, kv_dim: usize) -> (&[B], usize) {
+    (&rows[at / B::N..], kv_dim / B::N)
 }
 
 /// The positions a query at `pos` attends to: all up to it, or the window ending there.
@@ -34,6 +46,9 @@ pub fn positions(a: &Attention, pos: usize) -> Range<usize> {
 pub const MAX_PARTS: usize = 8;
 const MIN_PART: usize = 16;
 
+/// Positions of the cache read at once: the longest score row.
+pub const TILE: usize = 64;
+
 /// The parts of the positions `over`: as many as [`MIN_PART`] allows, at most [`MAX_PARTS`],
 /// of (nearly) equal length.
 pub fn parts(over: Range<usize>) -> impl Iterator<Item = Range<usize>> + Clone {
@@ -42,75 +57,190 @@ pub fn parts(over: Range<usize>) -> impl Iterator<Item = Range<usize>> + Clone {
     (0..n).map(move |s| at(s)..at(s + 1))
 }
 
+/// Tile `k` of the part `part`: its positions from `part.start + k * TILE`, at most a tile.
+fn tile(part: &Range<usize>, k: usize) -> Range<usize> {
+    let at = part.start + k * TILE;
+    at..(at + TILE).min(part.end)
+}
+
+/// A running softmax of `g` heads that has seen no position: `acc` (`g × hd`) their
+/// exp-weighted values, `run[h]` head `h`'s (max score, Σ exp(score - max)).
+fn start(acc: &mut [f32], run: &mut [(f32, f32)]) {
+    acc.fill(0.0);
+    run.fill((f32::NEG_INFINITY, 0.0));
+}
+
+/// Adds the positions `keys` (at most a tile) to the running softmax of the heads of `q`.
+#[allow(clippy::too_many_arguments)]
+fn update(
+    isa: Isa,
+    a: &Attention,
+    kvh: usize,
+    q: &[f32],
+    keys: Range<usize>,
+    cache: &Cache<'_>,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    run: &mut [(f32, f32)],
+) {
+    let hd = a.head_dim;
+    let (g, n) = (q.len() / hd, keys.len());
+    let at = keys.start * cache.kv_dim + kvh * hd;
+    let s = &mut scores[..g * n];
+    each_format!(cache.k, Rows, k => {
+        let (k, stride) = from(k, at, cache.kv_dim);
+        kvdot::scores(isa, q, g, hd, k, stride, n, a.scale, s)
+    });
+    for (h, row) in s.chunks_exact_mut(n).enumerate() {
+        if let Some(cap) = a.softcap {
+            softcap(row, cap);
+        }
+        let (m, l) = run[h];
+        let top = m.max(max(isa, row));
+        let sum = exp_shift(isa, row, top);
+        let rescale = exp(m - top);
+        run[h] = (top, l * rescale + sum);
+        if rescale != 1.0 {
+            acc[h * hd..(h + 1) * hd]
+                .iter_mut()
+                .for_each(|x| *x *= rescale);
+        }
+    }
+    each_format!(cache.v, Rows, v => {
+        let (v, stride) = from(v, at, cache.kv_dim);
+        kvdot::mix(isa, s, g, hd, v, stride, n, acc)
+    });
+}
+
+/// Normalises a running softmax's outputs in place (its statistics stay, for [`combine`]).
+fn finish(hd: usize, acc: &mut [f32], run: &[(f32, f32)]) {
+    for (h, &(_, sum)) in run.iter().enumerate() {
+        let inv = 1.0 / sum;
+        acc[h * hd..(h + 1) * hd].iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// Tile `k` of the part `part` into the attention of the heads of `q` (`acc`, `run`): a part of
+/// one tile is one softmax, normalised here; a longer one runs from [`start`] to [`finish`].
+#[allow(clippy::too_many_arguments)]
+fn part_tile(
+    isa: Isa,
+    a: &Attention,
+    kvh: usize,
+    q: &[f32],
+    part: &Range<usize>,
+    k: usize,
+    cache: &Cache<'_>,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    run: &mut [(f32, f32)],
+) {
+    if part.len() > TILE {
+        if k == 0 {
+            start(acc, run);
+        }
+        update(isa, a, kvh, q, tile(part, k), cache, scores, acc, run);
+        if k + 1 == part.len().div_ceil(TILE) {
+            finish(a.head_dim, acc, run);
+        }
+        return;
+    }
+    let hd = a.head_dim;
+    let (g, n) = (q.len() / hd, part.len());
+    let at = part.start * cache.kv_dim + kvh * hd;
+    let s = &mut scores[..g * n];
+    each_format!(cache.k, Rows, k => {
+        let (k, stride) = from(k, at, cache.kv_dim);
+        kvdot::scores(isa, q, g, hd, k, stride, n, a.scale, s)
+    });
+    for (h, row) in s.chunks_exact_mut(n).enumerate() {
+        if let Some(cap) = a.softcap {
+            softcap(row, cap);
+        }
+        run[h] = softmax(isa, row);
+    }
+    acc.fill(0.0);
+    each_format!(cache.v, Rows, v => {
+        let (v, stride) = from(v, at, cache.kv_dim);
+        kvdot::mix(isa, s, g, hd, v, stride, n, acc)
+    });
+}
+
 /// `out` = attention of `g` query heads of KV head `kvh` (`q`: their `g × head_dim` values) over
 /// the cached positions `over`, normalised within them; `stats[h]` gets head `h`'s softmax
-/// statistics (to [`combine`] parts of the positions). `scores` is scratch of at least `g × over.len()` values.
+/// statistics (to [`combine`] parts of the positions). `scores` is scratch of at least
+/// `g × TILE` values.
 #[allow(clippy::too_many_arguments)]
-pub fn attend<E: KvElem>(
+pub fn attend(
     isa: Isa,
     a: &Attention,
     kvh: usize,
     q: &[f32],
     over: Range<usize>,
-    cache: &Cache<'_, E>,
+    cache: &Cache<'_>,
     scores: &mut [f32],
     out: &mut [f32],
     stats: &mut [(f32, f32)],
 ) {
-    let hd = a.head_dim;
-    let g = q.len() / hd;
-    let n = over.len();
-    let at = over.start * cache.kv_dim + kvh * hd;
-    let scores = &mut scores[..g * n];
-    E::scores(
-        isa,
-        q,
-        g,
-        hd,
-        &cache.k[at..],
-        cache.kv_dim,
-        n,
-        a.scale,
-        scores,
-    );
-    for (h, row) in scores.chunks_exact_mut(n).enumerate() {
-        if let Some(cap) = a.softcap {
-            softcap(row, cap);
-        }
-        stats[h] = softmax(isa, row);
+    let g = q.len() / a.head_dim;
+    let (out, stats) = (&mut out[..q.len()], &mut stats[..g]);
+    for k in 0..over.len().div_ceil(TILE).max(1) {
+        part_tile(isa, a, kvh, q, &over, k, cache, scores, out, stats);
     }
-    E::mix(isa, scores, g, hd, &cache.v[at..], cache.kv_dim, n, out);
 }
 
-/// `out` = attention of `g` query heads (as [`attend`]) over the positions `over`, part by
-/// part; `part_out` and `part_stats` are scratch for [`MAX_PARTS`] × `g` heads.
+/// Attention of a block of queries of KV head `kvh` (`queries[b]`: the `g` heads' values and
+/// the positions they attend to) into `outs[b]`, each as [`attend`] over its [`parts`] and
+/// [`combine`] would give it, bit for bit. The cache is walked a window of `TILE` positions at
+/// a time, each (query, part) taking its tile that starts in the window, so that a window's
+/// keys and values are read from memory once for the block. `acc` and `run` are scratch for
+/// `queries.len() × MAX_PARTS` running softmaxes (`g × hd` and `g` values each).
 #[allow(clippy::too_many_arguments)]
-pub fn attend_parts<E: KvElem>(
+pub fn attend_block(
     isa: Isa,
     a: &Attention,
     kvh: usize,
-    q: &[f32],
-    over: Range<usize>,
-    cache: &Cache<'_, E>,
+    queries: &[(&[f32], Range<usize>)],
+    cache: &Cache<'_>,
     scores: &mut [f32],
-    part_out: &mut [f32],
-    part_stats: &mut [(f32, f32)],
-    out: &mut [f32],
+    acc: &mut [f32],
+    run: &mut [(f32, f32)],
+    outs: &mut [&mut [f32]],
 ) {
-    let hd = a.head_dim;
-    let g = q.len() / hd;
-    let mut n = 0;
-    for (s, part) in parts(over).enumerate() {
-        let (o, st) = (
-            &mut part_out[s * g * hd..(s + 1) * g * hd],
-            &mut part_stats[s * g..][..g],
-        );
-        attend(isa, a, kvh, q, part, cache, scores, o, st);
-        n += 1;
+    let Some(gw) = queries.first().map(|q| q.0.len()) else {
+        return;
+    };
+    let (hd, g) = (a.head_dim, gw / a.head_dim);
+    let slot = |b: usize, s: usize| b * MAX_PARTS + s;
+    let lo = queries.iter().map(|q| q.1.start).min().unwrap_or(0);
+    let hi = queries.iter().map(|q| q.1.end).max().unwrap_or(0);
+    for w in (lo..hi.max(lo + 1)).step_by(TILE) {
+        for (b, (q, over)) in queries.iter().enumerate() {
+            if over.end <= w || w + TILE <= over.start {
+                continue;
+            }
+            for (s, part) in parts(over.clone()).enumerate() {
+                // The part's tile that starts in the window, if any.
+                let k = w.saturating_sub(part.start).div_ceil(TILE);
+                let at = part.start + k * TILE;
+                if at >= w + TILE || (k > 0 && at >= part.end) {
+                    continue;
+                }
+                let i = slot(b, s);
+                let (acc, run) = (&mut acc[i * gw..][..gw], &mut run[i * g..][..g]);
+                part_tile(isa, a, kvh, q, &part, k, cache, scores, acc, run);
+            }
+        }
     }
-    for h in 0..g {
-        let pieces = (0..n).map(|s| (&part_out[(s * g + h) * hd..][..hd], part_stats[s * g + h]));
-        combine(pieces, &mut out[h * hd..(h + 1) * hd]);
+    for (b, (_, over)) in queries.iter().enumerate() {
+        let n = parts(over.clone()).count();
+        for h in 0..g {
+            let pieces = (0..n).map(|s| {
+                let i = slot(b, s);
+                (&acc[i * gw + h * hd..][..hd], run[i * g + h])
+            });
+            combine(pieces, &mut outs[b][h * hd..(h + 1) * hd]);
+        }
     }
 }
 
@@ -167,72 +297,125 @@ mod tests {
         }
     }
 
+    /// Attention of query heads `q` over positions `over`, in f64 from the definition.
+    fn reference(
+        a: &Attention,
+        kvh: usize,
+        q: &[f32],
+        over: Range<usize>,
+        k: &[f32],
+        v: &[f32],
+        kv_dim: usize,
+    ) -> Vec<f64> {
+        let hd = a.head_dim;
+        let mut out = vec![0f64; q.len()];
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            let s: Vec<f64> = over
+                .clone()
+                .map(|j| {
+                    let kj = &k[j * kv_dim + kvh * hd..][..hd];
+                    let d: f64 = qh.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let cap = a.softcap.unwrap() as f64;
+                    cap * (d * a.scale as f64 / cap).tanh()
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (j, x) in over.clone().zip(&s) {
+                let w = (x - m).exp() / total;
+                for i in 0..hd {
+                    out[h * hd + i] += w * v[j * kv_dim + kvh * hd + i] as f64;
+                }
+            }
+        }
+        out
+    }
+
     #[test]
-    fn attention_over_parts_combines_to_attention_over_all() {
-        let (hd, heads, kvh, len) = (16, 4, 2, 37);
+    fn blocks_of_queries_give_the_bits_of_parts_combined_and_match_the_definition() {
+        let (hd, heads, kvh, len) = (16, 4, 2, 1100);
         let g = heads / kvh;
         let a = layer(hd, heads, kvh);
         let kv_dim = kvh * hd;
         let val = |i: usize| ((i * 7919 % 211) as f32 / 105.0 - 1.0) * 1.5;
-        let k: Vec<f32> = (0..len * kv_dim).map(val).collect();
-        let v: Vec<f32> = (0..len * kv_dim).map(|i| val(i + 3)).collect();
-        let q: Vec<f32> = (0..g * hd).map(|i| val(i + 11)).collect();
-        let cache = Cache {
-            k: &k[..],
-            v: &v[..],
-            kv_dim,
+        // Values an f16 cache holds exactly, so that both formats have the same reference.
+        let half = |x: f32| half::f16::from_f32(x).to_f32();
+        let k: Vec<f32> = (0..len * kv_dim).map(|i| half(val(i))).collect();
+        let v: Vec<f32> = (0..len * kv_dim).map(|i| half(val(i + 3))).collect();
+        let to16 = |x: &[f32]| {
+            x.iter()
+                .map(|&v| half::f16::from_f32(v))
+                .collect::<Vec<_>>()
         };
-        let mut scratch = vec![0f32; g * len];
-        for isa in Isa::available() {
-            let mut whole = vec![0f32; g * hd];
-            attend(
+        let (k16, v16) = (to16(&k), to16(&v));
+        let caches = [
+            Cache {
+                k: Rows::F32(&k),
+                v: Rows::F32(&v),
+                kv_dim,
+            },
+            Cache {
+                k: Rows::F16(&k16),
+                v: Rows::F16(&v16),
+                kv_dim,
+            },
+        ];
+        // Queries whose parts span one tile or several (longer than 512 positions), and start
+        // off a tile boundary.
+        let overs = [0..5, 0..37, 10..200, 0..len, 129..len, 600..1099];
+        assert!(parts(0..len).all(|p| p.len() > TILE) && parts(0..37).all(|p| p.len() < TILE));
+        let qs: Vec<Vec<f32>> = (0..overs.len())
+            .map(|b| (0..g * hd).map(|i| val(i + 11 + 7 * b)).collect())
+            .collect();
+        let mut scratch = vec![0f32; g * TILE];
+        for (isa, cache) in Isa::available()
+            .into_iter()
+            .flat_map(|i| caches.iter().map(move |c| (i, c)))
+        {
+            let queries: Vec<(&[f32], Range<usize>)> = qs
+                .iter()
+                .zip(&overs)
+                .map(|(q, o)| (&q[..], o.clone()))
+                .collect();
+            let (mut acc, mut run) = (
+                vec![0f32; overs.len() * MAX_PARTS * g * hd],
+                vec![(0f32, 0f32); overs.len() * MAX_PARTS * g],
+            );
+            let mut outs = vec![vec![0f32; g * hd]; overs.len()];
+            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+            attend_block(
                 isa,
                 &a,
                 1,
-                &q,
-                0..len,
-                &cache,
+                &queries,
+                cache,
                 &mut scratch,
-                &mut whole,
-                &mut [(0.0, 0.0); 8][..g],
+                &mut acc,
+                &mut run,
+                &mut refs,
             );
-            let cuts = [0, 5, 6, 20, len];
-            let mut outs = vec![vec![0f32; g * hd]; cuts.len() - 1];
-            let mut stats = vec![vec![(0f32, 0f32); g]; cuts.len() - 1];
-            for (i, w) in cuts.windows(2).enumerate() {
-                let (o, s) = (&mut outs[i], &mut stats[i]);
-                attend(isa, &a, 1, &q, w[0]..w[1], &cache, &mut scratch, o, s);
-            }
-            let (mut po, mut ps, mut by_parts) = (
-                vec![0f32; MAX_PARTS * g * hd],
-                vec![(0f32, 0f32); MAX_PARTS * g],
-                vec![0f32; g * hd],
-            );
-            attend_parts(
-                isa,
-                &a,
-                1,
-                &q,
-                0..len,
-                &cache,
-                &mut scratch,
-                &mut po,
-                &mut ps,
-                &mut by_parts,
-            );
-            assert!(parts(0..len).count() > 1);
-            for (x, y) in by_parts.iter().zip(&whole) {
-                assert!((x - y).abs() <= 1e-5, "{isa:?}: {x} vs {y}");
-            }
-            for h in 0..g {
-                let mut got = vec![0f32; hd];
-                let parts = outs
-                    .iter()
-                    .zip(&stats)
-                    .map(|(o, s)| (&o[h * hd..(h + 1) * hd], s[h]));
-                combine(parts, &mut got);
-                for (x, y) in got.iter().zip(&whole[h * hd..(h + 1) * hd]) {
-                    assert!((x - y).abs() <= 1e-5, "{isa:?} head {h}: {x} vs {y}");
+            for (b, (q, over)) in queries.iter().enumerate() {
+                // As decode computes it: each part alone, then combined.
+                let n = parts(over.clone()).count();
+                let mut po = vec![0f32; n * g * hd];
+                let mut ps = vec![(0f32, 0f32); n * g];
+                for (s, part) in parts(over.clone()).enumerate() {
+                    let (o, st) = (&mut po[s * g * hd..][..g * hd], &mut ps[s * g..][..g]);
+                    attend(isa, &a, 1, q, part, cache, &mut scratch, o, st);
+                }
+                let mut want = vec![0f32; g * hd];
+                for h in 0..g {
+                    let pieces = (0..n).map(|s| (&po[(s * g + h) * hd..][..hd], ps[s * g + h]));
+                    combine(pieces, &mut want[h * hd..(h + 1) * hd]);
+                }
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&outs[b]), bits(&want), "{isa:?} query {b}");
+                let exact = reference(&a, 1, q, over.clone(), &k, &v, kv_dim);
+                for (x, y) in outs[b].iter().zip(&exact) {
+                    assert!(
+                        (*x as f64 - y).abs() <= 2e-6,
+                        "{isa:?} query {b}: {x} vs {y}"
+                    );
                 }
             }
         }

@@ -1,78 +1,207 @@
-//! The CPU KV cache: per layer, the keys and values of every position (`[pos][kv_dim]`), in f32
-//! or f16. f16 halves the cache and the bandwidth attention reads; f32 keeps the exact path exact.
+//! The CPU KV cache: per layer, the keys and values of every position (`[pos][kv_dim]`), each
+//! in its own format (f32, f16, q8_0 or q4_0): the smaller ones shrink the cache and the
+//! bandwidth attention reads; f32 keeps the exact path exact.
 
 use std::any::Any;
 
 use anelm_model::{KvState, OwnedState};
 use half::f16;
 
-use crate::vecmath::KvElem;
+use crate::kvblock::{each_format, BlockQ4_0, BlockQ8_0, KvBlock};
+use crate::shared::SharedSlice;
 
-/// The element type of the cache.
+/// The element format of the keys or the values of the cache (llama.cpp's `--cache-type-k/-v`
+/// names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvDtype {
     F32,
     F16,
+    Q8_0,
+    Q4_0,
 }
 
 impl KvDtype {
+    pub const ALL: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0, KvDtype::Q4_0];
+
     pub fn parse(name: &str) -> Option<KvDtype> {
-        match name {
-            "f32" => Some(KvDtype::F32),
-            "f16" => Some(KvDtype::F16),
-            _ => None,
+        KvDtype::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Q8_0 => "q8_0",
+            KvDtype::Q4_0 => "q4_0",
+        }
+    }
+
+    /// Values per block: a head's dimension must be a multiple of it.
+    pub fn block(self) -> usize {
+        match self {
+            KvDtype::F32 | KvDtype::F16 => 1,
+            KvDtype::Q8_0 | KvDtype::Q4_0 => 32,
+        }
+    }
+
+    /// Bytes of `values` values (a multiple of [`KvDtype::block`]).
+    pub fn bytes(self, values: usize) -> usize {
+        let block = match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+            KvDtype::Q8_0 => size_of::<BlockQ8_0>(),
+            KvDtype::Q4_0 => size_of::<BlockQ4_0>(),
+        };
+        values / self.block() * block
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        KvDtype::parse(s).ok_or_else(|| {
+            let names: Vec<&str> = KvDtype::ALL.iter().map(|d| d.name()).collect();
+            format!("unknown cache type '{s}' (one of {})", names.join(", "))
+        })
+    }
+}
+
+/// A vector of blocks that starts zeroed without touching its pages (the kernel maps zero
+/// pages on first use), so that a cache's resident size is the positions it holds.
+fn zeroed<B: KvBlock>(n: usize) -> Vec<B> {
+    if n == 0 || size_of::<B>() == 0 {
+        return Vec::new();
+    }
+    let layout = std::alloc::Layout::array::<B>(n).expect("cache size overflows");
+    // SAFETY: the layout is non-zero; every format is plain data for which all-zero bytes are
+    // the zero value, and the Vec takes the allocation with the same layout.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut B;
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(p, n, n)
+    }
+}
+
+/// The keys or the values of every layer, in one format.
+pub(crate) enum KvVec {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q4_0(Vec<BlockQ4_0>),
+}
+
+/// A [`KvVec`] as attention reads it.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Q8_0(&'a [BlockQ8_0]),
+    Q4_0(&'a [BlockQ4_0]),
+}
+
+/// A [`KvVec`] as the threads of a pass share it (each writes the rows of its tokens).
+pub(crate) enum SharedRows<'a> {
+    F32(SharedSlice<'a, f32>),
+    F16(SharedSlice<'a, f16>),
+    Q8_0(SharedSlice<'a, BlockQ8_0>),
+    Q4_0(SharedSlice<'a, BlockQ4_0>),
+}
+
+impl KvVec {
+    fn new(dtype: KvDtype, values: usize) -> KvVec {
+        let n = values / dtype.block();
+        match dtype {
+            KvDtype::F32 => KvVec::F32(zeroed(n)),
+            KvDtype::F16 => KvVec::F16(zeroed(n)),
+            KvDtype::Q8_0 => KvVec::Q8_0(zeroed(n)),
+            KvDtype::Q4_0 => KvVec::Q4_0(zeroed(n)),
+        }
+    }
+
+    fn dtype(&self) -> KvDtype {
+        match self {
+            KvVec::F32(_) => KvDtype::F32,
+            KvVec::F16(_) => KvDtype::F16,
+            KvVec::Q8_0(_) => KvDtype::Q8_0,
+            KvVec::Q4_0(_) => KvDtype::Q4_0,
+        }
+    }
+
+    pub(crate) fn shared(&mut self) -> SharedRows<'_> {
+        match self {
+            KvVec::F32(v) => SharedRows::F32(SharedSlice::new(v)),
+            KvVec::F16(v) => SharedRows::F16(SharedSlice::new(v)),
+            KvVec::Q8_0(v) => SharedRows::Q8_0(SharedSlice::new(v)),
+            KvVec::Q4_0(v) => SharedRows::Q4_0(SharedSlice::new(v)),
         }
     }
 }
 
-/// Keys and values of all layers, each in one allocation: layer `l` holds
+/// `values` (a range of values, whole blocks) as a range of blocks of `B`.
+fn blocks<B: KvBlock>(values: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    debug_assert!(values.start.is_multiple_of(B::N) && values.end.is_multiple_of(B::N));
+    values.start / B::N..values.end / B::N
+}
+
+impl SharedRows<'_> {
+    /// The values `at` (whole blocks).
+    ///
+    /// # Safety
+    /// No thread writes them until the next barrier.
+    pub(crate) unsafe fn range(&self, at: std::ops::Range<usize>) -> Rows<'_> {
+        match self {
+            SharedRows::F32(s) => Rows::F32(s.range(blocks::<f32>(at))),
+            SharedRows::F16(s) => Rows::F16(s.range(blocks::<f16>(at))),
+            SharedRows::Q8_0(s) => Rows::Q8_0(s.range(blocks::<BlockQ8_0>(at))),
+            SharedRows::Q4_0(s) => Rows::Q4_0(s.range(blocks::<BlockQ4_0>(at))),
+        }
+    }
+
+    /// Stores `src` as the values from `at` (a block boundary) on.
+    ///
+    /// # Safety
+    /// No other thread touches them until the next barrier.
+    pub(crate) unsafe fn store(&self, at: usize, src: &[f32]) {
+        let r = at..at + src.len();
+        each_format!(self, SharedRows, s => quantize_into(s, r, src))
+    }
+}
+
+unsafe fn quantize_into<B: KvBlock>(
+    s: &SharedSlice<'_, B>,
+    at: std::ops::Range<usize>,
+    src: &[f32],
+) {
+    B::quantize(s.range_mut(blocks::<B>(at)), src);
+}
+
+/// Keys and values of all layers, each in one allocation: layer `l` holds the values
 /// `offset[l] .. offset[l] + capacity * dims[l]`.
-pub(crate) struct Layers<E> {
-    pub k: Vec<E>,
-    pub v: Vec<E>,
+pub(crate) struct Layers {
+    pub k: KvVec,
+    pub v: KvVec,
     pub offset: Vec<usize>,
 }
 
-impl<E: KvElem> Layers<E> {
-    fn new(kv_dims: &[usize], capacity: usize) -> Self {
-        let zero = E::from_f32(0.0);
+impl Layers {
+    fn new(kv_dims: &[usize], capacity: usize, k: KvDtype, v: KvDtype) -> Self {
         let offset: Vec<usize> = kv_dims
             .iter()
             .scan(0, |at, d| Some(std::mem::replace(at, *at + d * capacity)))
             .collect();
         let total = kv_dims.iter().sum::<usize>() * capacity;
         Layers {
-            k: vec![zero; total],
-            v: vec![zero; total],
+            k: KvVec::new(k, total),
+            v: KvVec::new(v, total),
             offset,
-        }
-    }
-}
-
-pub(crate) enum KvData {
-    F32(Layers<f32>),
-    F16(Layers<f16>),
-}
-
-/// A cache element type, and its cache inside a [`KvData`].
-pub(crate) trait KvType: KvElem {
-    fn layers(data: &mut KvData) -> Option<&mut Layers<Self>>;
-}
-
-impl KvType for f32 {
-    fn layers(data: &mut KvData) -> Option<&mut Layers<f32>> {
-        match data {
-            KvData::F32(l) => Some(l),
-            KvData::F16(_) => None,
-        }
-    }
-}
-
-impl KvType for f16 {
-    fn layers(data: &mut KvData) -> Option<&mut Layers<f16>> {
-        match data {
-            KvData::F16(l) => Some(l),
-            KvData::F32(_) => None,
         }
     }
 }
@@ -113,7 +242,7 @@ impl Recurrent {
 }
 
 pub struct CpuKv {
-    pub(crate) data: KvData,
+    pub(crate) data: Layers,
     pub(crate) recurrent: Recurrent,
     pub(crate) len: usize,
     pub(crate) capacity: usize,
@@ -126,15 +255,11 @@ impl CpuKv {
         kv_dims: &[usize],
         recurrent: &[(usize, usize)],
         capacity: usize,
-        dtype: KvDtype,
+        (k, v): (KvDtype, KvDtype),
         owner: usize,
     ) -> Self {
-        let data = match dtype {
-            KvDtype::F32 => KvData::F32(Layers::new(kv_dims, capacity)),
-            KvDtype::F16 => KvData::F16(Layers::new(kv_dims, capacity)),
-        };
         CpuKv {
-            data,
+            data: Layers::new(kv_dims, capacity, k, v),
             recurrent: Recurrent::new(recurrent),
             len: 0,
             capacity,
@@ -142,11 +267,9 @@ impl CpuKv {
         }
     }
 
-    pub fn dtype(&self) -> KvDtype {
-        match self.data {
-            KvData::F32(_) => KvDtype::F32,
-            KvData::F16(_) => KvDtype::F16,
-        }
+    /// The formats of the keys and of the values.
+    pub fn dtypes(&self) -> (KvDtype, KvDtype) {
+        (self.data.k.dtype(), self.data.v.dtype())
     }
 }
 
@@ -188,7 +311,13 @@ mod tests {
 
     #[test]
     fn a_recurrent_state_restarts_instead_of_going_back() {
-        let mut kv = CpuKv::new(&[4, 0], &[(0, 0), (6, 8)], 10, KvDtype::F32, 1);
+        let mut kv = CpuKv::new(
+            &[4, 0],
+            &[(0, 0), (6, 8)],
+            10,
+            (KvDtype::F32, KvDtype::F32),
+            1,
+        );
         kv.len = 5;
         kv.recurrent.s[3] = 1.0;
         kv.truncate(7);
@@ -197,9 +326,22 @@ mod tests {
         assert_eq!(kv.len(), 0);
         assert!(kv.recurrent.s.iter().all(|&x| x == 0.0));
 
-        let mut plain = CpuKv::new(&[4], &[(0, 0)], 10, KvDtype::F16, 1);
+        let mut plain = CpuKv::new(&[32], &[(0, 0)], 10, (KvDtype::Q8_0, KvDtype::F16), 1);
         plain.len = 5;
         plain.truncate(3);
         assert_eq!(plain.len(), 3);
+        assert_eq!(plain.dtypes(), (KvDtype::Q8_0, KvDtype::F16));
+    }
+
+    #[test]
+    fn cache_types_have_llama_cpp_names_and_sizes() {
+        for d in KvDtype::ALL {
+            assert_eq!(d.name().parse::<KvDtype>(), Ok(d));
+        }
+        assert!("q5_1".parse::<KvDtype>().unwrap_err().contains("q8_0"));
+        // ggml's block sizes: 34 bytes per 32 values (q8_0), 18 (q4_0).
+        assert_eq!(KvDtype::Q8_0.bytes(64), 68);
+        assert_eq!(KvDtype::Q4_0.bytes(64), 36);
+        assert_eq!(KvDtype::F16.bytes(64), 128);
     }
 }

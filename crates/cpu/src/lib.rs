@@ -7,6 +7,8 @@ pub mod deltanet;
 mod forward;
 pub mod kernels;
 mod kv;
+pub mod kvblock;
+pub mod kvdot;
 pub mod matmul;
 pub mod mem;
 pub mod membw;
@@ -20,6 +22,6 @@ pub mod shortconv;
 pub mod simd;
 pub mod vecmath;
 
-pub use forward::{CpuExecutor, CpuOptions, MAX_BATCH};
+pub use forward::{check_cache_types, CpuExecutor, CpuOptions, MAX_BATCH};
 pub use kv::{CpuKv, KvDtype};
 pub use simd::Isa;

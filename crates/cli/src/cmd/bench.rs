@@ -258,6 +258,14 @@ pub fn run(a: Args) -> Result<()> {
         .with_context(|| model.source.path().display().to_string())?;
     let longest = a.prompt.max(a.gen).max(1);
     let mut exec = a.model.executor(&loaded, a.depth + longest)?;
+    // The KV cache's formats (the CPU engine's; the device path keeps its own f16 cache).
+    let (cache_k, cache_v) = match a.model.device {
+        super::common::Device::Cpu => {
+            let (k, v) = a.model.cpu_options(&model)?.cache_types(&model);
+            (k.name(), v.name())
+        }
+        _ => ("f16", "f16"),
+    };
     let vocab = exec.vocab_size();
     let mut logits = Vec::new();
     let mut prefix = Prefix::new(exec.as_ref(), a.depth, longest, vocab)?;
@@ -358,6 +366,8 @@ pub fn run(a: Args) -> Result<()> {
         let out = json!({
             "depth": a.depth,
             "context": max,
+            "cache_type_k": cache_k,
+            "cache_type_v": cache_v,
             "pp_tok_s": pp_s.as_ref().map(|s| s.median),
             "tg_tok_s": tg_s.as_ref().map(|s| s.median),
             "tg_gb_s": tg_gbs,
@@ -378,13 +388,14 @@ pub fn run(a: Args) -> Result<()> {
         |f| f.to_string_lossy().into_owned(),
     );
     println!(
-        "| {:<40} | {:>9} | {:>7} | {:>15} | {:>9} | {:>9} | {:>9} | {:>6} |",
-        "model", "weights", "threads", "test", "t/s", "min", "max", "GB/s"
+        "| {:<40} | {:>9} | {:>7} | {:>9} | {:>15} | {:>9} | {:>9} | {:>9} | {:>6} |",
+        "model", "weights", "threads", "type_k/v", "test", "t/s", "min", "max", "GB/s"
     );
     println!(
-        "| {:-<40} | {:->9} | {:->7} | {:->15} | {:->9} | {:->9} | {:->9} | {:->6} |",
-        "", "", "", "", "", "", "", ""
+        "| {:-<40} | {:->9} | {:->7} | {:->9} | {:->15} | {:->9} | {:->9} | {:->9} | {:->6} |",
+        "", "", "", "", "", "", "", "", ""
     );
+    let kv = format!("{cache_k}/{cache_v}");
     let size = format!("{:.1} MiB", bytes / (1u64 << 20) as f64);
     for (test, s, gbs) in [
         (test_name("pp", a.prompt, a.depth), pp_s, false),
@@ -396,12 +407,12 @@ pub fn run(a: Args) -> Result<()> {
             } else {
                 String::new()
             };
-            println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>15} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
+            println!("| {name:<40} | {size:>9} | {threads:>7} | {kv:>9} | {test:>15} | {:>9.1} | {:>9.1} | {:>9.1} | {bw:>6} |", s.median, s.min, s.max);
         }
     }
     for (n, st, _) in &batched {
         let test = format!("{} x{n}", test_name("tg", a.gen, a.depth));
-        println!("| {name:<40} | {size:>9} | {threads:>7} | {test:>15} | {:>9.1} | {:>9.1} | {:>9.1} | {:>6} |", st.median, st.min, st.max, "");
+        println!("| {name:<40} | {size:>9} | {threads:>7} | {kv:>9} | {test:>15} | {:>9.1} | {:>9.1} | {:>9.1} | {:>6} |", st.median, st.min, st.max, "");
     }
     if !batched.is_empty() {
         let ratios: Vec<String> = batched

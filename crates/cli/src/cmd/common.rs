@@ -10,7 +10,7 @@ use anelm_ane::exec::FallbackExecutor;
 use anelm_ane::{
     AneExecutor, Device as AneDevice, DevicePath, LoweringOptions, SimDevice, Strategy,
 };
-use anelm_cpu::CpuExecutor;
+use anelm_cpu::{check_cache_types, CpuExecutor, CpuOptions, KvDtype};
 use anelm_engine::{LoadedModel, TemplateKwargs, TextSide};
 use anelm_model::{Executor, Model};
 use anelm_tokenize::Tokenizer;
@@ -56,6 +56,17 @@ pub struct ModelArgs {
     /// choices do not hang on fp16 rounding of the head; this gives the device's logits alone.
     #[arg(long)]
     pub no_settle_ties: bool,
+    /// The format of the CPU engine's cached keys: f32, f16, q8_0 or q4_0 (llama.cpp's
+    /// blocks of 32) [default: f16 for a quantised model, else f32].
+    #[arg(long, value_name = "TYPE", value_parser = parse_cache_type)]
+    pub cache_type_k: Option<KvDtype>,
+    /// The format of the CPU engine's cached values, as --cache-type-k.
+    #[arg(long, value_name = "TYPE", value_parser = parse_cache_type)]
+    pub cache_type_v: Option<KvDtype>,
+}
+
+fn parse_cache_type(s: &str) -> Result<KvDtype, String> {
+    s.parse()
 }
 
 /// `--chat-template-kwargs`, for the subcommands that render conversations.
@@ -171,7 +182,32 @@ pub enum Device {
     Ane,
 }
 
+impl Device {
+    /// The value of `--device` that selects it.
+    fn flag(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Sim => "sim",
+            Device::Ane => "ane",
+        }
+    }
+}
+
 impl ModelArgs {
+    /// The CPU engine's options from `--threads` and `--cache-type-k/-v`, checked against the
+    /// model.
+    pub fn cpu_options(&self, model: &Model) -> Result<CpuOptions> {
+        let opts = CpuOptions {
+            threads: self.threads,
+            cache_k: self.cache_type_k,
+            cache_v: self.cache_type_v,
+            ..CpuOptions::default()
+        };
+        let (k, v) = opts.cache_types(model);
+        check_cache_types(model, k, v).map_err(anyhow::Error::msg)?;
+        Ok(opts)
+    }
+
     /// The dialect `--mil-dialect` resolves to on this machine.
     pub fn dialect(&self) -> MilDialect {
         let choice = match self.mil_dialect {
@@ -229,10 +265,20 @@ impl ModelArgs {
         context: usize,
         fallback: Fallback,
     ) -> Result<(Box<dyn Executor>, Option<usize>)> {
-        let (model, threads) = (loaded.model.clone(), self.threads);
-        let cpu = move || -> Box<dyn Executor> { Box::new(CpuExecutor::new(model, threads)) };
+        let opts = self.cpu_options(&loaded.model)?;
+        let model = loaded.model.clone();
+        let cpu = move || -> Box<dyn Executor> { Box::new(CpuExecutor::with_options(model, opts)) };
         if self.device == Device::Cpu {
             return Ok((cpu(), None));
+        }
+        for (flag, t) in [("k", self.cache_type_k), ("v", self.cache_type_v)] {
+            if let Some(t) = t.filter(|&t| t != KvDtype::F16) {
+                bail!(
+                    "--cache-type-{flag} {t}: the ANE path (--device {}) keeps its own f16 KV \
+                     cache; use --device cpu for a {t} cache",
+                    self.device.flag()
+                );
+            }
         }
         // Fused programs hold the whole cache: as many positions as asked, in whole tiles.
         let opts = LoweringOptions {

@@ -8,12 +8,11 @@ use anelm_model::Weight;
 
 use super::layer::{Forward, Src};
 use super::ATTN_BLOCK;
-use crate::attention::{attend, attend_parts, combine, parts, positions, MAX_PARTS};
+use crate::attention::{attend, attend_block, combine, parts, positions, MAX_PARTS};
 use crate::ops::{norm_row, output_gate, rope_head};
 use crate::shared::SharedSlice;
-use crate::vecmath::KvElem;
 
-impl<E: KvElem> Forward<'_, E> {
+impl Forward<'_> {
     /// Layer `li`'s attention (`a`) over every row's own sequence.
     pub(super) unsafe fn attention(&mut self, layer: &Layer, a: &Attention, li: usize) {
         let (ctx, v, n, isa) = (self.ctx, self.v, self.n, self.isa);
@@ -69,9 +68,8 @@ impl<E: KvElem> Forward<'_, E> {
                     let (seq, pos) = c.at(t);
                     let cache = if values { &seq.vc } else { &seq.kc };
                     let at = seq.kv_at[li] + pos * kvd;
-                    let dst = cache.range_mut(at + rows.start..at + rows.end);
                     let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
-                    E::from_f32_slice(dst, src);
+                    cache.store(at + rows.start, src);
                 }
             };
         self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {
@@ -102,16 +100,31 @@ impl<E: KvElem> Forward<'_, E> {
             let g = a.n_heads / a.n_kv_heads;
             let gw = g * hd;
             let p = &mut *self.p;
-            let (scores, po, ps) = (&mut p.scratch, &mut p.part, &mut p.part_stats);
+            let (scores, acc, run) = (&mut p.scratch, &mut p.part, &mut p.part_stats);
             ctx.chunks(n.div_ceil(ATTN_BLOCK) * a.n_kv_heads, |item| {
                 let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
-                for t in blk * ATTN_BLOCK..((blk + 1) * ATTN_BLOCK).min(n) {
-                    let at = t * qd + kvh * gw;
-                    let (q, out) = (v.q.range(at..at + gw), v.att.range_mut(at..at + gw));
-                    let over = positions(a, c.at(t).1);
-                    attend_parts(isa, a, kvh, q, over, &cache, scores, po, ps, out);
-                    if a.output_gate.is_some() {
-                        output_gate(out, v.z.range(at..at + gw));
+                let rows = blk * ATTN_BLOCK..((blk + 1) * ATTN_BLOCK).min(n);
+                let at = |t: usize| t * qd + kvh * gw..t * qd + (kvh + 1) * gw;
+                let queries: [(&[f32], Range<usize>); ATTN_BLOCK] = std::array::from_fn(|b| {
+                    let t = rows.start + b;
+                    match t < rows.end {
+                        true => (v.q.range(at(t)), positions(a, c.at(t).1)),
+                        false => (&[][..], 0..0),
+                    }
+                });
+                let mut outs: [&mut [f32]; ATTN_BLOCK] = std::array::from_fn(|b| {
+                    let t = rows.start + b;
+                    match t < rows.end {
+                        true => v.att.range_mut(at(t)),
+                        false => &mut [][..],
+                    }
+                });
+                let nb = rows.len();
+                let (queries, outs) = (&queries[..nb], &mut outs[..nb]);
+                attend_block(isa, a, kvh, queries, &cache, scores, acc, run, outs);
+                if a.output_gate.is_some() {
+                    for (b, out) in outs.iter_mut().enumerate() {
+                        output_gate(out, v.z.range(at(rows.start + b)));
                     }
                 }
             });

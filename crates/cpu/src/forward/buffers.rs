@@ -7,6 +7,7 @@ use anelm_model::plan::{Attention, DeltaNet, Ffn, Layer, Mixer};
 use anelm_model::Model;
 
 use super::linears;
+use super::ATTN_BLOCK;
 use crate::attention::MAX_PARTS;
 use crate::q8::{ActKind, Q8Buf};
 use crate::shared::SharedSlice;
@@ -115,7 +116,8 @@ pub(super) struct Private {
     pub(super) scratch: Vec<f32>,
     /// RoPE's cos and sin per token of the current layer.
     pub(super) angles: Vec<f32>,
-    /// Prefill attention's parts of one query: outputs and softmax statistics.
+    /// Prefill attention's running softmaxes of each part of a block of queries: outputs and
+    /// statistics.
     pub(super) part: Vec<f32>,
     pub(super) part_stats: Vec<(f32, f32)>,
     /// Mixture of experts: the normalised inputs, the weighted sum of the experts, the routes.
@@ -168,8 +170,8 @@ impl Buffers {
                         q8k: Q8Buf::new(ActKind::Q8K, cap, widest.next_multiple_of(256)),
                         scratch: vec![0.0; d.cols],
                         angles: vec![0.0; cap * d.rope],
-                        part: vec![0.0; MAX_PARTS * d.q],
-                        part_stats: vec![(0.0, 0.0); MAX_PARTS * d.q],
+                        part: vec![0.0; ATTN_BLOCK * MAX_PARTS * d.q],
+                        part_stats: vec![(0.0, 0.0); ATTN_BLOCK * MAX_PARTS * d.q],
                         moe_x: if d.experts > 0 {
                             z(d.hidden)
                         } else {

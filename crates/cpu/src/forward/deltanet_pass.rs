@@ -5,9 +5,8 @@ use anelm_model::plan::{DeltaNet, Layer};
 
 use super::layer::{Forward, Src};
 use crate::deltanet;
-use crate::vecmath::KvElem;
 
-impl<E: KvElem> Forward<'_, E> {
+impl Forward<'_> {
     /// Layer `li`, a gated DeltaNet: the four input projections, then the conv and recurrence
     /// of each sequence over its own state, with (sequence, key-head group) items spread over
     /// the threads, then the output projection.

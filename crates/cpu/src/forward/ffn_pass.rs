@@ -8,9 +8,9 @@ use anelm_model::plan::{Activation, Ffn, GatedMlp, Layer, Linear, Moe};
 use super::layer::{Forward, Src};
 use crate::moe::route;
 use crate::shared::SharedSlice;
-use crate::vecmath::{gate, Gate, KvElem};
+use crate::vecmath::{gate, Gate};
 
-impl<E: KvElem> Forward<'_, E> {
+impl Forward<'_> {
     /// A mixture of experts: route every token, run each chosen expert over the tokens routed
     /// to it, sum the weighted outputs (and the gated shared expert) into `moe_acc`.
     pub(super) unsafe fn moe(&mut self, layer: &Layer, moe: &Moe) {

@@ -16,23 +16,22 @@ use crate::q8::ActKind;
 use crate::resident::Resident;
 use crate::shared::SharedSlice;
 use crate::simd::Isa;
-use crate::vecmath::KvElem;
 
 /// One thread's view of a forward pass over a chunk.
-pub(super) struct Forward<'a, E> {
+pub(super) struct Forward<'a> {
     pub(super) m: &'a Model,
     pub(super) isa: Isa,
     pub(super) exact: bool,
     pub(super) resident: &'a Resident,
     pub(super) ctx: &'a Ctx<'a>,
     pub(super) v: &'a Views<'a>,
-    pub(super) c: &'a Chunk<'a, E>,
+    pub(super) c: &'a Chunk<'a>,
     /// Rows of the current product's inputs (the chunk's tokens, or those routed to an expert).
     pub(super) n: usize,
     pub(super) p: &'a mut Private,
 }
 
-impl<E: KvElem> Forward<'_, E> {
+impl Forward<'_> {
     pub(super) fn kernel(&self, w: &Weight) -> Kernel {
         if self.exact {
             select_exact(w.dtype, self.isa)

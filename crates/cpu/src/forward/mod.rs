@@ -23,12 +23,11 @@ use anelm_model::plan::{Ffn, GatedMlp, Layer, Linear, Mixer};
 use anelm_model::{
     check_batch, checked_state, ExecError, Executor, KvState, Logits, Model, Weight,
 };
-use half::f16;
 
 use crate::adaptive::Adaptive;
-use crate::attention::Cache;
+use crate::attention::{Cache, TILE};
 use crate::deltanet;
-use crate::kv::{CpuKv, KvDtype, KvType, Layers, Recurrent};
+use crate::kv::{CpuKv, KvDtype, Layers, Recurrent, SharedRows};
 use crate::ops::softcap;
 use crate::pool::{physical_cores, Ctx, Pool};
 use crate::resident::Resident;
@@ -59,9 +58,11 @@ const ATTN_BLOCK: usize = 8;
 pub struct CpuOptions {
     /// Threads (0: one per physical core).
     pub threads: usize,
-    /// KV cache element type (None: f16 when every layer matrix is quantised and `exact` is
-    /// off, else f32, so that unquantised models and exact runs keep f32 attention).
-    pub kv: Option<KvDtype>,
+    /// The format of the cached keys (None: f16 when every layer matrix is quantised and
+    /// `exact` is off, else f32, so that unquantised models and exact runs keep f32 attention).
+    pub cache_k: Option<KvDtype>,
+    /// The format of the cached values (None: as for the keys).
+    pub cache_v: Option<KvDtype>,
     /// Instruction set (None: the best the CPU has).
     pub isa: Option<Isa>,
     /// Exact f32 products for quantised weights too (rows dequantised, activations kept f32)
@@ -69,11 +70,27 @@ pub struct CpuOptions {
     pub exact: bool,
 }
 
+impl CpuOptions {
+    /// The formats of the cached keys and values these options give `model`.
+    pub fn cache_types(&self, model: &Model) -> (KvDtype, KvDtype) {
+        let default = if all_quantized(model) && !self.exact {
+            KvDtype::F16
+        } else {
+            KvDtype::F32
+        };
+        (
+            self.cache_k.unwrap_or(default),
+            self.cache_v.unwrap_or(default),
+        )
+    }
+}
+
 pub struct CpuExecutor {
     model: Arc<Model>,
     pool: Pool,
     isa: Isa,
-    kv: KvDtype,
+    /// The formats of the cached keys and values.
+    kv: (KvDtype, KvDtype),
     id: usize,
     bufs: Buffers,
     exact: bool,
@@ -107,13 +124,7 @@ impl CpuExecutor {
             .isa
             .filter(|i| Isa::available().contains(i))
             .unwrap_or_else(Isa::detect);
-        let kv = opts.kv.unwrap_or_else(|| {
-            if all_quantized(&model) && !opts.exact {
-                KvDtype::F16
-            } else {
-                KvDtype::F32
-            }
-        });
+        let kv = opts.cache_types(&model);
         let bufs = Buffers::new(&Dims::of(&model), 0, threads);
         let resident = Resident::new(matrices(&model), isa, !opts.exact);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -142,9 +153,31 @@ impl CpuExecutor {
         self.isa
     }
 
-    pub fn kv_dtype(&self) -> KvDtype {
+    /// The formats of the cached keys and values.
+    pub fn kv_dtypes(&self) -> (KvDtype, KvDtype) {
         self.kv
     }
+}
+
+/// Whether `model`'s cache can hold keys as `k` and values as `v`: every attention head's
+/// dimension a whole number of the formats' blocks (the one-line reason if not).
+pub fn check_cache_types(model: &Model, k: KvDtype, v: KvDtype) -> Result<(), String> {
+    for (which, d) in [("--cache-type-k", k), ("--cache-type-v", v)] {
+        let bad = model
+            .layers
+            .iter()
+            .filter_map(|l| l.attention())
+            .find(|a| !a.head_dim.is_multiple_of(d.block()));
+        if let Some(a) = bad {
+            return Err(format!(
+                "{which} {d}: the model's attention heads have {} dimensions, not a multiple of \
+                 the {}-value blocks of {d}",
+                a.head_dim,
+                d.block()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn mlp_linears(m: &GatedMlp) -> [&Linear; 3] {
@@ -191,6 +224,7 @@ impl Executor for CpuExecutor {
                 capacity: max,
             });
         }
+        check_cache_types(&self.model, self.kv.0, self.kv.1).map_err(ExecError::Device)?;
         let layers = &self.model.layers;
         let dims: Vec<usize> = layers
             .iter()
@@ -228,7 +262,7 @@ impl Executor for CpuExecutor {
         let n = tokens.len();
         let want = n - logits.rows(n)..n;
         out.resize(want.len() * vocab, 0.0);
-        self.reserve(n.min(MAX_BATCH), kv.capacity);
+        self.reserve(n.min(MAX_BATCH));
 
         let mut done = 0;
         while done < n {
@@ -270,8 +304,7 @@ impl Executor for CpuExecutor {
         }
         out.clear();
         out.resize(tokens.len() * vocab, 0.0);
-        let capacity = kvs.iter().map(|kv| kv.capacity).max().unwrap_or(0);
-        self.reserve(tokens.len().min(MAX_BATCH), capacity);
+        self.reserve(tokens.len().min(MAX_BATCH));
         let per = self.bufs.cap;
         self.bufs.reserve_decode(per.min(tokens.len()));
         for ((kvs, tokens), out) in kvs
@@ -293,13 +326,13 @@ impl Executor for CpuExecutor {
 }
 
 impl CpuExecutor {
-    /// Buffers for chunks of `rows` tokens, and scratch for attention over `capacity`
-    /// positions.
-    fn reserve(&mut self, rows: usize, capacity: usize) {
+    /// Buffers for chunks of `rows` tokens, and scratch for attention and the recurrent
+    /// layers (the same whatever the context).
+    fn reserve(&mut self, rows: usize) {
         if self.bufs.cap < rows {
             self.bufs = Buffers::new(&Dims::of(&self.model), rows, self.pool.threads());
         }
-        // Attention scores span the whole cache, for a group of heads.
+        // Attention scores span a tile of the cache, for a group of heads.
         let layers = &self.model.layers;
         let group = layers
             .iter()
@@ -317,7 +350,7 @@ impl CpuExecutor {
             .unwrap_or(0);
         for p in &self.bufs.own {
             let s = &mut p.lock().unwrap_or_else(|e| e.into_inner()).scratch;
-            let need = (capacity * group).max(dn_scratch);
+            let need = (TILE * group).max(dn_scratch);
             if s.len() < need {
                 s.resize(need, 0.0);
             }
@@ -352,10 +385,7 @@ impl CpuExecutor {
             resident: &self.resident,
             solo,
         };
-        match self.kv {
-            KvDtype::F32 => run_chunk::<f32>(&env, &mut self.bufs, kvs, tokens, rows, out),
-            KvDtype::F16 => run_chunk::<f16>(&env, &mut self.bufs, kvs, tokens, rows, out),
-        }
+        run_chunk(&env, &mut self.bufs, kvs, tokens, rows, out);
         let per = tokens.len() / kvs.len();
         kvs.iter_mut().for_each(|kv| kv.len += per);
         if let Some(i) = decode {
@@ -367,9 +397,9 @@ impl CpuExecutor {
 
 /// One sequence of a chunk: its cache and recurrent state, the position of its first token,
 /// and the rows of the chunk that are its tokens.
-struct Seq<'a, E> {
-    kc: SharedSlice<'a, E>,
-    vc: SharedSlice<'a, E>,
+struct Seq<'a> {
+    kc: SharedRows<'a>,
+    vc: SharedRows<'a>,
     conv: SharedSlice<'a, f32>,
     s: SharedSlice<'a, f32>,
     /// Where each layer's keys and values, conv history and states begin.
@@ -381,12 +411,12 @@ struct Seq<'a, E> {
     rows: Range<usize>,
 }
 
-impl<E> Seq<'_, E> {
+impl Seq<'_> {
     /// Layer `li`'s keys and values (`kvd` of each a position).
     ///
     /// # Safety
     /// No thread writes them until the next barrier.
-    unsafe fn cache(&self, li: usize, kvd: usize) -> Cache<'_, E> {
+    unsafe fn cache(&self, li: usize, kvd: usize) -> Cache<'_> {
         let at = self.kv_at[li]..self.kv_at[li] + self.capacity * kvd;
         Cache {
             k: self.kc.range(at.clone()),
@@ -398,15 +428,15 @@ impl<E> Seq<'_, E> {
 
 /// The tokens of one pass, each sequence's rows in a run, and the rows whose logits are
 /// wanted.
-struct Chunk<'a, E> {
+struct Chunk<'a> {
     tokens: &'a [u32],
-    seqs: Vec<Seq<'a, E>>,
+    seqs: Vec<Seq<'a>>,
     rows: Range<usize>,
 }
 
-impl<E> Chunk<'_, E> {
+impl Chunk<'_> {
     /// The sequence of row `t`, and the position of its token.
-    fn at(&self, t: usize) -> (&Seq<'_, E>, usize) {
+    fn at(&self, t: usize) -> (&Seq<'_>, usize) {
         let i = self.seqs.partition_point(|s| s.rows.end <= t);
         let s = &self.seqs[i];
         (s, s.p0 + t - s.rows.start)
@@ -429,7 +459,7 @@ struct Env<'a> {
     solo: bool,
 }
 
-fn run_chunk<E: KvType>(
+fn run_chunk(
     env: &Env<'_>,
     b: &mut Buffers,
     kvs: &mut [&mut CpuKv],
@@ -444,8 +474,7 @@ fn run_chunk<E: KvType>(
         .enumerate()
         .map(|(i, kv)| {
             let (p0, capacity) = (kv.len, kv.capacity);
-            let Layers { k, v, offset } =
-                E::layers(&mut kv.data).expect("an executor's states share its KV type");
+            let Layers { k, v, offset } = &mut kv.data;
             let Recurrent {
                 conv,
                 s,
@@ -453,8 +482,8 @@ fn run_chunk<E: KvType>(
                 s_offset,
             } = &mut kv.recurrent;
             Seq {
-                kc: SharedSlice::new(k),
-                vc: SharedSlice::new(v),
+                kc: k.shared(),
+                vc: v.shared(),
                 conv: SharedSlice::new(conv),
                 s: SharedSlice::new(s),
                 kv_at: offset,

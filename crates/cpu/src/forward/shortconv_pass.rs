@@ -5,12 +5,11 @@ use anelm_model::plan::{Layer, ShortConv};
 
 use super::layer::{Forward, Src};
 use crate::shortconv;
-use crate::vecmath::KvElem;
 
 /// Channels one work item convolves.
 const BLOCK: usize = 16;
 
-impl<E: KvElem> Forward<'_, E> {
+impl Forward<'_> {
     /// Layer `li`, a short convolution: `B | C | x` for every row, then each sequence's conv
     /// over its own history, (sequence, channel block) items spread over the threads, then
     /// the output projection.
