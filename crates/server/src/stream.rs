@@ -51,7 +51,7 @@ pub enum Piece {
     /// A choice ended: all of it, and the logprobs no piece has carried yet.
     Finish {
         choice: usize,
-        whole: Choice,
+        whole: Box<Choice>,
         logprobs: Vec<(u32, TokenLogprob)>,
     },
     /// Every choice has ended (after the last `Finish`).
@@ -152,7 +152,7 @@ impl Translator {
                 };
                 out.push(Piece::Finish {
                     choice,
-                    whole,
+                    whole: Box::new(whole),
                     logprobs: std::mem::take(&mut c.pending),
                 });
                 self.finishes.push(finish);
@@ -201,7 +201,7 @@ pub async fn collect(
     while let Some(update) = rx.recv().await {
         for piece in translator.update(update) {
             match piece {
-                Piece::Finish { choice, whole, .. } => done[choice] = Some(whole),
+                Piece::Finish { choice, whole, .. } => done[choice] = Some(*whole),
                 Piece::Failed(message) => return Err(ApiError::internal(message)),
                 _ => {}
             }

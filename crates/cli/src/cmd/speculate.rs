@@ -67,8 +67,7 @@ impl SpeculateArgs {
             ..model.clone()
         };
         let draft = draft_args.load()?;
-        anelm_engine::same_vocabulary(target, &draft)
-            .with_context(|| format!("--draft {path}"))?;
+        anelm_engine::same_vocabulary(target, &draft).with_context(|| format!("--draft {path}"))?;
         let capacity = capacity.min(draft.model.max_positions());
         let exec = draft_args.executor(&draft, capacity)?;
         let drafter = DraftModel::new(exec, capacity)?;
