@@ -4,10 +4,7 @@
 //! (one token holds the whole `<tool_call>…</tool_call>`); to anything else (a tool's result)
 //! it answers `answer`. Its template describes tools.
 
-use std::any::Any;
-
 use anelm_engine::LoadedModel;
-use anelm_model::{ExecError, Executor, KvState, Logits};
 use anelm_server::Server;
 use serde_json::{json, Value};
 
@@ -29,67 +26,6 @@ pub fn next(last: u32) -> u32 {
         8 => 9,
         0 => 6,
         _ => 7,
-    }
-}
-
-struct Last {
-    len: usize,
-    capacity: usize,
-    tokens: Vec<u32>,
-}
-
-impl KvState for Last {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-    fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-        self.tokens.truncate(self.len);
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
-
-struct Scripted {
-    vocab: usize,
-}
-
-impl Executor for Scripted {
-    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
-        Ok(Box::new(Last {
-            len: 0,
-            capacity,
-            tokens: Vec::new(),
-        }))
-    }
-    fn forward(
-        &mut self,
-        state: &mut dyn KvState,
-        tokens: &[u32],
-        logits: Logits,
-        out: &mut Vec<f32>,
-    ) -> Result<(), ExecError> {
-        let s = state
-            .as_any_mut()
-            .downcast_mut::<Last>()
-            .ok_or(ExecError::ForeignState)?;
-        s.tokens.extend_from_slice(tokens);
-        s.len += tokens.len();
-        let rows = logits.rows(tokens.len());
-        out.clear();
-        for &t in &tokens[tokens.len() - rows..] {
-            let mut row = vec![0.0; self.vocab];
-            row[next(t) as usize] = 100.0;
-            out.extend(row);
-        }
-        Ok(())
-    }
-    fn vocab_size(&self) -> usize {
-        self.vocab
     }
 }
 
@@ -136,6 +72,13 @@ pub fn start() -> (Server, tempfile::TempDir) {
     let vocab = loaded.model.config.vocab_size;
     let mut cfg = config(1, 4);
     cfg.model_id = Some("m".into());
-    let server = Server::start(cfg, loaded, Box::new(Scripted { vocab })).expect("starts");
+    let server = Server::start(
+        cfg,
+        loaded,
+        Box::new(anelm_testkit::FnExec::new(vocab, |history, row| {
+            row[next(*history.last().expect("a token")) as usize] = 100.0;
+        })),
+    )
+    .expect("starts");
     (server, dir)
 }
