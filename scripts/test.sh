@@ -15,6 +15,7 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 # The targets' std comes from rustup's server; a machine that cannot reach it says so loudly and
 # goes on to the tests (the check then did not run, and the log says why).
 if rustup target add aarch64-apple-darwin aarch64-unknown-linux-gnu; then
+  scripts/setup-cross.sh
   cargo check --workspace --all-targets --release --target aarch64-apple-darwin
   cargo check --workspace --all-targets --release --target aarch64-unknown-linux-gnu
 else

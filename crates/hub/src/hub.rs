@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use ureq::http::{HeaderMap, StatusCode};
+use ureq::tls::{TlsConfig, TlsProvider};
 
 use crate::hf_cache::HfCache;
 use crate::select::{has_safetensors, pick_gguf, select};
@@ -130,6 +131,16 @@ pub struct Hub {
     pub retries: u32,
 }
 
+/// The TLS stack this target's build carries (see the crate's Cargo.toml): the platform's own on
+/// Apple targets, rustls elsewhere.
+fn tls_provider() -> TlsProvider {
+    if cfg!(target_vendor = "apple") {
+        TlsProvider::NativeTls
+    } else {
+        TlsProvider::Rustls
+    }
+}
+
 impl Hub {
     pub fn new(settings: Settings) -> Hub {
         let agent = ureq::Agent::config_builder()
@@ -140,6 +151,7 @@ impl Hub {
             .timeout_connect(Some(Duration::from_secs(30)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .user_agent(concat!("anelm/", env!("CARGO_PKG_VERSION")))
+            .tls_config(TlsConfig::builder().provider(tls_provider()).build())
             .build()
             .into();
         Hub {
