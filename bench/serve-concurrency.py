@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
-"""Aggregate decode speed of `anelm serve` under N concurrent greedy chat requests.
+"""Server decode under N concurrent greedy chat streams: anelm serve beside llama-server.
 
-Starts each given anelm binary in turn (alternating, ROUNDS times), sends N requests of
---max-tokens tokens at once for each N, and reports per binary and N the median aggregate
-tokens/s (completion tokens of all requests / wall time, prefill included) and its ratio to
-the same binary's single stream. Standard library only.
+Starts each server in turn (alternating, the one that goes first swapping every round, ROUNDS
+times) on the same GGUF file and thread count, sends N streamed requests of --max-tokens tokens at
+once for each N, and reports per server and N the medians over rounds of: the aggregate tokens/s
+(completion tokens of all requests / wall time, prefill included), the per-stream decode tokens/s
+(a stream's tokens after its first / time from its first token to its last) and the p50 time to
+first token; with the ratios to the same server's single stream and to llama-server at the same N.
 
-  bench/serve-concurrency.py -m ~/.cache/anelm/models/SmolLM2-135M-Instruct.Q4_1.gguf \
-      --bin target/release/anelm [--bin /path/to/older/anelm] -n 1,4,8 -r 3
+llama-server is `--llama-server PATH`, else built once from the llama.cpp vendored in the
+llama-cpp-python sdist (bench/llamacpp.py); it runs with `-np N_max -c CTX*N_max` (each slot gets
+CTX tokens), continuous batching on (its default), `--no-webui`. anelm runs `serve --parallel N_max`.
+Standard library only. Not run in CI. Example:
+
+  bench/serve-concurrency.py -m ~/.cache/anelm/models/SmolLM2-135M-Instruct.Q4_1.gguf -n 1,2,4,8 -r 3
+  bench/serve-concurrency.py -m M --bin target/release/anelm --bin /old/anelm --no-llama
 """
 
 import argparse
@@ -16,10 +23,16 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import llamacpp  # noqa: E402
 
 
 def free_port():
@@ -30,27 +43,55 @@ def free_port():
     return port
 
 
-def ask(port, model_id, i, max_tokens):
+def ask(port, i, max_tokens):
+    """One streamed greedy chat request; returns (tokens, seconds to first token, seconds in all)."""
     body = {
-        "model": model_id,
+        "model": "bench",
         "messages": [{"role": "user", "content": f"Write a very long story about dragon number {i}."}],
         "max_tokens": max_tokens,
         "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
         data=json.dumps(body).encode(),
         headers={"content-type": "application/json"},
     )
+    start = time.time()
+    first = None
+    chunks = 0
+    usage = None
     with urllib.request.urlopen(req, timeout=600) as r:
-        return json.load(r)["usage"]["completion_tokens"]
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            ev = json.loads(data)
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for c in ev.get("choices") or []:
+                if (c.get("delta") or {}).get("content"):
+                    chunks += 1
+                    if first is None:
+                        first = time.time()
+    end = time.time()
+    tokens = usage["completion_tokens"] if usage else chunks
+    return tokens, (first or end) - start, end - start
 
 
-def concurrent(port, model_id, n, max_tokens):
-    done = [0] * n
+def concurrent(port, n, max_tokens):
+    results = [None] * n
+    errors = []
 
     def one(i):
-        done[i] = ask(port, model_id, i, max_tokens)
+        try:
+            results[i] = ask(port, i, max_tokens)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     start = time.time()
@@ -58,50 +99,86 @@ def concurrent(port, model_id, n, max_tokens):
         t.start()
     for t in threads:
         t.join()
-    if 0 in done:
-        raise SystemExit("a request failed (see the server's log)")
-    return sum(done) / (time.time() - start)
+    wall = time.time() - start
+    if errors or any(r is None or r[0] == 0 for r in results):
+        raise SystemExit(f"a request failed: {errors[:1]} (see the server's log)")
+    aggregate = sum(r[0] for r in results) / wall
+    per_stream = statistics.median((r[0] - 1) / max(r[2] - r[1], 1e-9) for r in results)
+    ttft = statistics.median(r[1] for r in results)
+    return aggregate, per_stream, ttft
+
+
+def wait_healthy(port, proc, what):
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{what} did not become healthy")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--bin", action="append", required=True, help="an anelm binary (repeatable)")
-    ap.add_argument("-n", default="1,4", help="concurrent requests, comma-separated")
+    ap.add_argument("--bin", action="append", help="an anelm binary (repeatable; default target/release/anelm)")
+    ap.add_argument("--llama-server", help="llama-server binary (default: built from the llama-cpp-python sdist)")
+    ap.add_argument("--no-llama", action="store_true", help="anelm binaries only")
+    ap.add_argument("--llama-cpp-python-version", default=llamacpp.DEFAULT_VERSION)
+    ap.add_argument("-n", default="1,2,4,8", help="concurrent streams, comma-separated (first is the baseline)")
     ap.add_argument("-r", "--rounds", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=2048, help="context per stream")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--json", help="write the raw rounds here")
     a = ap.parse_args()
     widths = [int(x) for x in a.n.split(",")]
-    model_id = os.path.basename(a.model).removesuffix(".gguf")
+    slots = max(widths)
+    servers = []
+    for b in a.bin or [str(ROOT / "target" / "release" / "anelm")]:
+        servers.append((f"anelm ({b})" if a.bin and len(a.bin) > 1 else "anelm", lambda port, b=b: [
+            b, "serve", "-m", a.model, "-t", str(a.threads), "--parallel", str(slots),
+            "--ctx", str(a.ctx), "--alias", "bench", "--port", str(port)]))
+    if not a.no_llama:
+        exe = a.llama_server or str(llamacpp.build("llama-server", a.llama_cpp_python_version))
+        servers.append(("llama-server", lambda port: [
+            exe, "-m", a.model, "-t", str(a.threads), "-tb", str(a.threads), "-np", str(slots),
+            "-c", str(a.ctx * slots), "--port", str(port), "--no-webui"]))
     results = {}
-    for _ in range(a.rounds):
-        for b in a.bin:
+    for rnd in range(a.rounds):
+        order = servers if rnd % 2 == 0 else servers[::-1]
+        for name, cmd in order:
             port = free_port()
-            server = subprocess.Popen(
-                [b, "serve", "-m", a.model, "-t", str(a.threads), "--parallel", str(max(widths)),
-                 "--port", str(port)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(cmd(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
-                for _ in range(600):
-                    try:
-                        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                        break
-                    except (urllib.error.URLError, ConnectionError):
-                        time.sleep(0.1)
-                concurrent(port, model_id, 1, 8)  # warm-up
+                wait_healthy(port, proc, name)
+                concurrent(port, 1, 8)  # warm-up
                 for n in widths:
-                    results.setdefault((b, n), []).append(concurrent(port, model_id, n, a.max_tokens))
+                    results.setdefault((name, n), []).append(concurrent(port, n, a.max_tokens))
+                    llamacpp.log(f"round {rnd + 1} {name} N={n}: {results[(name, n)][-1]}")
             finally:
-                server.terminate()
-                server.wait()
-    print(f"| binary | streams | aggregate tok/s (median of {a.rounds}) | vs its single stream |")
-    print("| --- | --- | --- | --- |")
-    for b in a.bin:
-        single = statistics.median(results[(b, widths[0])])
+                proc.terminate()
+                proc.wait()
+    if a.json:
+        Path(a.json).write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in results.items()}, indent=1))
+
+    def med(name, n, i):
+        return statistics.median(r[i] for r in results[(name, n)])
+
+    print(f"{Path(a.model).name}, {a.threads} threads, {a.max_tokens} tokens per stream, medians of {a.rounds} rounds")
+    print("| server | streams | aggregate tok/s | vs own 1 stream | vs llama-server | per-stream tok/s | p50 TTFT ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, _ in servers:
+        single = med(name, widths[0], 0)
         for n in widths:
-            med = statistics.median(results[(b, n)])
-            print(f"| {b} | {n} | {med:.1f} | {med / single:.2f}x |")
+            agg = med(name, n, 0)
+            vs = f"{agg / med('llama-server', n, 0):.2f}x" if not a.no_llama else "-"
+            print(f"| {name} | {n} | {agg:.1f} | {agg / single:.2f}x | {vs} | {med(name, n, 1):.1f} "
+                  f"| {med(name, n, 2) * 1000:.0f} |")
 
 
 if __name__ == "__main__":

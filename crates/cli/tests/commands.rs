@@ -234,3 +234,37 @@ fn verify_reports_the_device_alone_with_no_settle_ties() {
         "{text}"
     );
 }
+
+/// `serve --draft M` speculates with a draft model (here SmolLM2 drafting for itself, so its
+/// greedy drafts are kept) and says so in llama-server's timings; a draft of another
+/// vocabulary is refused before the server starts.
+#[test]
+fn serve_with_a_draft_model_reports_its_drafts() {
+    let m = model(SMOLLM2);
+    let s = serve(&["--draft", m.to_str().unwrap()]);
+    let body = json!({
+        "model": "SmolLM2-135M-Instruct.Q4_1",
+        "messages": [{"role": "user", "content": "Count from one to ten."}],
+        "max_tokens": 24,
+        "temperature": 0,
+    });
+    let (status, v) = request(&s.addr, "POST", "/v1/chat/completions", Some(&body));
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        v["timings"]["draft_n_accepted"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    drop(s);
+    let other = tiny("llama");
+    let (ok, _, err) = anelm(&[
+        "serve",
+        "--model",
+        m.to_str().unwrap(),
+        "--draft",
+        other.to_str().unwrap(),
+        "--port",
+        "0",
+    ]);
+    assert!(!ok, "a draft of another vocabulary must be refused");
+    assert!(err.contains("--draft"), "{err}");
+}

@@ -18,6 +18,7 @@
 mod anthropic;
 mod app;
 mod auth;
+mod drafts;
 mod error;
 mod extract;
 mod ids;
@@ -44,6 +45,7 @@ use anelm_engine::LoadedModel;
 use anelm_model::Executor;
 use tokio::sync::oneshot;
 
+pub use drafts::{DraftConfig, MakeDrafter};
 pub use limits::Limits;
 pub use model::context_size;
 pub use scheduler::{LookupConfig, SchedulerConfig, Stats};

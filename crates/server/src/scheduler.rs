@@ -25,6 +25,7 @@ use anelm_engine::{
 use anelm_model::Executor;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::drafts::{DraftConfig, DraftPool};
 use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
 use crate::metrics::Metrics;
 use crate::reasoning::Budget;
@@ -40,6 +41,8 @@ pub struct SchedulerConfig {
     pub cached_sessions: usize,
     /// Prompt lookup speculative decoding for every plain (not JSON-mode) generation.
     pub lookup: Option<LookupConfig>,
+    /// Speculative decoding with a draft model instead (`serve --draft`).
+    pub draft: Option<DraftConfig>,
 }
 
 /// Prompt lookup settings (`serve --lookup`).
@@ -58,6 +61,7 @@ impl Default for SchedulerConfig {
             queue: 32,
             cached_sessions: 4,
             lookup: None,
+            draft: None,
         }
     }
 }
@@ -144,6 +148,8 @@ struct Shared {
     refused: AtomicU64,
     failed: AtomicU64,
     widest_step: AtomicUsize,
+    /// Draft models not in use (`serve --draft`).
+    drafters: DraftPool,
     metrics: Arc<Metrics>,
 }
 
@@ -179,6 +185,7 @@ impl Scheduler {
             failed: AtomicU64::new(0),
             widest_step: AtomicUsize::new(0),
             config: config.clone(),
+            drafters: DraftPool::default(),
             metrics,
         });
         let engine = {
@@ -295,6 +302,7 @@ impl Shared {
                 }
                 let mut g = r.generation.take().expect("a running job has a generation");
                 g.cancel();
+                self.recycle(&mut g);
                 self.end(g.into_session(), Outcome::Cancelled);
                 false
             });
@@ -405,7 +413,10 @@ impl Shared {
         let session = r
             .generation
             .take()
-            .and_then(Generation::into_session)
+            .and_then(|mut g| {
+                self.recycle(&mut g);
+                g.into_session()
+            })
             .expect("the scheduler's generations own their sessions");
         let Some(params) = r.rest.pop_front() else {
             self.end(Some(session), Outcome::Completed);
@@ -430,7 +441,10 @@ impl Shared {
     /// A generation with prompt lookup attached when the server speculates (JSON-mode ones
     /// decode one constrained token at a time).
     fn speculating(&self, mut g: Generation<'static>, json: bool) -> Generation<'static> {
-        if let (Some(l), false) = (self.config.lookup, json) {
+        if json {
+            return g;
+        }
+        if let Some(l) = self.config.lookup {
             let drafter = PromptLookup {
                 min_ngram: 1,
                 max_ngram: l.max_ngram,
@@ -439,8 +453,31 @@ impl Shared {
             if let Ok(s) = Speculation::new(Box::new(drafter), l.k) {
                 let _ = g.speculate(s);
             }
+        } else if let Some(d) = &self.config.draft {
+            // The draft's vocabulary was checked when the server started; a drafter that cannot
+            // be made (memory) leaves this generation plain rather than failing it.
+            match self.drafters.take(d) {
+                Ok(drafter) => match Speculation::new(drafter, d.k) {
+                    Ok(s) => {
+                        if let Err(e) = g.speculate(s) {
+                            tracing::warn!("draft model not attached: {e}");
+                        }
+                    }
+                    Err(e) => tracing::warn!("draft model not attached: {e}"),
+                },
+                Err(e) => tracing::warn!("no draft model for this generation: {e:#}"),
+            }
         }
         g
+    }
+
+    /// Hands a finished generation's draft model back for the next one.
+    fn recycle(&self, g: &mut Generation<'static>) {
+        if self.config.draft.is_some() {
+            if let Some(s) = g.take_speculation() {
+                self.drafters.give_back(s.drafter);
+            }
+        }
     }
 
     /// Starts a job taken from the queue: its session (with the longest cached prefix) and its

@@ -169,3 +169,48 @@ async fn prompt_lookup_keeps_every_greedy_reply() {
         serde_json::from_str::<Value>(&content).unwrap_or_else(|e| panic!("{e}: {content}"));
     }
 }
+
+/// With a draft model (`serve --draft`), greedy replies are the replies without it, alone and
+/// four at once; the draft models are reused between requests (never more than the slots).
+#[tokio::test]
+async fn a_draft_model_keeps_every_greedy_reply() {
+    let plain = start(config(4, 8));
+    let mut cfg = config(4, 8);
+    let (draft, made) = self_draft(4);
+    cfg.scheduler.draft = Some(draft);
+    let drafting = start(cfg);
+    let c = client();
+    let (plain_url, draft_url) = (
+        format!("{}/v1/chat/completions", base(&plain)),
+        format!("{}/v1/chat/completions", base(&drafting)),
+    );
+    let mut solo = Vec::new();
+    for i in 0..PROMPTS.len() {
+        solo.push(ask(&c, &plain_url, i).await);
+        let (status, v) = post(&c, &draft_url, &chat(PROMPTS[i].0, PROMPTS[i].1)).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(reply(&v), solo[i], "prompt {i} alone");
+        let accepted = v["timings"]["draft_n_accepted"].as_u64().unwrap_or(0);
+        assert!(accepted > 0, "the self-draft kept nothing: {v}");
+    }
+    assert_eq!(
+        made.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "one draft model, reused"
+    );
+    let together: Vec<_> = (0..PROMPTS.len())
+        .map(|i| {
+            let (c, url) = (c.clone(), draft_url.clone());
+            tokio::spawn(async move { ask(&c, &url, i).await })
+        })
+        .collect();
+    for (i, t) in together.into_iter().enumerate() {
+        assert_eq!(
+            t.await.unwrap(),
+            solo[i],
+            "prompt {i} with a draft, together"
+        );
+    }
+    let n = made.load(std::sync::atomic::Ordering::Relaxed);
+    assert!((2..=4).contains(&n), "{n} draft models for 4 slots");
+}

@@ -39,8 +39,8 @@ pub struct Args {
     pub alias: Option<String>,
     #[command(flatten)]
     pub template_kwargs: TemplateKwargsArgs,
-    /// Speculative decoding: `--lookup` for every plain generation (a draft model is not
-    /// served yet).
+    /// Speculative decoding of every plain generation: `--lookup`, or `--draft M` (a draft
+    /// model per generation in progress, reused by the next).
     #[command(flatten)]
     pub speculate: super::speculate::SpeculateArgs,
     #[command(flatten)]
@@ -121,9 +121,6 @@ pub fn run(a: Args) -> Result<()> {
     if a.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
-    if a.speculate.draft.is_some() {
-        anyhow::bail!("serve --draft is not supported yet (run and chat take it); serve --lookup speculates without a second model");
-    }
     let lookup = a.speculate.lookup()?.map(|s| LookupConfig {
         k: s.k,
         max_ngram: a.speculate.lookup_ngram,
@@ -136,6 +133,7 @@ pub fn run(a: Args) -> Result<()> {
     let ctx = anelm_server::context_size(a.ctx, max).min(max);
     let fallback = a.fallback.resolve(a.model.device);
     let exec = a.model.executor_with_fallback(&loaded, ctx, fallback)?.0;
+    let draft = a.speculate.draft_maker(&a.model, &loaded, ctx)?;
     let config = ServerConfig {
         host: a.host,
         port: a.port,
@@ -147,6 +145,7 @@ pub fn run(a: Args) -> Result<()> {
             queue: a.queue,
             cached_sessions: a.cache_sessions,
             lookup,
+            draft,
         },
         limits,
     };

@@ -53,6 +53,38 @@ impl SpeculateArgs {
     /// The speculation the flags ask for, for a target `target` loaded with `model` and a
     /// context of `capacity` positions: the draft model is loaded, checked to share the
     /// target's vocabulary, and put on the same device.
+    /// `serve --draft`: the draft model loaded once (its vocabulary checked against the
+    /// target's), and a maker of drafters on it, one per generation in progress.
+    pub fn draft_maker(
+        &self,
+        model: &ModelArgs,
+        target: &LoadedModel,
+        capacity: usize,
+    ) -> Result<Option<anelm_server::DraftConfig>> {
+        let Some(path) = &self.draft else {
+            return Ok(None);
+        };
+        let draft_args = ModelArgs {
+            model: Some(path.clone()),
+            ..model.clone()
+        };
+        let draft = draft_args.load()?;
+        anelm_engine::same_vocabulary(target, &draft).with_context(|| format!("--draft {path}"))?;
+        if self.k() == 0 {
+            anyhow::bail!("--draft-k must be at least 1");
+        }
+        let capacity = capacity.min(draft.model.max_positions());
+        let draft = std::sync::Arc::new(draft);
+        let make = move || -> Result<Box<dyn anelm_engine::Drafter>> {
+            let exec = draft_args.executor(&draft, capacity)?;
+            Ok(Box::new(DraftModel::new(exec, capacity)?))
+        };
+        Ok(Some(anelm_server::DraftConfig {
+            k: self.k(),
+            make: std::sync::Arc::new(make),
+        }))
+    }
+
     pub fn build(
         &self,
         model: &ModelArgs,

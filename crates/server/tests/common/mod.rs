@@ -5,6 +5,8 @@
 pub mod scripted;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anelm_cpu::CpuExecutor;
@@ -23,7 +25,7 @@ pub fn config(parallel: usize, queue: usize) -> ServerConfig {
             parallel,
             queue,
             cached_sessions: 4,
-            lookup: None,
+            ..SchedulerConfig::default()
         },
         ..ServerConfig::default()
     }
@@ -34,6 +36,24 @@ pub fn start(config: ServerConfig) -> Server {
     let loaded = LoadedModel::load(&model(SMOLLM2)).expect("SmolLM2 loads");
     let exec = Box::new(CpuExecutor::new(loaded.model.clone(), 0));
     Server::start(config, loaded, exec).expect("the server starts")
+}
+
+/// `serve --draft` with SmolLM2 drafting for itself (so greedy drafts are nearly all kept),
+/// and a count of the draft models made.
+pub fn self_draft(k: usize) -> (anelm_server::DraftConfig, Arc<AtomicUsize>) {
+    let loaded = Arc::new(LoadedModel::load(&model(SMOLLM2)).expect("SmolLM2 loads"));
+    let made = Arc::new(AtomicUsize::new(0));
+    let counter = made.clone();
+    let make = move || -> anyhow::Result<Box<dyn anelm_engine::Drafter>> {
+        counter.fetch_add(1, Ordering::Relaxed);
+        let exec = Box::new(CpuExecutor::new(loaded.model.clone(), 0));
+        Ok(Box::new(anelm_engine::DraftModel::new(exec, 2048)?))
+    };
+    let config = anelm_server::DraftConfig {
+        k,
+        make: Arc::new(make),
+    };
+    (config, made)
 }
 
 pub fn base(server: &Server) -> String {
