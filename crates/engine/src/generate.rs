@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anelm_model::{Executor, Logits};
 use anelm_tokenize::Tokenizer;
 
+use crate::constraint::Constraint;
 use crate::error::{EngineError, Result};
 use crate::loaded::LoadedModel;
 use crate::prompt::{prepare, Input, Overflow};
@@ -212,6 +213,8 @@ pub struct Generation<'s> {
     drawing: bool,
     /// Tokens the next draws take instead of sampling ([`Generation::force`]).
     forced: VecDeque<u32>,
+    /// What the drawn tokens are held to ([`Generation::constrain`]).
+    constraint: Option<Box<dyn Constraint>>,
 }
 
 /// A checked prompt and parameters, before a session is attached.
@@ -276,6 +279,7 @@ impl Start {
             speculation: None,
             spec_stats: SpecStats::default(),
             forced: VecDeque::new(),
+            constraint: None,
         }
     }
 }
@@ -343,6 +347,11 @@ impl Generation<'_> {
     /// (greedy: its exact tokens).
     /// A drafter of another vocabulary size is refused.
     pub fn speculate(&mut self, mut speculation: Speculation) -> Result<()> {
+        if self.constraint.is_some() {
+            return Err(EngineError::BadParams(
+                "a constrained generation decodes one token at a time: it cannot speculate".into(),
+            ));
+        }
         if let Some(n) = speculation.drafter.vocab_size() {
             if n != self.vocab {
                 return Err(EngineError::BadParams(format!(
@@ -354,6 +363,18 @@ impl Generation<'_> {
         speculation.drafter.start(self.sampler.params());
         self.speculation = Some(speculation);
         Ok(())
+    }
+
+    /// Holds every token drawn from now on to `constraint` (a JSON schema, a grammar). A
+    /// constrained generation does not speculate: an attached speculation is given back.
+    pub fn constrain(&mut self, constraint: Box<dyn Constraint>) -> Option<Speculation> {
+        self.constraint = Some(constraint);
+        self.speculation.take()
+    }
+
+    /// Whether the constraint (if any) is satisfied by the text so far.
+    pub fn constraint_complete(&self) -> Option<bool> {
+        self.constraint.as_ref().map(|c| c.complete())
     }
 
     /// Takes the speculation back (to reuse its drafter, e.g. a loaded draft model, for the
@@ -530,6 +551,9 @@ impl Generation<'_> {
         let id = match self.forced.pop_front() {
             Some(id) => id,
             None => {
+                if let Some(c) = &mut self.constraint {
+                    c.mask(&mut self.logits);
+                }
                 self.sampler.adjust(&mut self.logits, self.session.tokens());
                 self.sampler.choose(&self.logits)
             }
@@ -542,6 +566,9 @@ impl Generation<'_> {
     /// completes a stop string or reaches the limit. True when the generation ended.
     pub(crate) fn emit(&mut self, id: u32, logprob: Option<TokenLogprob>) -> bool {
         self.sampler.accept(id);
+        if let Some(c) = &mut self.constraint {
+            c.accept(id);
+        }
         self.usage.completion_tokens += 1;
         self.pending.push_back(Event::Token { id, logprob });
         if self.stop_ids.contains(&id) {

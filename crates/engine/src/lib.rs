@@ -20,6 +20,7 @@
 //! ```
 
 pub mod batch;
+pub mod constraint;
 pub mod error;
 pub mod generate;
 pub mod loaded;
@@ -34,6 +35,7 @@ pub mod utf8_stream;
 
 pub use anelm_tokenize::{template_kwargs, ChatTemplate, Message, RenderOptions, TemplateKwargs};
 pub use batch::Batch;
+pub use constraint::Constraint;
 pub use error::{EngineError, Result};
 pub use generate::{Event, Finish, FinishReason, GenerateParams, Generation, Timings, Usage};
 pub use loaded::{LoadError, LoadedModel};

@@ -219,7 +219,7 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     let rx = app.submit(Job {
         prompt,
         choices: vec![params],
-        json: false,
+        constraint: None,
         thinking,
     })?;
     let reply = Reply {

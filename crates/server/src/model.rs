@@ -1,8 +1,9 @@
 //! The served model: its name, its tokenizer and chat template (compiled once), its context, and
 //! how requests become prompt tokens.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use anelm_constrain::{CallFormat, Constrained, Grammars, Spec};
 use anelm_engine::{ChatTemplate, LoadedModel, Message, RenderOptions, TemplateKwargs};
 use anelm_tokenize::Tokenizer;
 use serde_json::Value;
@@ -24,6 +25,10 @@ pub struct ServedModel {
     pub created: u64,
     /// The markers the model thinks between, if it does ([`Markers::detect`]).
     pub markers: Option<Markers>,
+    /// How the template writes a tool call (what a forced call is generated as).
+    pub call_format: CallFormat,
+    /// The grammar engine over the vocabulary, built on the first constrained request.
+    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 /// Default context when the model allows more: long chats, modest KV memory per session.
@@ -62,7 +67,7 @@ impl ServedModel {
                 .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
             name.strip_suffix(".gguf").unwrap_or(&name).to_string()
         });
-        let tools_supported = describes_tools(&template);
+        let (tools_supported, call_format) = describes_tools(&template);
         let markers = Markers::detect(&template, &tokenizer);
         Ok(ServedModel {
             id,
@@ -73,6 +78,8 @@ impl ServedModel {
             tools_supported,
             created: crate::ids::unix_seconds(),
             markers,
+            call_format,
+            grammars: OnceLock::new(),
         })
     }
 
@@ -133,6 +140,26 @@ impl ServedModel {
             .encode(&format!("\n{}\n\n", markers.close), false, true)
             .ok()?;
         Some(Budget::new(splitter.clone(), limit, close))
+    }
+
+    /// A fresh constraint holding a reply to `spec`; 400 naming `param` when the schema or
+    /// grammar is invalid. Slow the first time (the vocabulary's trie): call off the runtime.
+    pub fn constraint(&self, spec: &Spec, param: &str) -> Result<Constrained, ApiError> {
+        let grammars = self
+            .grammars
+            .get_or_init(|| {
+                Grammars::for_tokenizer(
+                    self.tokenizer.clone(),
+                    self.vocab_size(),
+                    &self.loaded.stop_ids(),
+                )
+                .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| ApiError::bad_param(param, e.clone()))?;
+        grammars
+            .compile(spec)
+            .map_err(|e| ApiError::bad_param(param, format!("cannot be enforced: {e}")))
     }
 
     /// Whether the chat template reads variable `name` (e.g. `enable_thinking`).
@@ -196,20 +223,34 @@ impl ServedModel {
     }
 }
 
-/// A template describes tools when giving it one changes what it writes.
-fn describes_tools(template: &ChatTemplate) -> bool {
+/// A template describes tools when giving it one changes what it writes; the way it writes a
+/// call (in a conversation that holds one) tells the call format.
+fn describes_tools(template: &ChatTemplate) -> (bool, CallFormat) {
     let chat = [Message::user("hello")];
     let probe = serde_json::json!({
         "type": "function",
         "function": {"name": "anelm_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}
     });
+    let with = |messages: &[Message]| {
+        template.render(
+            messages,
+            &RenderOptions {
+                tools: Some(vec![probe.clone()]),
+                ..RenderOptions::default()
+            },
+        )
+    };
     let plain = template.render(&chat, &RenderOptions::default());
-    let with_tools = template.render(
-        &chat,
-        &RenderOptions {
-            tools: Some(vec![probe]),
-            ..RenderOptions::default()
-        },
+    let with_tools = with(&chat);
+    let supported = matches!((&plain, &with_tools), (Ok(a), Ok(b)) if a != b);
+    let mut call = Message::assistant("");
+    call.content = Value::Null;
+    call.extra.insert(
+        "tool_calls".into(),
+        serde_json::json!([{"id": "call_0", "type": "function",
+            "function": {"name": "anelm_probe_tool", "arguments": {}}}]),
     );
-    matches!((plain, with_tools), (Ok(a), Ok(b)) if a != b)
+    let called = with(&[chat[0].clone(), call]).unwrap_or_default();
+    let format = CallFormat::detect(&format!("{called}\n{}", with_tools.unwrap_or_default()));
+    (supported, format)
 }

@@ -8,16 +8,17 @@
 //! Each job owns a [`Session`] while it runs, so no two requests ever share KV state; between
 //! requests the sessions wait in the [`SessionPool`], where a conversation that continues finds
 //! its prefix again. A job whose client went away (its update channel closed) is cancelled
-//! before the next step, or skipped if it is still queued. JSON-mode replies step on their own,
-//! their logits held to a JSON object.
+//! before the next step, or skipped if it is still queued. A constrained reply (a JSON schema, a
+//! forced tool call) steps in the same batch, its draws held to its grammar by the engine.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use anelm_constrain::Constrained;
 use anelm_engine::{
     Batch, Event, Finish, GenerateParams, Generation, Input, LoadedModel, PromptLookup, Session,
     Speculation, TokenLogprob,
@@ -26,7 +27,6 @@ use anelm_model::Executor;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::drafts::{DraftConfig, DraftPool};
-use crate::json_mode::{Constrained, JsonPrefix, Vocabulary};
 use crate::metrics::Metrics;
 use crate::reasoning::Budget;
 use crate::sessions::SessionPool;
@@ -71,8 +71,9 @@ impl Default for SchedulerConfig {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub choices: Vec<GenerateParams>,
-    /// Every reply must be a JSON object ([`crate::json_mode`]).
-    pub json: bool,
+    /// What every reply is held to (a JSON object or schema, a forced tool call); each choice
+    /// starts from a fresh copy.
+    pub constraint: Option<Constrained>,
     /// Each choice's thought ends after this many tokens ([`crate::reasoning::Budget`]).
     pub thinking: Option<Budget>,
 }
@@ -136,8 +137,6 @@ struct Queue {
 struct Shared {
     model: Arc<LoadedModel>,
     sessions: SessionPool,
-    /// Built on the first JSON-mode request.
-    vocabulary: OnceLock<Vocabulary>,
     ctx: usize,
     queue: Mutex<Queue>,
     ready: Condvar,
@@ -171,7 +170,6 @@ impl Scheduler {
         let shared = Arc::new(Shared {
             model,
             sessions: SessionPool::new(config.cached_sessions),
-            vocabulary: OnceLock::new(),
             ctx,
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
@@ -264,9 +262,7 @@ struct Running {
     choice: usize,
     rest: VecDeque<GenerateParams>,
     input: Input,
-    json: bool,
-    /// The reply so far, in JSON mode.
-    prefix: Option<JsonPrefix>,
+    constraint: Option<Constrained>,
     /// The thinking budget of each choice, and of the current one.
     thinking: Option<Budget>,
     budget: Option<Budget>,
@@ -324,14 +320,11 @@ impl Shared {
         }
     }
 
-    /// One step of every running job: the plain ones together in one batch, the JSON-mode
-    /// ones each on its own with its logits held to a JSON object.
+    /// One step of every running job, all in one batch.
     fn step(&self, exec: &mut dyn Executor, batch: &mut Batch, running: &mut [Running]) {
-        let (json, plain): (Vec<&mut Running>, Vec<&mut Running>) =
-            running.iter_mut().partition(|r| r.prefix.is_some());
         let mut gens: Vec<&mut Generation<'static>> = Vec::new();
         let mut errors: Vec<&mut Option<String>> = Vec::new();
-        for r in plain {
+        for r in running.iter_mut() {
             gens.extend(r.generation.as_mut());
             errors.push(&mut r.error);
         }
@@ -340,19 +333,6 @@ impl Shared {
             errors
                 .into_iter()
                 .for_each(|slot| *slot = Some(e.to_string()));
-        }
-        for r in json {
-            let (Some(g), Some(prefix)) = (r.generation.as_mut(), r.prefix.as_ref()) else {
-                continue;
-            };
-            let mut constrained = Constrained {
-                inner: &mut *exec,
-                vocabulary: self.vocabulary(),
-                prefix,
-            };
-            if let Err(e) = batch.step(&mut constrained, &mut [g]) {
-                r.error = Some(e.to_string());
-            }
         }
     }
 
@@ -372,10 +352,6 @@ impl Shared {
         let choice = r.choice;
         let mut finished = false;
         while let Some(event) = g.pop_event() {
-            if let (Some(prefix), Event::Token { id, .. }) = (&mut r.prefix, &event) {
-                // The mask allowed only tokens that continue the object.
-                prefix.push_all(self.vocabulary().piece(*id));
-            }
             match (&mut r.budget, &event) {
                 (Some(b), Event::Token { .. }) => b.token(),
                 (Some(b), Event::Text(text)) => b.text(text),
@@ -423,11 +399,10 @@ impl Shared {
             return false;
         };
         r.choice += 1;
-        r.prefix = r.json.then(JsonPrefix::default);
         r.budget = r.thinking.clone();
         match session.into_generation(&self.model, &r.input, params) {
             Ok(g) => {
-                r.generation = Some(self.speculating(g, r.json));
+                r.generation = Some(self.speculating(g, r.constraint.as_ref()));
                 true
             }
             Err((e, session)) => {
@@ -438,10 +413,15 @@ impl Shared {
         }
     }
 
-    /// A generation with prompt lookup attached when the server speculates (JSON-mode ones
-    /// decode one constrained token at a time).
-    fn speculating(&self, mut g: Generation<'static>, json: bool) -> Generation<'static> {
-        if json {
+    /// A generation with its constraint, or with a drafter attached when the server speculates
+    /// (a constrained one decodes one token at a time).
+    fn speculating(
+        &self,
+        mut g: Generation<'static>,
+        constraint: Option<&Constrained>,
+    ) -> Generation<'static> {
+        if let Some(c) = constraint {
+            g.constrain(Box::new(c.fork()));
             return g;
         }
         if let Some(l) = self.config.lookup {
@@ -511,12 +491,11 @@ impl Shared {
         let input = Input::Ids(job.prompt);
         match session.into_generation(&self.model, &input, params) {
             Ok(g) => Some(Running {
-                generation: Some(self.speculating(g, job.json)),
+                generation: Some(self.speculating(g, job.constraint.as_ref())),
                 choice: 0,
                 rest,
                 input,
-                json: job.json,
-                prefix: job.json.then(JsonPrefix::default),
+                constraint: job.constraint,
                 budget: job.thinking.clone(),
                 thinking: job.thinking,
                 updates,
@@ -544,21 +523,6 @@ impl Shared {
             Outcome::Failed => &self.failed,
         }
         .fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn vocabulary(&self) -> &Vocabulary {
-        self.vocabulary.get_or_init(|| {
-            let pieces = match &self.model.tokenizer {
-                Some(t) => (0..self.model.model.config.vocab_size as u32)
-                    .map(|id| (!t.is_special(id)).then(|| t.token_to_piece(id)))
-                    .collect(),
-                None => Vec::new(),
-            };
-            Vocabulary {
-                pieces,
-                stop_ids: self.model.stop_ids(),
-            }
-        })
     }
 
     /// The next job, counted busy from the moment it is taken; with `wait`, waits for one

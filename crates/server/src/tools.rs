@@ -38,26 +38,40 @@ const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
 /// `<tool_call>{...}</tool_call>` blocks; the last one may lack its closing tag (the model
-/// ended its turn instead).
+/// ended its turn instead), or be cut short after complete ones (then it is dropped). The JSON
+/// is read as JSON, so an argument that contains the closing tag stays whole.
 fn tagged_calls(reply: &str, declared: &[String]) -> Option<(String, Vec<ToolCall>)> {
     let mut text = String::new();
     let mut calls = Vec::new();
     let mut rest = reply;
     while let Some(start) = rest.find(OPEN) {
         text.push_str(&rest[..start]);
-        let body_start = start + OPEN.len();
-        let (body, next) = match rest[body_start..].find(CLOSE) {
-            Some(end) => (
-                &rest[body_start..body_start + end],
-                body_start + end + CLOSE.len(),
-            ),
-            None => (&rest[body_start..], rest.len()),
-        };
-        calls.push(call_from_json(body.trim(), declared)?);
-        rest = &rest[next..];
+        let body = &rest[start + OPEN.len()..];
+        match json_call(body, declared) {
+            Some((call, used)) => {
+                calls.push(call);
+                let after = body[used..].trim_start();
+                rest = after.strip_prefix(CLOSE).unwrap_or(after);
+            }
+            // A last call cut short (by the token limit) after complete ones is dropped.
+            None if !body.contains(CLOSE) && !calls.is_empty() => {
+                rest = "";
+                break;
+            }
+            None => return None,
+        }
     }
     text.push_str(rest);
     (!calls.is_empty()).then_some((text, calls))
+}
+
+/// The call at the start of `body` (after whitespace), and the bytes it took.
+fn json_call(body: &str, declared: &[String]) -> Option<(ToolCall, usize)> {
+    let lead = body.len() - body.trim_start().len();
+    let mut values = serde_json::Deserializer::from_str(&body[lead..]).into_iter::<Value>();
+    let value = values.next()?.ok()?;
+    let call = call_from_value(&value, declared)?;
+    Some((call, lead + values.byte_offset()))
 }
 
 fn mistral_calls(reply: &str, declared: &[String]) -> Option<(String, Vec<ToolCall>)> {
@@ -122,6 +136,22 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_call_cut_short_after_complete_ones_is_dropped() {
+        let reply = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"argu";
+        let (text, calls) = parse(reply, &names());
+        assert_eq!((text, calls.len()), (None, 1));
+        assert_eq!(calls[0].arguments, r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn an_argument_holding_the_closing_tag_stays_whole() {
+        let reply = "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": \"</tool_call>\"}}</tool_call> done";
+        let (text, calls) = parse(reply, &names());
+        assert_eq!(text.as_deref(), Some("done"));
+        assert_eq!(calls[0].arguments, r#"{"a":"</tool_call>"}"#);
     }
 
     #[test]

@@ -552,14 +552,26 @@ async fn json_mode_replies_are_json_objects() {
     let (_, v) = post(&c, &url, &body).await;
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(text.trim_start().starts_with('{'), "{text}");
-    let mut body = chat(ask, 4);
-    body["response_format"] = json!({"type": "json_schema"});
-    let (status, v) = post(&c, &url, &body).await;
-    assert_eq!(
-        (status, &v["error"]["param"]),
-        (400, &json!("response_format")),
-        "{v}"
-    );
+    for (format, param) in [
+        (
+            json!({"type": "json_schema"}),
+            "response_format.json_schema",
+        ),
+        (json!({"type": "yaml"}), "response_format.type"),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}),
+            "response_format",
+        ),
+    ] {
+        let mut body = chat(ask, 4);
+        body["response_format"] = format;
+        let (status, v) = post(&c, &url, &body).await;
+        assert_eq!(
+            (status, v["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{v}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -88,7 +88,7 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
         prompt_tokens(&with_tools),
         prompt_tokens(&plain)
     );
-    // tool_choice "none" leaves the tools out; a forced call cannot be honoured.
+    // tool_choice "none" leaves the tools out.
     let (_, none) = post(
         &c,
         &url,
@@ -96,14 +96,112 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
     )
     .await;
     assert_eq!(prompt_tokens(&none), prompt_tokens(&plain));
-    for choice in [
-        json!("required"),
-        json!({"type": "function", "function": {"name": "get_weather"}}),
+    // A forced call (any tool, or a named one) is generated under the tool's schema in the
+    // template's format, so it always parses into a call, greedy or sampled.
+    let mut tools = weather_tool();
+    tools.as_array_mut().unwrap().push(json!({"type": "function", "function": {
+        "name": "convert", "description": "Converts an amount between currencies",
+        "parameters": {"type": "object", "properties": {
+            "amount": {"type": "number"}, "from": {"enum": ["EUR", "USD", "GBP"]}, "to": {"enum": ["EUR", "USD", "GBP"]},
+        }, "required": ["amount", "from", "to"], "additionalProperties": false},
+    }}));
+    let check_call = |call: &Value| {
+        let name = call["function"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{call}"));
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {call}"));
+        match name {
+            "get_weather" => assert!(args["city"].is_string(), "{call}"),
+            "convert" => {
+                assert!(args["amount"].is_number(), "{call}");
+                assert!(
+                    ["EUR", "USD", "GBP"].contains(&args["to"].as_str().unwrap()),
+                    "{call}"
+                );
+            }
+            other => panic!("a call to an undeclared tool {other}"),
+        }
+        name.to_string()
+    };
+    for (choice, extra) in [
+        (json!("required"), json!({})),
+        (
+            json!("required"),
+            json!({"temperature": 1.0, "seed": 11, "n": 3}),
+        ),
+        (json!("required"), json!({"parallel_tool_calls": false})),
+        (
+            json!({"type": "function", "function": {"name": "convert"}}),
+            json!({}),
+        ),
+        (
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            json!({"temperature": 0.8, "seed": 5, "n": 2}),
+        ),
+    ] {
+        let mut body = request(&ask, Some(tools.clone()), json!({"tool_choice": choice}));
+        body["max_tokens"] = json!(120);
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, v) = post(&c, &url, &body).await;
+        assert_eq!(status, 200, "{v}");
+        for ch in v["choices"].as_array().unwrap() {
+            assert_eq!(ch["finish_reason"], "tool_calls", "{choice}: {ch}");
+            let calls = ch["message"]["tool_calls"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{ch}"));
+            assert!(!calls.is_empty());
+            if extra.get("parallel_tool_calls").is_some() || choice.is_object() {
+                assert_eq!(calls.len(), 1, "{ch}");
+            }
+            for call in calls {
+                let name = check_call(call);
+                if let Some(n) = choice.pointer("/function/name") {
+                    assert_eq!(name, n.as_str().unwrap());
+                }
+            }
+        }
+    }
+    // Streamed, a forced call arrives as tool-call deltas the SDKs assemble.
+    let mut body = request(
+        &ask,
+        Some(tools.clone()),
+        json!({"tool_choice": "required", "stream": true}),
+    );
+    body["max_tokens"] = json!(120);
+    let text = c
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let deltas: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|b| b.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert!(!deltas.is_empty(), "{text}");
+    check_call(&deltas[0]);
+    // A forced call needs tools, and a named one must be among them.
+    for (body_tools, choice) in [
+        (None, json!("required")),
+        (
+            Some(tools.clone()),
+            json!({"type": "function", "function": {"name": "launch"}}),
+        ),
     ] {
         let (status, v) = post(
             &c,
             &url,
-            &request(&ask, Some(weather_tool()), json!({"tool_choice": choice})),
+            &request(&ask, body_tools, json!({"tool_choice": choice})),
         )
         .await;
         assert_eq!(

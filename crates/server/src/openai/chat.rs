@@ -19,6 +19,7 @@ use crate::params::{choices, max_tokens, Sampling, Stop};
 use crate::reasoning;
 use crate::scheduler::Job;
 use crate::stream::{self, json_event, Emit, Piece, Translator};
+use crate::structured::{self, ToolChoice};
 use crate::template_kwargs::{self, Reasoning};
 use crate::tools::{self, ToolCall};
 
@@ -34,9 +35,10 @@ pub struct ChatRequest {
     stop: Option<Stop>,
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
-    response_format: Option<ResponseFormat>,
+    response_format: Option<Value>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     /// Chat-template variables (llama-server's field).
     chat_template_kwargs: Option<Value>,
     /// Mapped to the template's `enable_thinking` / `reasoning_effort`.
@@ -46,12 +48,6 @@ pub struct ChatRequest {
     /// The sampling fields, and whatever else the client sent (ignored).
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ResponseFormat {
-    #[serde(rename = "type")]
-    kind: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -102,18 +98,25 @@ pub async fn handle(
             "messages must not be empty",
         ));
     }
-    let json = match req.response_format.as_ref().map(|f| f.kind.as_str()) {
-        None | Some("text") => false,
-        Some("json_object") => true,
-        Some(other) => {
-            return Err(ApiError::bad_param(
-                "response_format",
-                format!("response_format '{other}' is not supported: use 'text' or 'json_object'"),
-            ))
-        }
-    };
-    let tools = active_tools(&app, req.tools, req.tool_choice.as_ref())?;
+    let format = structured::format_spec(req.response_format.as_ref(), "response_format", true)?;
+    let choice = ToolChoice::parse(req.tool_choice.as_ref())?;
+    let tools = active_tools(&app, req.tools, &choice)?;
     let declared = tools.as_deref().map(tools::declared_names);
+    let forced = match &tools {
+        Some(t) => choice.forced(&app, t, req.parallel_tool_calls.unwrap_or(true))?,
+        None => None,
+    };
+    if forced.is_some() && format.is_some() {
+        return Err(ApiError::bad_param(
+            "response_format",
+            "a forced tool call and a response format cannot both hold the reply",
+        ));
+    }
+    let (spec, param) = match forced {
+        Some(f) => (Some(f), "tools"),
+        None => (format, "response_format"),
+    };
+    let constraint = structured::compile(&app, spec, param).await?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, Some(_)) => {
             return Err(ApiError::bad_param(
@@ -167,7 +170,7 @@ pub async fn handle(
     let rx = app.submit(Job {
         prompt,
         choices,
-        json,
+        constraint,
         thinking,
     })?;
     let reply = Reply {
@@ -267,21 +270,19 @@ fn arguments_as_object(mut call: Value) -> Value {
 fn active_tools(
     app: &App,
     tools: Option<Vec<Value>>,
-    choice: Option<&Value>,
+    choice: &ToolChoice,
 ) -> Result<Option<Vec<Value>>, ApiError> {
     let Some(tools) = tools.filter(|t| !t.is_empty()) else {
-        return Ok(None);
-    };
-    match choice {
-        None => {}
-        Some(Value::String(c)) if c == "auto" => {}
-        Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(other) => {
+        if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
             return Err(ApiError::bad_param(
                 "tool_choice",
-                format!("tool_choice {other} is not supported: only \"auto\" and \"none\" (a call cannot be forced)"),
-            ))
+                "tool_choice forces a call, but the request declares no tools",
+            ));
         }
+        return Ok(None);
+    };
+    if *choice == ToolChoice::None {
+        return Ok(None);
     }
     if !app.model.tools_supported {
         return Err(ApiError::bad_param(

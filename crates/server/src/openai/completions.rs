@@ -105,7 +105,7 @@ pub async fn handle(
     let rx = app.submit(Job {
         prompt,
         choices,
-        json: false,
+        constraint: None,
         thinking: None,
     })?;
     let reply = Reply {

@@ -24,6 +24,7 @@ use crate::params::{max_tokens, Sampling};
 use crate::reasoning;
 use crate::scheduler::Job;
 use crate::stream::{self, Choice, Translator};
+use crate::structured::{self, ToolChoice};
 use crate::template_kwargs::{self, Reasoning};
 use crate::tools;
 
@@ -35,6 +36,7 @@ pub struct CreateRequest {
     previous_response_id: Option<String>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     max_output_tokens: Option<i64>,
     /// anelm's thinking budget (as on chat completions).
     max_thinking_tokens: Option<i64>,
@@ -57,13 +59,7 @@ struct ReasoningConfig {
 
 #[derive(Debug, Deserialize)]
 struct TextConfig {
-    format: Option<Format>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Format {
-    #[serde(rename = "type")]
-    kind: String,
+    format: Option<Value>,
 }
 
 /// `POST /v1/responses`.
@@ -94,9 +90,15 @@ pub async fn create(
     let mut conversation = previous.clone();
     conversation.extend(responses_input::messages(req.input, &previous)?);
     let given_tools = req.tools.clone().unwrap_or_default();
-    let offered = responses_input::tools_offered(req.tool_choice.as_ref())?;
+    let choice = ToolChoice::parse(req.tool_choice.as_ref())?;
     let chat_tools = responses_input::tools(&given_tools)?;
-    let tools = (offered && !chat_tools.is_empty()).then_some(chat_tools);
+    if chat_tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            "tool_choice forces a call, but the request declares no function tools",
+        ));
+    }
+    let tools = (choice != ToolChoice::None && !chat_tools.is_empty()).then_some(chat_tools);
     if tools.is_some() && !app.model.tools_supported {
         return Err(ApiError::bad_param(
             "tools",
@@ -107,20 +109,31 @@ pub async fn create(
         ));
     }
     let declared = tools.as_deref().map(tools::declared_names);
-    let json = match req.text.as_ref().and_then(|t| t.format.as_ref()) {
-        None => false,
-        Some(f) if f.kind == "text" => false,
-        Some(f) if f.kind == "json_object" => true,
-        Some(f) => {
-            return Err(ApiError::bad_param(
-                "text.format",
-                format!(
-                    "text.format '{}' is not supported: use 'text' or 'json_object'",
-                    f.kind
-                ),
-            ))
-        }
+    let text_format = req
+        .text
+        .as_ref()
+        .and_then(|t| t.format.clone())
+        .unwrap_or_else(|| json!({"type": "text"}));
+    let format = structured::format_spec(
+        req.text.as_ref().and_then(|t| t.format.as_ref()),
+        "text.format",
+        false,
+    )?;
+    let forced = match &tools {
+        Some(t) => choice.forced(&app, t, req.parallel_tool_calls.unwrap_or(true))?,
+        None => None,
     };
+    if forced.is_some() && format.is_some() {
+        return Err(ApiError::bad_param(
+            "text.format",
+            "a forced tool call and a text format cannot both hold the reply",
+        ));
+    }
+    let (spec, param) = match forced {
+        Some(f) => (Some(f), "tools"),
+        None => (format, "text.format"),
+    };
+    let constraint = structured::compile(&app, spec, param).await?;
     let sampling_fields = from_fields::<Sampling>(req.rest)?;
     let sampling = sampling_fields.to_params(limits, app.model.vocab_size(), 2.0)?;
     limits.max_tokens("max_output_tokens", req.max_output_tokens)?;
@@ -158,7 +171,7 @@ pub async fn create(
     let rx = app.submit(Job {
         prompt,
         choices: vec![params],
-        json,
+        constraint,
         thinking,
     })?;
     let turn = Turn {
@@ -173,7 +186,7 @@ pub async fn create(
             "store": req.store.unwrap_or(true),
             "temperature": sampling_fields.temperature.unwrap_or(1.0),
             "top_p": sampling_fields.top_p.unwrap_or(1.0),
-            "text": {"format": {"type": if json { "json_object" } else { "text" }}},
+            "text": {"format": text_format},
             "tool_choice": req.tool_choice.unwrap_or_else(|| json!("auto")),
             "tools": given_tools,
             "metadata": req.metadata.unwrap_or_else(|| json!({})),

@@ -1,6 +1,6 @@
 //! The Responses API's input, as the chat template reads it: `input` as a string or a list of
 //! items (messages with text parts, `function_call` and `function_call_output` items), the
-//! function tools in the chat shape, and the `tool_choice`. Every bad item is a 400 naming it.
+//! function tools in the chat shape. Every bad item is a 400 naming it.
 
 use anelm_engine::Message;
 use serde_json::{json, Value};
@@ -228,22 +228,6 @@ pub fn tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
-/// What `tool_choice` asks: whether the tools go into the prompt. A forced call (`required`,
-/// or a named function) is refused until calls can be generated under the tool's schema —
-/// that is where schema-constrained decoding plugs in: return the call to force here and
-/// hand it to the job.
-pub fn tools_offered(choice: Option<&Value>) -> Result<bool, ApiError> {
-    match choice {
-        None | Some(Value::Null) => Ok(true),
-        Some(Value::String(c)) if c == "auto" => Ok(true),
-        Some(Value::String(c)) if c == "none" => Ok(false),
-        Some(other) => Err(ApiError::bad_param(
-            "tool_choice",
-            format!("tool_choice {other} is not supported yet: only \"auto\" and \"none\" (a call cannot be forced)"),
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,7 +311,5 @@ mod tests {
         assert!(tools(&[json!({"type": "web_search"})]).is_err());
         assert!(tools(&[json!({"type": "function"})]).is_err());
         assert!(tools(&[json!({"type": "function", "name": "f", "parameters": 3})]).is_err());
-        assert!(tools_offered(Some(&json!("none"))).is_ok_and(|offered| !offered));
-        assert!(tools_offered(Some(&json!("required"))).is_err());
     }
 }

@@ -187,12 +187,17 @@ def _():
     assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}, final.output
 
 
-@check("tool_choice none leaves the tools out; a forced call is a clear 400 for now")
+@check("tool_choice: none leaves the tools out; required and a named function force the call")
 def _():
     r = sc.responses.create(model="m", input="weather", tools=WEATHER, tool_choice="none")
     assert r.usage.input_tokens == sc.responses.create(model="m", input="weather").usage.input_tokens
+    for choice in ["required", {"type": "function", "name": "get_weather"}]:
+        # "hi" would make the model think: the forced call holds it to a call all the same.
+        r = sc.responses.create(model="m", input="weather", tools=WEATHER, tool_choice=choice)
+        assert [o.type for o in r.output] == ["function_call"], (choice, r.output)
+        assert json.loads(r.output[0].arguments) == {"city": "Paris"}, r.output
     e = raises(openai.BadRequestError, lambda: sc.responses.create(
-        model="m", input="weather", tools=WEATHER, tool_choice="required"))
+        model="m", input="weather", tools=WEATHER, tool_choice={"type": "function", "name": "launch"}))
     assert e.param == "tool_choice", e
 
 
