@@ -1,5 +1,7 @@
 //! The Anthropic API: `POST /v1/messages` (streaming and not) and
-//! `POST /v1/messages/count_tokens`. Errors take Anthropic's shape.
+//! `POST /v1/messages/count_tokens`. Errors take Anthropic's shape. Tools as Anthropic sends
+//! them (`input_schema`, `tool_use` / `tool_result` blocks) are read into the chat shape the
+//! template knows ([`crate::anthropic_tools`]); calls come back as `tool_use` blocks.
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::anthropic_tools;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
@@ -19,7 +22,9 @@ use crate::params::{max_tokens, Sampling};
 use crate::reasoning;
 use crate::scheduler::Job;
 use crate::stream::{self, Emit, Piece, Translator};
+use crate::structured::{self, ToolChoice};
 use crate::template_kwargs::{self, Reasoning};
+use crate::tools::{self, ToolCall};
 
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
@@ -28,6 +33,7 @@ pub struct MessagesRequest {
     messages: Vec<InMessage>,
     system: Option<Content>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
     /// Chat-template variables (llama-server's field).
     chat_template_kwargs: Option<Value>,
     /// Mapped to the template's `enable_thinking`.
@@ -45,6 +51,7 @@ pub struct CountRequest {
     messages: Vec<InMessage>,
     system: Option<Content>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
     chat_template_kwargs: Option<Value>,
     thinking: Option<Value>,
 }
@@ -54,32 +61,36 @@ struct Conversation {
     messages: Vec<InMessage>,
     system: Option<Content>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
     chat_template_kwargs: Option<Value>,
     thinking: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
-struct InMessage {
-    role: String,
-    content: Content,
+pub(crate) struct InMessage {
+    pub role: String,
+    pub content: Content,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-enum Content {
+pub(crate) enum Content {
     Text(String),
     Blocks(Vec<Block>),
 }
 
 #[derive(Debug, Deserialize)]
-struct Block {
+pub(crate) struct Block {
     #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
+    pub kind: String,
+    pub text: Option<String>,
+    /// The rest of a `tool_use` / `tool_result` block.
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
 }
 
 impl Content {
-    fn text(self, field: &str) -> Result<String, ApiError> {
+    pub(crate) fn text(self, field: &str) -> Result<String, ApiError> {
         match self {
             Content::Text(t) => Ok(t),
             Content::Blocks(blocks) => {
@@ -104,47 +115,77 @@ impl Content {
     }
 }
 
+/// A conversation ready to generate: its prompt, the declared tool names (when the reply may
+/// call them) and the forced call's grammar.
+struct Prepared {
+    prompt: Vec<u32>,
+    declared: Option<Vec<String>>,
+    forced: Option<anelm_constrain::Spec>,
+}
+
 impl Conversation {
     /// The prompt's tokens. A last assistant message is the start of the reply (prefill).
-    async fn prompt(self, app: &App) -> Result<Vec<u32>, ApiError> {
+    async fn prompt(self, app: &App) -> Result<Prepared, ApiError> {
         app.limits.tools(self.tools.as_ref().map_or(0, Vec::len))?;
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::bad_param(
-                "tools",
-                "tools are not supported on /v1/messages",
-            ));
-        }
         if self.messages.is_empty() {
             return Err(ApiError::bad_param(
                 "messages",
                 "messages must not be empty",
             ));
         }
+        let (choice, parallel) = anthropic_tools::choice(self.tool_choice.as_ref())?;
+        let tools = anthropic_tools::tools(self.tools.unwrap_or_default())?;
+        if tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "tool_choice forces a tool, but the request declares no tools",
+            ));
+        }
+        let tools = (choice != ToolChoice::None && !tools.is_empty()).then_some(tools);
+        if tools.is_some() && !app.model.tools_supported {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!(
+                    "the chat template of '{}' does not describe tools",
+                    app.model.id
+                ),
+            ));
+        }
         let mut messages = Vec::with_capacity(self.messages.len() + 1);
         if let Some(system) = self.system {
             messages.push(Message::system(&system.text("system")?));
         }
-        for (i, m) in self.messages.into_iter().enumerate() {
-            if m.role != "user" && m.role != "assistant" {
-                return Err(ApiError::bad_param(
-                    &format!("messages[{i}].role"),
-                    format!("role must be 'user' or 'assistant', got '{}'", m.role),
-                ));
-            }
-            let text = m.content.text(&format!("messages[{i}].content"))?;
-            messages.push(Message::new(&m.role, &text));
-        }
+        messages.extend(anthropic_tools::messages(self.messages)?);
         let prefill = match messages.last() {
-            Some(m) if m.role == "assistant" => messages.pop().map(|m| m.text()),
+            Some(m) if m.role == "assistant" && !m.extra.contains_key("tool_calls") => {
+                messages.pop().map(|m| m.text())
+            }
             _ => None,
         };
+        let forced = match &tools {
+            Some(t) => choice.forced(app, t, parallel)?,
+            None => None,
+        };
+        if forced.is_some() && prefill.is_some() {
+            return Err(ApiError::bad_param(
+                "messages",
+                "a forced tool call cannot follow a prefilled assistant turn",
+            ));
+        }
+        let declared = tools.as_deref().map(tools::declared_names);
         let kwargs = template_kwargs::for_request(
             &app.model,
             self.chat_template_kwargs,
             Reasoning::from_anthropic(self.thinking)?,
         )?;
-        app.tokenize(move |m| m.chat_prompt(&messages, None, prefill.as_deref(), kwargs))
-            .await
+        let prompt = app
+            .tokenize(move |m| m.chat_prompt(&messages, tools, prefill.as_deref(), kwargs))
+            .await?;
+        Ok(Prepared {
+            prompt,
+            declared,
+            forced,
+        })
     }
 }
 
@@ -159,13 +200,14 @@ pub async fn count_tokens(
             messages: req.messages,
             system: req.system,
             tools: req.tools,
+            tool_choice: req.tool_choice,
             chat_template_kwargs: req.chat_template_kwargs,
             thinking: req.thinking,
         };
         conversation.prompt(&app).await
     };
-    let prompt = count.await.map_err(ApiError::anthropic)?;
-    Ok(Json(json!({"input_tokens": prompt.len()})))
+    let prepared = count.await.map_err(ApiError::anthropic)?;
+    Ok(Json(json!({"input_tokens": prepared.prompt.len()})))
 }
 
 /// `POST /v1/messages`.
@@ -194,10 +236,16 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
         messages: req.messages,
         system: req.system,
         tools: req.tools,
+        tool_choice: req.tool_choice,
         chat_template_kwargs: req.chat_template_kwargs,
         thinking: req.thinking,
     };
-    let prompt = conversation.prompt(&app).await?;
+    let Prepared {
+        prompt,
+        declared,
+        forced,
+    } = conversation.prompt(&app).await?;
+    let constraint = structured::compile(&app, forced, "tools").await?;
     let stops = req.stop_sequences.unwrap_or_default();
     let params = GenerateParams {
         sampling,
@@ -215,17 +263,18 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     let thinking = app
         .model
         .thinking_budget(splitter.as_ref(), thinking_budget);
-    let translator = Translator::new(1, splitter, false);
+    let translator = Translator::new(1, splitter, declared.is_some());
     let rx = app.submit(Job {
         prompt,
         choices: vec![params],
-        constraint: None,
+        constraint,
         thinking,
     })?;
     let reply = Reply {
         app: app.clone(),
         id: new_id("msg_"),
         stops,
+        declared,
     };
     if req.stream.unwrap_or(false) {
         return Ok(stream::sse(
@@ -246,14 +295,18 @@ async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiErr
     if !c.reasoning.is_empty() {
         content.push(json!({"type": "thinking", "thinking": c.reasoning, "signature": ""}));
     }
-    content.push(json!({"type": "text", "text": c.text}));
+    let (text, calls) = reply.split_calls(&c.text);
+    if calls.is_empty() || text.is_some() {
+        content.push(json!({"type": "text", "text": text.unwrap_or_default()}));
+    }
+    content.extend(calls.iter().map(anthropic_tools::tool_use));
     Ok(Json(json!({
         "id": reply.id,
         "type": "message",
         "role": "assistant",
         "model": app.model.id,
         "content": content,
-        "stop_reason": stop_reason(c.finish.reason),
+        "stop_reason": stop_reason(c.finish.reason, &calls),
         "stop_sequence": stop_sequence,
         "usage": usage(&c.finish),
     }))
@@ -264,15 +317,28 @@ struct Reply {
     app: Arc<App>,
     id: String,
     stops: Vec<String>,
+    /// The declared tool names, when the reply may call tools.
+    declared: Option<Vec<String>>,
 }
 
 impl Reply {
+    /// The reply's text and tool calls (none when the request declared no tools).
+    fn split_calls(&self, text: &str) -> (Option<String>, Vec<ToolCall>) {
+        match &self.declared {
+            Some(names) => tools::parse(text, names),
+            None => (Some(text.to_string()), Vec::new()),
+        }
+    }
+
     fn stop_sequence(&self, finish: &Finish, tokens: &[u32], text: &str) -> Option<String> {
         stream::matched_stop(&self.app.model, finish, tokens, text, &self.stops)
     }
 }
 
-fn stop_reason(reason: FinishReason) -> &'static str {
+fn stop_reason(reason: FinishReason, calls: &[ToolCall]) -> &'static str {
+    if !calls.is_empty() {
+        return "tool_use";
+    }
     match reason {
         FinishReason::Stop | FinishReason::Cancelled => "end_turn",
         FinishReason::StopString => "stop_sequence",
@@ -299,10 +365,12 @@ struct MessageStream {
     blocks: usize,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 enum Kind {
     Thinking,
     Text,
+    /// A `tool_use` block: the call, whose input goes out as one `input_json_delta`.
+    ToolUse(Value),
 }
 
 fn event(name: &str, data: Value) -> Event {
@@ -312,13 +380,18 @@ fn event(name: &str, data: Value) -> Event {
 impl MessageStream {
     /// The events that make `kind` the open block: the open one stopped, the new one started.
     fn enter(&mut self, kind: Kind) -> Vec<Event> {
-        if self.open == Some(kind) {
+        if self.open.as_ref() == Some(&kind) && !matches!(kind, Kind::ToolUse(_)) {
             return Vec::new();
         }
         let mut events = self.close();
-        let block = match kind {
+        let block = match &kind {
             Kind::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
             Kind::Text => json!({"type": "text", "text": ""}),
+            Kind::ToolUse(block) => {
+                let mut start = block.clone();
+                start["input"] = json!({});
+                start
+            }
         };
         events.push(event(
             "content_block_start",
@@ -390,8 +463,27 @@ impl Emit for MessageStream {
                 events
             }
             Piece::Finish { whole, .. } => {
-                // A reply always has its text block, empty as it may be.
-                let mut events = self.enter(Kind::Text);
+                let (text, calls) = self.reply.split_calls(&whole.text);
+                let mut events = Vec::new();
+                if self.reply.declared.is_some() {
+                    // The text was held back: it comes now, before the calls.
+                    if let Some(text) = text.filter(|t| !t.is_empty()) {
+                        events.extend(self.enter(Kind::Text));
+                        events.push(self.delta(json!({"type": "text_delta", "text": text})));
+                    }
+                }
+                for call in &calls {
+                    let block = anthropic_tools::tool_use(call);
+                    let input = block["input"].to_string();
+                    events.extend(self.enter(Kind::ToolUse(block)));
+                    events.push(
+                        self.delta(json!({"type": "input_json_delta", "partial_json": input})),
+                    );
+                }
+                if calls.is_empty() {
+                    // A reply always has its text block, empty as it may be.
+                    events.extend(self.enter(Kind::Text));
+                }
                 events.extend(self.close());
                 let finish = &whole.finish;
                 let stop_sequence = self
@@ -401,7 +493,7 @@ impl Emit for MessageStream {
                     event(
                         "message_delta",
                         json!({"type": "message_delta",
-                               "delta": {"stop_reason": stop_reason(finish.reason), "stop_sequence": stop_sequence},
+                               "delta": {"stop_reason": stop_reason(finish.reason, &calls), "stop_sequence": stop_sequence},
                                "usage": {"output_tokens": finish.usage.completion_tokens}}),
                     ),
                     event("message_stop", json!({"type": "message_stop"})),

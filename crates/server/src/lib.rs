@@ -16,6 +16,7 @@
 //! ```
 
 mod anthropic;
+mod anthropic_tools;
 mod app;
 mod auth;
 mod drafts;

@@ -1,5 +1,5 @@
 //! The Responses API through the official `openai` package (and thinking blocks through the
-//! `anthropic` one): text on the real SmolLM2, compared with chat completions; function tools
+//! `anthropic` one, with its tools): text on the real SmolLM2, compared with chat completions; function tools
 //! and reasoning on the scripted model ([`common::scripted`]), whose replies are known.
 
 mod common;
@@ -30,5 +30,5 @@ fn the_official_clients_drive_the_responses_api_and_reasoning() {
         script.display(),
         out.status
     );
-    assert!(stdout.contains("14 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("17 passed, 0 failed"), "{stdout}");
 }

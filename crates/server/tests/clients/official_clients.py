@@ -6,9 +6,11 @@ check raises, so the exit status is non-zero.
 """
 
 import os
+from typing import Literal, Optional
 
 import anthropic
 import openai
+import pydantic
 
 BASE = os.environ["ANELM_BASE"]
 MODEL = os.environ["ANELM_MODEL"]
@@ -179,6 +181,37 @@ def _():
         raise AssertionError("a wrong key was accepted")
     except anthropic.AuthenticationError as e:
         assert e.status_code == 401, e
+
+
+class Reading(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=24)
+    celsius: float
+    sky: Literal["clear", "cloudy", "rain", "snow"]
+
+
+class Forecast(pydantic.BaseModel):
+    readings: list[Reading] = pydantic.Field(max_length=3)
+    note: Optional[str] = pydantic.Field(default=None, max_length=40)
+
+
+ASK_WEATHER = [{"role": "user", "content": "Give the weather in two cities as JSON."}]
+
+
+@check("openai: chat.completions.parse fills a Pydantic model (json_schema, strict)")
+def _():
+    for extra in [dict(temperature=0), dict(temperature=1.0, seed=4, n=3)]:
+        r = oa.chat.completions.parse(model=MODEL, messages=ASK_WEATHER, response_format=Forecast,
+                                      max_tokens=200, **extra)
+        for choice in r.choices:
+            assert choice.finish_reason == "stop", choice
+            assert isinstance(choice.message.parsed, Forecast), choice.message
+
+
+@check("openai: responses.parse fills a Pydantic model (text_format)")
+def _():
+    r = oa.responses.parse(model=MODEL, input=ASK_WEATHER[0]["content"], text_format=Forecast,
+                           max_output_tokens=200, temperature=0)
+    assert isinstance(r.output_parsed, Forecast), r.output
 
 
 print(f"{len(passed)} passed, 0 failed")

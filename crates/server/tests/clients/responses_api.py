@@ -246,4 +246,65 @@ def _():
     assert again.content[1].text == "answer", again.content
 
 
+AN_WEATHER = [{"name": "get_weather", "description": "The weather in a city",
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+
+
+@check("anthropic: tools — tool_use out, tool_result in, stream and not")
+def _():
+    ask = [{"role": "user", "content": "weather"}]
+    m = an.messages.create(model="m", max_tokens=20, tools=AN_WEATHER, messages=ask)
+    assert m.stop_reason == "tool_use", m
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and uses[0].input == {"city": "Paris"}, m.content
+    assert uses[0].id.startswith("toolu_"), uses[0]
+    answer = an.messages.create(model="m", max_tokens=20, tools=AN_WEATHER, messages=ask + [
+        {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "Sunny"}]}])
+    assert answer.stop_reason == "end_turn" and answer.content[-1].text == "answer", answer.content
+    with an.messages.stream(model="m", max_tokens=20, tools=AN_WEATHER, messages=ask) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_message()
+    assert "input_json" in kinds, kinds
+    assert final.stop_reason == "tool_use", final
+    use = [b for b in final.content if b.type == "tool_use"][0]
+    assert use.name == "get_weather" and use.input == {"city": "Paris"}, final.content
+
+
+@check("anthropic: tool_choice any / tool force the call; none leaves the tools out")
+def _():
+    hi = [{"role": "user", "content": "hi"}]
+    for choice in [{"type": "any"}, {"type": "tool", "name": "get_weather"}]:
+        # "hi" makes the model think; the forced call holds it to a call all the same.
+        m = an.messages.create(model="m", max_tokens=20, tools=AN_WEATHER, tool_choice=choice, messages=hi)
+        assert m.stop_reason == "tool_use", (choice, m)
+        assert [b.type for b in m.content] == ["tool_use"], m.content
+        assert m.content[0].input == {"city": "Paris"}, m.content
+    m = an.messages.create(model="m", max_tokens=20, tools=AN_WEATHER, tool_choice={"type": "none"},
+                           messages=[{"role": "user", "content": "hello"}])
+    assert m.stop_reason == "end_turn" and m.content[-1].text == "answer", m.content
+    plain = an.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hello"}])
+    none = an.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hello"}],
+                                    tools=AN_WEATHER, tool_choice={"type": "none"})
+    with_tools = an.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hello"}], tools=AN_WEATHER)
+    assert none.input_tokens == plain.input_tokens < with_tools.input_tokens, (plain, none, with_tools)
+
+
+@check("anthropic: bad tool input — an unknown tool_use_id, a schema that is not an object, an unknown forced tool")
+def _():
+    bad = [
+        dict(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "?"}]}],
+             tools=AN_WEATHER),
+        dict(messages=[{"role": "user", "content": "weather"}],
+             tools=[{"name": "f", "input_schema": "not a schema"}]),
+        dict(messages=[{"role": "user", "content": "weather"}], tools=AN_WEATHER,
+             tool_choice={"type": "tool", "name": "launch"}),
+    ]
+    for kwargs in bad:
+        e = raises(anthropic.BadRequestError, lambda: an.messages.create(model="m", max_tokens=20, **kwargs))
+        assert e.status_code == 400 and e.body["type"] == "error", e.body
+        assert e.body["error"]["type"] == "invalid_request_error", e.body
+    assert an.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hello"}]).content
+
+
 print(f"{len(passed)} passed, 0 failed")
