@@ -1,5 +1,6 @@
 //! `anelm bench -d` on the real SmolLM2: pp and tg run on top of a prompt already in the KV
-//! cache and report the depth; a depth past the model's context is a one-line error.
+//! cache and report the depth; a depth past the model's context is a one-line error; with a
+//! JSON schema, constrained and plain decoding are measured side by side.
 
 use std::process::Command;
 
@@ -89,4 +90,34 @@ fn a_depth_past_the_context_is_one_line() {
         );
         assert!(out.stdout.is_empty());
     }
+}
+
+/// `bench --json-schema`: constrained against plain decoding, both measured, every
+/// constrained reply valid JSON. (The ratio is a measurement, not asserted here.)
+#[test]
+fn bench_with_a_schema_measures_both_sides() {
+    let schema = anelm_testkit::workspace_root().join("bench/schemas/cities.json");
+    let out = bench(&[
+        "-n",
+        "120",
+        "-r",
+        "2",
+        "--json-schema",
+        schema.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["all_valid_json"], true, "{v}");
+    assert!(v["generated_tokens"].as_u64().unwrap() > 20, "{v}");
+    for k in ["plain_tok_s", "constrained_tok_s", "mask_us_per_token"] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    let bad = bench(&["--json-schema", schema.to_str().unwrap(), "--lookup"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("separate benchmarks"));
 }

@@ -386,3 +386,50 @@ fn run_with_a_draft_prints_the_plain_greedy_output() {
         "{err}"
     );
 }
+
+#[test]
+fn run_with_a_json_schema_prints_a_valid_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("cat.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 30}},
+            "required": ["name", "age"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let s = schema.to_str().unwrap();
+    for extra in [&["--temp", "0"][..], &["--temp", "1", "--seed", "9"]] {
+        let mut args = vec!["--chat", "-n", "60", "--json-schema", s];
+        args.extend_from_slice(extra);
+        let v = run_json(&args);
+        assert_eq!(v["finish_reason"], "stop", "{v}");
+        let reply: Value = serde_json::from_str(v["text"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {v}"));
+        assert!(
+            reply["name"].is_string() && reply["age"].is_u64(),
+            "{reply}"
+        );
+        assert_eq!(reply.as_object().unwrap().len(), 2, "{reply}");
+    }
+    // A bad schema, a grammar that does not parse, and speculation with a constraint: one
+    // clear line each.
+    std::fs::write(dir.path().join("bad.json"), r#"{"type": "nothing"}"#).unwrap();
+    std::fs::write(dir.path().join("bad.lark"), "start: missing").unwrap();
+    let bad_json = dir.path().join("bad.json");
+    let bad_lark = dir.path().join("bad.lark");
+    for (args, says) in [
+        (
+            vec!["--json-schema", bad_json.to_str().unwrap()],
+            "--json-schema",
+        ),
+        (vec!["--grammar", bad_lark.to_str().unwrap()], "--grammar"),
+        (vec!["--json-schema", s, "--lookup"], "one token at a time"),
+    ] {
+        let m = model();
+        let mut all = vec!["run", "--model", &m, "--prompt", "Hi", "-n", "4"];
+        all.extend_from_slice(&args);
+        let err = stderr_of_failure(&all);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -51,11 +51,16 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// With --lookup or --draft: measure speculative against plain greedy decoding of `-n`
-    /// tokens answering this file's text as a chat message (e.g. a text and "summarise it").
+    /// tokens answering this file's text as a chat message (e.g. a text and "summarise it");
+    /// with --json-schema, the question the constrained reply answers.
     #[arg(long, value_name = "FILE")]
     pub prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub speculate: super::speculate::SpeculateArgs,
+    /// With --json-schema or --grammar: decoding held to it against plain decoding (runs
+    /// alternating; `--prompt-file` gives the question).
+    #[command(flatten)]
+    pub constrain: super::constrain::ConstrainArgs,
 }
 
 /// Deterministic token ids spread over the vocabulary (the content does not change the cost).
@@ -213,6 +218,19 @@ fn stats(v: &[f64]) -> Option<Stats> {
 pub fn run(a: Args) -> Result<()> {
     if a.repetitions == 0 {
         bail!("-r must be at least 1");
+    }
+    if a.constrain.enabled() {
+        if a.speculate.enabled() {
+            bail!("--json-schema/--grammar and --lookup/--draft are separate benchmarks");
+        }
+        return super::bench_schema::run(
+            &a.model,
+            &a.constrain,
+            a.prompt_file.as_deref(),
+            a.gen,
+            a.repetitions,
+            a.json,
+        );
     }
     match (&a.prompt_file, a.speculate.enabled()) {
         (Some(file), true) => {

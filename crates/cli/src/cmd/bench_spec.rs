@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use anelm_engine::{
-    Event, Finish, GenerateParams, Input, LoadedModel, Message, SamplingParams, Session,
-    Speculation,
+    Event, Finish, GenerateParams, Generation, Input, LoadedModel, Message, SamplingParams,
+    Session, Speculation,
 };
 use anelm_model::Executor;
 use anyhow::{bail, Context, Result};
@@ -35,25 +35,19 @@ struct Report {
     identical: bool,
 }
 
-/// One greedy generation in a fresh session: the tokens, the finish, and the speculation back.
-fn once(
+/// One greedy generation in a fresh session, `attach` given the generation before it starts
+/// (a drafter, a constraint): the tokens, the finish, and the speculation back.
+pub(super) fn once_with(
     exec: &mut dyn Executor,
     loaded: &LoadedModel,
     input: &Input,
     capacity: usize,
-    gen: usize,
-    spec: Option<Speculation>,
+    params: GenerateParams,
+    attach: impl FnOnce(&mut Generation<'_>) -> Result<()>,
 ) -> Result<(Vec<u32>, Finish, Option<Speculation>)> {
     let mut session = Session::new(exec, capacity)?;
-    let params = GenerateParams {
-        sampling: SamplingParams::greedy(),
-        max_tokens: gen,
-        ..GenerateParams::default()
-    };
     let mut g = session.generate(loaded, input, params)?;
-    if let Some(s) = spec {
-        g.speculate(s)?;
-    }
+    attach(&mut g)?;
     let mut ids = Vec::new();
     loop {
         match g
@@ -67,7 +61,33 @@ fn once(
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// Greedy decoding of at most `gen` tokens.
+pub(super) fn greedy(gen: usize) -> GenerateParams {
+    GenerateParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: gen,
+        ..GenerateParams::default()
+    }
+}
+
+/// [`once_with`] greedy, speculating when `spec` is given.
+fn once(
+    exec: &mut dyn Executor,
+    loaded: &LoadedModel,
+    input: &Input,
+    capacity: usize,
+    gen: usize,
+    spec: Option<Speculation>,
+) -> Result<(Vec<u32>, Finish, Option<Speculation>)> {
+    once_with(exec, loaded, input, capacity, greedy(gen), |g| {
+        if let Some(s) = spec {
+            g.speculate(s)?;
+        }
+        Ok(())
+    })
+}
+
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {

@@ -1,11 +1,13 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_schema;
 pub mod bench_spec;
 pub mod chat;
 pub mod check;
 pub mod common;
 pub mod compile;
+pub mod constrain;
 pub mod eval;
 pub mod info;
 pub mod layers;

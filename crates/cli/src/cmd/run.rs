@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::common::{FallbackArgs, ModelArgs, PromptArgs, TemplateKwargsArgs};
+use super::constrain::ConstrainArgs;
 use super::speculate::SpeculateArgs;
 
 /// The sampling flags, shared by `run` and `chat`.
@@ -108,6 +109,8 @@ pub struct Args {
     #[command(flatten)]
     pub speculate: SpeculateArgs,
     #[command(flatten)]
+    pub constrain: ConstrainArgs,
+    #[command(flatten)]
     pub template_kwargs: TemplateKwargsArgs,
 }
 
@@ -175,6 +178,10 @@ pub fn run(a: Args) -> Result<()> {
         tracing::info!("{n} device dispatches per decoded token");
     }
     let mut session = Session::new(exec.as_ref(), capacity)?;
+    if a.constrain.enabled() && a.speculate.enabled() {
+        anyhow::bail!("a constrained reply decodes one token at a time: drop --draft/--lookup");
+    }
+    let constraint = a.constrain.build(&loaded)?;
     let speculation = a.speculate.build(&a.model, &loaded, capacity)?;
     let params = GenerateParams {
         sampling: a.sampling.params(0.0),
@@ -189,6 +196,9 @@ pub fn run(a: Args) -> Result<()> {
     let mut generation = session.generate(&loaded, &Input::Ids(prompt.clone()), params)?;
     if let Some(s) = speculation {
         generation.speculate(s)?;
+    }
+    if let Some(c) = constraint {
+        generation.constrain(Box::new(c));
     }
     let finish = loop {
         match generation
