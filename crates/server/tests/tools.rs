@@ -229,6 +229,15 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
         prompt_tokens(&after) > prompt_tokens(&with_tools) + 20,
         "{after}"
     );
+    // A result for a call no assistant message made is refused, naming the message.
+    let mut orphan = history.clone();
+    orphan[2]["tool_call_id"] = json!("call_9");
+    let (status, v) = post(&c, &url, &request(&orphan, Some(weather_tool()), json!({}))).await;
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("messages[2].tool_call_id")),
+        "{v}"
+    );
 
     // Streaming with tools: the reply comes whole at the end, the same as without streaming.
     let mut body = request(&ask, Some(weather_tool()), json!({"stream": true}));

@@ -98,6 +98,7 @@ pub async fn handle(
             "messages must not be empty",
         ));
     }
+    results_answer_calls(&messages)?;
     let format = structured::format_spec(req.response_format.as_ref(), "response_format", true)?;
     let choice = ToolChoice::parse(req.tool_choice.as_ref())?;
     let tools = active_tools(&app, req.tools, &choice)?;
@@ -233,6 +234,31 @@ impl ChatMessage {
         }
         Ok(message)
     }
+}
+
+/// Every tool result (`role: tool` with a `tool_call_id`) must answer a call an earlier
+/// assistant message made.
+fn results_answer_calls(messages: &[Message]) -> Result<(), ApiError> {
+    let mut made: Vec<&str> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        if let Some(calls) = m.extra.get("tool_calls").and_then(Value::as_array) {
+            made.extend(
+                calls
+                    .iter()
+                    .filter_map(|c| c.get("id").and_then(Value::as_str)),
+            );
+        }
+        let Some(id) = m.extra.get("tool_call_id").and_then(Value::as_str) else {
+            continue;
+        };
+        if m.role == "tool" && !made.contains(&id) {
+            return Err(ApiError::bad_param(
+                &format!("messages[{i}].tool_call_id"),
+                format!("a tool result for '{id}', which no earlier assistant message called"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn text_of_parts(parts: Vec<Part>, field: &str) -> Result<String, ApiError> {

@@ -1,8 +1,9 @@
 //! A scripted model: hf-tiny llama's config with a word-level tokenizer and an executor whose
 //! next token is a fixed function of the last one ([`next`]), so a test knows every reply. To
 //! "hi" it thinks (`<think>hmm yes</think>answer<end>`); to "weather" it calls `get_weather`
-//! (one token holds the whole `<tool_call>…</tool_call>`); to anything else (a tool's result)
-//! it answers `answer`. Its template describes tools.
+//! (one token holds the whole `<tool_call>…</tool_call>`); to "celsius" (a weather tool's
+//! result, in the agent test) it calls `to_fahrenheit`; to anything else (a tool's result) it
+//! answers `answer`. Its template describes tools.
 
 use anelm_engine::LoadedModel;
 use anelm_server::Server;
@@ -10,20 +11,26 @@ use serde_json::{json, Value};
 
 use super::config;
 
-pub const VOCAB: [&str; 10] = [
+pub const VOCAB: [&str; 12] = [
     "<unk>", "hi", "<think>", "hmm", "yes", "</think>", "answer", "<end>", "weather", CALL,
+    "celsius", CALL2,
 ];
 
 /// The call the model makes, as one token.
 pub const CALL: &str =
     "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
 
+/// The second call of a two-tool task, as one token.
+pub const CALL2: &str =
+    "<tool_call>{\"name\": \"to_fahrenheit\", \"arguments\": {\"celsius\": 21}}</tool_call>";
+
 /// The token after `last`: hi → <think> → hmm → yes → </think> → answer → <end>; weather →
-/// the call → <end>; anything else → answer.
+/// the call → <end>; celsius → the second call → <end>; anything else → answer.
 pub fn next(last: u32) -> u32 {
     match last {
         1..=5 => last + 1,
         8 => 9,
+        10 => 11,
         0 => 6,
         _ => 7,
     }
@@ -46,7 +53,7 @@ fn model_dir() -> tempfile::TempDir {
     };
     let tokenizer = json!({
         "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [added(2, false), added(5, false), added(7, true), added(9, false)],
+        "added_tokens": [added(2, false), added(5, false), added(7, true), added(9, false), added(11, false)],
         "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
         "decoder": null,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
