@@ -30,5 +30,5 @@ fn the_official_clients_drive_the_responses_api_and_reasoning() {
         script.display(),
         out.status
     );
-    assert!(stdout.contains("17 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("18 passed, 0 failed"), "{stdout}");
 }

@@ -307,4 +307,33 @@ def _():
     assert an.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hello"}]).content
 
 
+CHAT_WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@check("openai chat: tool calls round trip, streamed deltas assembled by the SDK, forced by name")
+def _():
+    ask = [{"role": "user", "content": "weather"}]
+    r = sc.chat.completions.create(model="m", messages=ask, tools=CHAT_WEATHER)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}, call
+    answer = sc.chat.completions.create(model="m", tools=CHAT_WEATHER, messages=ask + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny"}])
+    assert answer.choices[0].message.content == "answer", answer
+    with sc.chat.completions.stream(model="m", messages=ask, tools=CHAT_WEATHER) as s:
+        for _event in s:
+            pass
+        final = s.get_final_completion()
+    streamed = final.choices[0].message.tool_calls[0]
+    assert final.choices[0].finish_reason == "tool_calls", final
+    assert streamed.function.name == "get_weather" and json.loads(streamed.function.arguments) == {"city": "Paris"}
+    forced = sc.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=CHAT_WEATHER,
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert forced.choices[0].message.tool_calls[0].function.name == "get_weather", forced
+
+
 print(f"{len(passed)} passed, 0 failed")
