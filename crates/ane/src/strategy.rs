@@ -147,6 +147,15 @@ impl<D: Device> Executor for AneExecutor<D> {
         self.inner().forward(state, tokens, logits, out)
     }
 
+    fn forward_batch(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> std::result::Result<(), ExecError> {
+        self.inner().forward_batch(states, tokens, out)
+    }
+
     fn vocab_size(&self) -> usize {
         match self {
             AneExecutor::Projection(e) => e.vocab_size(),

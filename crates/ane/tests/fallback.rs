@@ -96,3 +96,56 @@ fn a_failing_device_hands_over_to_the_cpu_mid_sequence() {
         );
     }
 }
+
+fn argmax(row: &[f32]) -> u32 {
+    anelm_testkit::argmax(row)
+}
+
+/// Batched steps on a device that fails part-way through one of them (after some of its
+/// sequences advanced on the device): every sequence goes on on the CPU, and each one's tokens
+/// are the CPU's alone.
+#[test]
+fn a_batch_on_a_failing_device_goes_on_on_the_cpu() {
+    let m = Arc::new(anelm_model::load(&anelm_testkit::tiny("llama")).unwrap());
+    let prompts: [&[u32]; 2] = [&[5, 17, 300, 42], &[9, 8, 7]];
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| greedy(&mut CpuExecutor::new(m.clone(), 1), p, 6))
+        .collect();
+    for fail_at in [2, 3, 4, 7] {
+        let cpu_model = m.clone();
+        let mut e = FallbackExecutor::new(
+            Box::new(Flaky {
+                inner: CpuExecutor::new(m.clone(), 1),
+                calls: 0,
+                fail_at,
+            }),
+            move || Box::new(CpuExecutor::new(cpu_model, 1)),
+            |_| {},
+        );
+        let mut states: Vec<Box<dyn KvState>> = Vec::new();
+        let mut next = Vec::new();
+        let mut out = Vec::new();
+        for p in prompts {
+            let mut s = e.new_state(64).unwrap();
+            e.forward(s.as_mut(), p, Logits::Last, &mut out).unwrap();
+            next.push(argmax(&out));
+            states.push(s);
+        }
+        let mut got = vec![Vec::new(); 2];
+        for _ in 0..6 {
+            for (g, &t) in got.iter_mut().zip(&next) {
+                g.push(t);
+            }
+            let mut refs: Vec<&mut dyn KvState> = states.iter_mut().map(|s| s.as_mut()).collect();
+            e.forward_batch(&mut refs, &next, &mut out).unwrap();
+            let vocab = e.vocab_size();
+            next = (0..2)
+                .map(|i| argmax(&out[i * vocab..(i + 1) * vocab]))
+                .collect();
+        }
+        assert_eq!(got, want, "fail at forward {fail_at}");
+        assert!(e.on_cpu(), "fail at forward {fail_at}");
+        assert_eq!(states[0].len(), 4 + 6);
+    }
+}

@@ -141,6 +141,52 @@ impl Executor for FallbackExecutor {
         Ok(())
     }
 
+    /// On the device in one batched pass while every sequence is there; after a device
+    /// failure (in this step or before), one by one through [`Executor::forward`], which
+    /// rebuilds each sequence on the CPU from its tokens.
+    fn forward_batch(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        anelm_model::check_batch(states, tokens, self.vocab)?;
+        let mut sts: Vec<&mut FallbackState> = Vec::with_capacity(states.len());
+        for (state, t) in states.iter_mut().zip(tokens) {
+            sts.push(checked_state(
+                &mut **state,
+                self.id,
+                std::slice::from_ref(t),
+                self.vocab,
+            )?);
+        }
+        if let (Some(device), true) = (self.device.as_mut(), sts.iter().all(|s| !s.on_cpu)) {
+            let mut inner: Vec<&mut dyn KvState> =
+                sts.iter_mut().map(|s| s.inner.as_mut()).collect();
+            match device.forward_batch(&mut inner, tokens, out) {
+                Ok(()) => {
+                    sts.iter_mut()
+                        .zip(tokens)
+                        .for_each(|(s, &t)| s.tokens.push(t));
+                    return Ok(());
+                }
+                Err(ExecError::Device(why)) => {
+                    (self.warn)(&why);
+                    self.device = None;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        drop(sts);
+        out.clear();
+        let mut row = Vec::new();
+        for (state, &t) in states.iter_mut().zip(tokens) {
+            self.forward(&mut **state, &[t], Logits::Last, &mut row)?;
+            out.extend_from_slice(&row);
+        }
+        Ok(())
+    }
+
     fn vocab_size(&self) -> usize {
         self.vocab
     }

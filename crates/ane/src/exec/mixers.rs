@@ -7,7 +7,7 @@ use anelm_cpu::ops::{norm_row, output_gate, rope_head};
 use anelm_cpu::{deltanet, shortconv};
 use anelm_model::plan::{Attention, DeltaNet, Layer, Mixer, Norm, ShortConv};
 
-use super::{attend, ProjectionExecutor, ProjectionKv, Projections};
+use super::{attend, ProjectionExecutor, ProjectionKv, Projections, Segment};
 use crate::error::Result;
 use crate::lower::Projection;
 
@@ -24,13 +24,14 @@ fn columns(rows: &[f32], ld: usize, at: usize, width: usize) -> Vec<f32> {
 }
 
 impl<P: Projections> ProjectionExecutor<P> {
-    /// Layer `li`'s mixer over the `n` normed rows `xn` of the tokens at `kv.len..`, into `y`
-    /// (before any post-norm).
+    /// Layer `li`'s mixer over the `n` normed rows `xn` into `y` (before any post-norm): the
+    /// input and output projections one dispatch each over all the rows, between them each
+    /// segment's rows over its own state at its positions `kv.len..`.
     pub(super) fn mixer(
         &mut self,
         li: usize,
         layer: &Layer,
-        kv: &mut ProjectionKv,
+        segments: &mut [Segment<'_>],
         xn: &[f32],
         n: usize,
         y: &mut [f32],
@@ -41,14 +42,19 @@ impl<P: Projections> ProjectionExecutor<P> {
             .sum();
         let mut inp = vec![0f32; n * rows];
         self.proj.project(Projection::Qkv(li), xn, n, &mut inp)?;
-        let mixed = match &layer.mixer {
-            Mixer::Attention(a) => attention(a, li, kv, &mut inp, n, rows),
-            Mixer::DeltaNet(d) => delta_net(d, li, kv, &inp, n, rows),
-            Mixer::ShortConv(c) => {
-                let h = self.model.config.hidden_size;
-                short_conv(c, li, kv, &inp, n, h)
-            }
-        };
+        let h = self.model.config.hidden_size;
+        let mut mixed = Vec::new();
+        let mut at = 0;
+        for seg in segments.iter_mut() {
+            let (kv, r) = (&mut *seg.kv, seg.rows);
+            let part = &mut inp[at * rows..(at + r) * rows];
+            mixed.extend(match &layer.mixer {
+                Mixer::Attention(a) => attention(a, li, kv, part, r, rows),
+                Mixer::DeltaNet(d) => delta_net(d, li, kv, part, r, rows),
+                Mixer::ShortConv(c) => short_conv(c, li, kv, part, r, h),
+            });
+            at += r;
+        }
         self.proj.project(Projection::O(li), &mixed, n, y)
     }
 }

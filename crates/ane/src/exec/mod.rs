@@ -180,16 +180,37 @@ impl<P: Projections> ProjectionExecutor<P> {
         out: &mut [f32],
         on_layer: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
+        let n = tokens.len();
+        self.step(&mut [Segment { kv, rows: n }], tokens, rows, out, on_layer)
+    }
+
+    /// One pass over the rows of several sequences (`segments`, in order: each its state and
+    /// how many of `tokens` are its own, at its positions `kv.len..`): every projection one
+    /// dispatch over all the rows, the mixers' host work per sequence over its own state;
+    /// logits of rows `rows` into `out`. The states' lengths are the caller's to advance.
+    fn step(
+        &mut self,
+        segments: &mut [Segment<'_>],
+        tokens: &[u32],
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+        on_layer: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
         let m = Arc::clone(&self.model);
-        let (n, h, p0) = (tokens.len(), m.config.hidden_size, kv.len);
+        let (n, h) = (tokens.len(), m.config.hidden_size);
         let mut x = vec![0f32; n * h];
-        embed(&m, tokens, p0, &mut x)?;
+        let mut at = 0;
+        for seg in segments.iter() {
+            let end = at + seg.rows;
+            embed(&m, &tokens[at..end], seg.kv.len, &mut x[at * h..end * h])?;
+            at = end;
+        }
         let mut xn = vec![0f32; n * h];
         let mut y = vec![0f32; n * h];
         for (li, layer) in m.layers.iter().enumerate() {
             xn.copy_from_slice(&x);
             norm_rows(&layer.attn_norm, &mut xn, h);
-            self.mixer(li, layer, kv, &xn, n, &mut y)?;
+            self.mixer(li, layer, segments, &xn, n, &mut y)?;
             if let Some(pn) = &layer.post_attn_norm {
                 norm_rows(pn, &mut y, h);
             }
@@ -219,6 +240,12 @@ impl<P: Projections> ProjectionExecutor<P> {
         }
         Ok(())
     }
+}
+
+/// One sequence's share of a pass: its state, and how many of the pass's rows are its tokens.
+pub(super) struct Segment<'a> {
+    pub kv: &'a mut ProjectionKv,
+    pub rows: usize,
 }
 
 impl<P: Projections> ProjectionExecutor<P> {
@@ -317,6 +344,41 @@ impl<P: Projections> Executor for ProjectionExecutor<P> {
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError> {
         self.forward_traced(state, tokens, logits, out, &mut |_, _| {})
+    }
+
+    /// N sequences' decode tokens in one pass: each projection is one dispatch over the N
+    /// rows (as wide as the kernels' width; a wider batch goes in several passes), the
+    /// attention and recurrences per sequence over its own state.
+    fn forward_batch(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let vocab = self.model.config.vocab_size;
+        anelm_model::check_batch(states, tokens, vocab)?;
+        out.clear();
+        out.resize(tokens.len() * vocab, 0.0);
+        let width = self.proj.max_tokens().max(1);
+        for ((states, tokens), out) in states
+            .chunks_mut(width)
+            .zip(tokens.chunks(width))
+            .zip(out.chunks_mut(width * vocab))
+        {
+            let mut segments = Vec::with_capacity(states.len());
+            for (state, token) in states.iter_mut().zip(tokens) {
+                let kv: &mut ProjectionKv =
+                    checked_state(&mut **state, self.id, std::slice::from_ref(token), vocab)?;
+                segments.push(Segment { kv, rows: 1 });
+            }
+            let n = tokens.len();
+            self.step(&mut segments, tokens, 0..n, out, &mut |_, _| {})?;
+            segments.iter_mut().for_each(|s| s.kv.len += 1);
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
+        Ok(())
     }
 
     fn vocab_size(&self) -> usize {
