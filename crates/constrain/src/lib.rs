@@ -173,12 +173,21 @@ impl Constraint for Constrained {
         }
         match self.matcher.compute_mask_or_eos() {
             Ok(mask) => {
+                // A word of the mask at a time: most words of a constrained step are all zero.
+                let words = mask.as_slice();
                 let mut any = false;
-                for (id, l) in logits.iter_mut().enumerate() {
-                    if mask.is_allowed(id as u32) {
-                        any |= l.is_finite() || *l == f32::INFINITY;
-                    } else {
-                        *l = f32::NEG_INFINITY;
+                for (w, chunk) in logits.chunks_mut(32).enumerate() {
+                    let bits = words.get(w).copied().unwrap_or(0);
+                    if bits == 0 {
+                        chunk.fill(f32::NEG_INFINITY);
+                        continue;
+                    }
+                    for (b, l) in chunk.iter_mut().enumerate() {
+                        if bits >> b & 1 == 0 {
+                            *l = f32::NEG_INFINITY;
+                        } else {
+                            any |= *l > f32::NEG_INFINITY;
+                        }
                     }
                 }
                 if !any {
