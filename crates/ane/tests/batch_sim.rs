@@ -139,3 +139,57 @@ fn a_batch_wider_than_the_kernels_goes_in_several_passes() {
         assert_eq!(states[i].len(), 1);
     }
 }
+
+/// The fused strategy has no width-N decode program yet: its batched step runs the sequences
+/// one after the other — the same rows, N times one token's dispatches. Reported, so the gap
+/// shows.
+#[test]
+fn the_fused_strategy_steps_a_batch_one_sequence_at_a_time() {
+    let dir = tiny("llama");
+    let loaded = LoadedModel::load(&dir).unwrap();
+    let vocab = loaded.model.config.vocab_size;
+    let opts = LoweringOptions {
+        context: 64,
+        ..LoweringOptions::default()
+    };
+    let mut per_step = Vec::new();
+    for strategy in [Strategy::Projection, Strategy::Fused] {
+        let mut exec =
+            AneExecutor::new(loaded.model.clone(), SimDevice::new(), strategy, &opts).unwrap();
+        let mut states: Vec<Box<dyn KvState>> =
+            (0..4).map(|_| exec.new_state(16).unwrap()).collect();
+        let mut out = Vec::new();
+        for (i, s) in states.iter_mut().enumerate() {
+            exec.forward(s.as_mut(), &[3 + i as u32, 40], Logits::Last, &mut out)
+                .unwrap();
+        }
+        let tokens = [7, 8, 9, 10];
+        let before = exec.dispatches();
+        let mut refs: Vec<&mut dyn KvState> = states.iter_mut().map(|s| s.as_mut()).collect();
+        exec.forward_batch(&mut refs, &tokens, &mut out).unwrap();
+        let batched = exec.dispatches() - before;
+        let mut single = Vec::new();
+        for (i, &t) in tokens.iter().enumerate() {
+            let mut s = exec.new_state(16).unwrap();
+            exec.forward(s.as_mut(), &[3 + i as u32, 40], Logits::Last, &mut single)
+                .unwrap();
+            let before = exec.dispatches();
+            exec.forward(s.as_mut(), &[t], Logits::Last, &mut single)
+                .unwrap();
+            let one = exec.dispatches() - before;
+            assert!(
+                out[i * vocab..(i + 1) * vocab] == single[..],
+                "{strategy:?} sequence {i}"
+            );
+            per_step.push((strategy, one, batched));
+        }
+        println!(
+            "{strategy:?}: a step of 4 sequences takes {batched} dispatches, one token {}",
+            per_step.last().unwrap().1
+        );
+    }
+    let (_, one_p, batch_p) = per_step[0];
+    let (_, one_f, batch_f) = *per_step.last().unwrap();
+    assert_eq!(batch_p, one_p, "projection: one pass for the batch");
+    assert_eq!(batch_f, 4 * one_f, "fused: one pass per sequence");
+}
