@@ -58,6 +58,34 @@ pub fn format_spec(
     }
 }
 
+/// llama-server's own fields beside OpenAI's: `json_schema` (a schema, top level) and `grammar`
+/// (GBNF, refused: we take schemas and, on the command line, Lark). Both a `response_format` and
+/// a `json_schema` is a 400.
+pub fn llama_fields(
+    format: Option<Spec>,
+    json_schema: Option<Value>,
+    grammar: Option<&Value>,
+) -> Result<Option<Spec>, ApiError> {
+    if grammar.is_some_and(|g| !g.is_null()) {
+        return Err(ApiError::bad_param(
+            "grammar",
+            "GBNF grammars are not supported: give a JSON Schema (json_schema or response_format)",
+        ));
+    }
+    match (format, json_schema.filter(|s| !s.is_null())) {
+        (Some(_), Some(_)) => Err(ApiError::bad_param(
+            "json_schema",
+            "give either response_format or json_schema, not both",
+        )),
+        (None, Some(s @ (Value::Object(_) | Value::Bool(_)))) => Ok(Some(Spec::JsonSchema(s))),
+        (None, Some(_)) => Err(ApiError::bad_param(
+            "json_schema",
+            "json_schema must be a JSON Schema object",
+        )),
+        (format, None) => Ok(format),
+    }
+}
+
 /// What `tool_choice` asks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ToolChoice {

@@ -1,7 +1,8 @@
 //! Structured output on the real SmolLM2: replies under `response_format: json_schema` (chat)
 //! and `text.format` (Responses) validate against their schemas — nested objects, arrays,
 //! enums, numbers, strings with escapes, optional keys — greedy and sampled; constrained and
-//! plain requests share the batched steps; a bad schema is a 400 and the server keeps serving.
+//! plain requests share the batched steps; completions and llama-server's `json_schema` field take
+//! schemas too; a bad schema is a 400 and the server keeps serving.
 
 mod common;
 
@@ -213,4 +214,53 @@ async fn bad_schemas_are_refused_and_the_server_keeps_serving() {
     }
     let (status, v) = post(&c, &url, &chat("Hi", 4)).await;
     assert_eq!(status, 200, "{v}");
+}
+
+#[tokio::test]
+async fn completions_and_llama_server_fields_take_schemas_too() {
+    let base = base(&SERVER);
+    let c = client();
+    let (_, schema) = &schemas()[0];
+    let validator = jsonschema::validator_for(schema).unwrap();
+    let prompt = "A cat described as JSON: ";
+    for body in [
+        json!({"model": common::MODEL, "prompt": prompt, "max_tokens": 80, "temperature": 0,
+               "response_format": format(schema)}),
+        json!({"model": common::MODEL, "prompt": prompt, "max_tokens": 80, "temperature": 0,
+               "json_schema": schema}),
+    ] {
+        let (status, v) = post(&c, &format!("{base}/v1/completions"), &body).await;
+        assert_eq!(status, 200, "{v}");
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(validator.is_valid(&value), "{text}");
+    }
+    let mut body = chat("Describe a cat.", 80);
+    body["json_schema"] = schema.clone();
+    let (status, v) = post(&c, &format!("{base}/v1/chat/completions"), &body).await;
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        validator.is_valid(&serde_json::from_str::<Value>(text).unwrap()),
+        "{text}"
+    );
+    for (extra, param) in [
+        (json!({"grammar": "root ::= \"x\""}), "grammar"),
+        (
+            json!({"json_schema": schema, "response_format": {"type": "json_object"}}),
+            "json_schema",
+        ),
+        (json!({"json_schema": "not a schema"}), "json_schema"),
+    ] {
+        let mut body = chat("Hi", 4);
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, v) = post(&c, &format!("{base}/v1/chat/completions"), &body).await;
+        assert_eq!(
+            (status, v["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{v}"
+        );
+    }
 }

@@ -36,6 +36,9 @@ pub struct ChatRequest {
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
     response_format: Option<Value>,
+    /// llama-server's: a schema the reply must follow (as `response_format` json_schema).
+    json_schema: Option<Value>,
+    grammar: Option<Value>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
@@ -100,6 +103,7 @@ pub async fn handle(
     }
     results_answer_calls(&messages)?;
     let format = structured::format_spec(req.response_format.as_ref(), "response_format", true)?;
+    let format = structured::llama_fields(format, req.json_schema, req.grammar.as_ref())?;
     let choice = ToolChoice::parse(req.tool_choice.as_ref())?;
     let tools = active_tools(&app, req.tools, &choice)?;
     let declared = tools.as_deref().map(tools::declared_names);

@@ -18,6 +18,7 @@ use crate::ids::{new_id, unix_seconds};
 use crate::params::{choices, max_tokens, Sampling, Stop};
 use crate::scheduler::Job;
 use crate::stream::{self, json_event, Emit, Piece, Translator};
+use crate::structured;
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
@@ -32,6 +33,11 @@ pub struct CompletionRequest {
     logprobs: Option<i64>,
     echo: Option<bool>,
     suffix: Option<String>,
+    /// OpenAI's shape (`json_object`, `json_schema`), as chat takes it.
+    response_format: Option<Value>,
+    /// llama-server's: a schema the text must follow.
+    json_schema: Option<Value>,
+    grammar: Option<Value>,
     /// The sampling fields, and whatever else the client sent (ignored).
     #[serde(flatten)]
     rest: serde_json::Map<String, Value>,
@@ -102,10 +108,13 @@ pub async fn handle(
     };
     let choices = choices(&app.limits, req.n, params)?;
     let n = choices.len();
+    let format = structured::format_spec(req.response_format.as_ref(), "response_format", true)?;
+    let spec = structured::llama_fields(format, req.json_schema, req.grammar.as_ref())?;
+    let constraint = structured::compile(&app, spec, "response_format").await?;
     let rx = app.submit(Job {
         prompt,
         choices,
-        constraint: None,
+        constraint,
         thinking: None,
     })?;
     let reply = Reply {
