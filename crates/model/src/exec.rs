@@ -56,6 +56,8 @@ pub enum ExecError {
     BatchMismatch { states: usize, tokens: usize },
     #[error("{0}")]
     Device(String),
+    #[error("this executor cannot {0}")]
+    Unsupported(&'static str),
 }
 
 /// A state that names the executor that made it, so that no other executor uses it.
@@ -126,6 +128,19 @@ pub trait Executor: Send {
             out.extend_from_slice(&row);
         }
         Ok(())
+    }
+
+    /// Like [`Executor::forward`], but writes the final-normed hidden state of every token
+    /// (`hidden_size` floats per row, token-major) instead of logits: what embeddings pool.
+    /// Executors that cannot give them refuse with [`ExecError::Unsupported`].
+    fn hidden_states(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let _ = (state, tokens, out);
+        Err(ExecError::Unsupported("give hidden states"))
     }
 
     /// Vocabulary size (length of one logits row).

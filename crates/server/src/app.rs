@@ -27,6 +27,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
     pub responses: ResponseStore,
+    /// How embeddings pool ([`crate::embeddings`]).
+    pub pooling: crate::embeddings::Pooling,
 }
 
 impl App {
@@ -54,6 +56,7 @@ impl App {
             limits: config.limits.clone(),
             metrics,
             responses: ResponseStore::new(responses_store::KEPT, responses_store::KEPT_BYTES),
+            pooling: config.pooling,
         })
     }
 
@@ -83,6 +86,7 @@ pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat::handle))
         .route("/v1/completions", post(openai::completions::handle))
+        .route("/v1/embeddings", post(crate::embeddings::handle))
         .route("/v1/responses", post(openai::responses::create))
         .route(
             "/v1/responses/{id}",

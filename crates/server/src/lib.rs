@@ -20,6 +20,7 @@ mod anthropic_tools;
 mod app;
 mod auth;
 mod drafts;
+mod embeddings;
 mod error;
 mod extract;
 mod ids;
@@ -47,6 +48,7 @@ use anelm_model::Executor;
 use tokio::sync::oneshot;
 
 pub use drafts::{DraftConfig, MakeDrafter};
+pub use embeddings::Pooling;
 pub use limits::Limits;
 pub use model::context_size;
 pub use scheduler::{LookupConfig, SchedulerConfig, Stats};
@@ -68,6 +70,8 @@ pub struct ServerConfig {
     /// Timeouts, the connection limit and the size limits of a request.
     pub limits: Limits,
     pub scheduler: SchedulerConfig,
+    /// How `/v1/embeddings` pools an input's hidden states.
+    pub pooling: Pooling,
 }
 
 impl Default for ServerConfig {
@@ -80,6 +84,7 @@ impl Default for ServerConfig {
             ctx: None,
             limits: Limits::default(),
             scheduler: SchedulerConfig::default(),
+            pooling: Pooling::default(),
         }
     }
 }

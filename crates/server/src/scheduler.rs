@@ -27,6 +27,7 @@ use anelm_model::Executor;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::drafts::{DraftConfig, DraftPool};
+use crate::embeddings::EmbedJob;
 use crate::metrics::Metrics;
 use crate::reasoning::Budget;
 use crate::sessions::SessionPool;
@@ -131,6 +132,8 @@ struct Queued {
 
 struct Queue {
     jobs: VecDeque<Queued>,
+    /// Embedding requests, run between steps ([`crate::embeddings`]).
+    embeds: VecDeque<EmbedJob>,
     closed: bool,
 }
 
@@ -173,6 +176,7 @@ impl Scheduler {
             ctx,
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
+                embeds: VecDeque::new(),
                 closed: false,
             }),
             ready: Condvar::new(),
@@ -235,6 +239,20 @@ impl Scheduler {
         }
     }
 
+    /// Queues an embedding request; it runs between steps, on the engine thread. Refused when
+    /// as many wait as jobs may.
+    pub fn embed(&self, job: EmbedJob) -> Result<(), Busy> {
+        let mut q = lock(&self.shared.queue);
+        if q.closed || q.embeds.len() >= self.shared.config.queue.max(1) {
+            self.shared.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Busy);
+        }
+        q.embeds.push_back(job);
+        drop(q);
+        self.shared.ready.notify_one();
+        Ok(())
+    }
+
     /// Refuses new jobs and lets the engine thread end once the queue is empty.
     pub fn close(&self) {
         lock(&self.shared.queue).closed = true;
@@ -279,6 +297,10 @@ impl Shared {
         let mut running: Vec<Running> = Vec::new();
         let mut batch = Batch::new();
         loop {
+            let embeds = std::mem::take(&mut lock(&self.queue).embeds);
+            for e in embeds {
+                e.run(exec.as_mut());
+            }
             // Jobs join between steps while there is room; with none running, wait for one.
             while running.len() < self.config.parallel.max(1) {
                 let Some(queued) = self.next_job(running.is_empty()) else {
@@ -534,7 +556,7 @@ impl Shared {
                 self.busy.fetch_add(1, Ordering::Relaxed);
                 return Some(job);
             }
-            if q.closed || !wait {
+            if q.closed || !wait || !q.embeds.is_empty() {
                 return None;
             }
             q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());

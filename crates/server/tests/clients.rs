@@ -31,5 +31,5 @@ fn the_official_python_clients_work() {
         script.display(),
         out.status
     );
-    assert!(stdout.contains("13 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("14 passed, 0 failed"), "{stdout}");
 }

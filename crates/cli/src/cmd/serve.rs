@@ -45,6 +45,10 @@ pub struct Args {
     pub speculate: super::speculate::SpeculateArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// How /v1/embeddings pools an input's hidden states: mean, last (decoder embedding
+    /// models) or cls (the first token).
+    #[arg(long, default_value = "mean", value_name = "POOLING")]
+    pub pooling: anelm_server::Pooling,
 }
 
 /// What one client may ask; past a limit the request is refused with a 4xx naming it.
@@ -148,6 +152,7 @@ pub fn run(a: Args) -> Result<()> {
             draft,
         },
         limits,
+        pooling: a.pooling,
     };
     let server = Server::start(config, loaded, exec)?;
     eprintln!(

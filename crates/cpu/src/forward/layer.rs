@@ -163,7 +163,8 @@ impl Forward<'_> {
         }
     }
 
-    /// The final norm and the output head for the wanted rows.
+    /// The final norm and the output head for the wanted rows (the normed rows themselves for
+    /// hidden states).
     pub(super) unsafe fn head(&mut self) {
         let rows = self.c.rows.clone();
         if rows.is_empty() {
@@ -175,6 +176,14 @@ impl Forward<'_> {
             let xn = &mut p.xn[i * h..(i + 1) * h];
             xn.copy_from_slice(&p.x[t * h..(t + 1) * h]);
             norm_row(&self.m.final_norm, xn);
+        }
+        if self.c.hidden {
+            // The normed rows are the output; the caller's thread writes them.
+            if self.ctx.ith == 0 {
+                let out = self.v.out.range_mut(0..rows.len() * h);
+                out.copy_from_slice(&p.xn[..rows.len() * h]);
+            }
+            return;
         }
         self.n = rows.len();
         let w = &self.m.lm_head;

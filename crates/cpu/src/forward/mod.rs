@@ -277,7 +277,7 @@ impl Executor for CpuExecutor {
             };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
             let tokens = &tokens[done..done + len];
-            self.run(&mut [&mut *kv], tokens, rows, out_chunk);
+            self.run(&mut [&mut *kv], tokens, rows, out_chunk, false);
             done += len;
         }
         if let Some(cap) = self.model.final_softcap {
@@ -312,10 +312,35 @@ impl Executor for CpuExecutor {
             .zip(tokens.chunks(per))
             .zip(out.chunks_mut(per * vocab))
         {
-            self.run(kvs, tokens, 0..tokens.len(), out);
+            self.run(kvs, tokens, 0..tokens.len(), out, false);
         }
         if let Some(cap) = self.model.final_softcap {
             softcap(out, cap);
+        }
+        Ok(())
+    }
+
+    /// [`Executor::forward`]'s pass with the head left out: every token's final-normed hidden
+    /// state, in chunks of at most the buffers' rows.
+    fn hidden_states(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let vocab = self.model.config.vocab_size;
+        let h = self.model.config.hidden_size;
+        let kv: &mut CpuKv = checked_state(state, self.id, tokens, vocab)?;
+        out.clear();
+        out.resize(tokens.len() * h, 0.0);
+        self.reserve(tokens.len().clamp(1, MAX_BATCH));
+        let mut done = 0;
+        while done < tokens.len() {
+            let len = (tokens.len() - done).min(self.bufs.cap);
+            let chunk = &tokens[done..done + len];
+            let dst = &mut out[done * h..(done + len) * h];
+            self.run(&mut [&mut *kv], chunk, 0..len, dst, true);
+            done += len;
         }
         Ok(())
     }
@@ -359,7 +384,16 @@ impl CpuExecutor {
 
     /// One pass over `tokens`: all of them the next tokens of `kvs[0]`, or one for each of
     /// `kvs`. Writes the logits of the chunk rows `rows` into `out` and advances the states.
-    fn run(&mut self, kvs: &mut [&mut CpuKv], tokens: &[u32], rows: Range<usize>, out: &mut [f32]) {
+    /// One chunk through the layers; the logits of rows `rows` (or, `hidden`, their
+    /// final-normed hidden states) into `out`.
+    fn run(
+        &mut self,
+        kvs: &mut [&mut CpuKv],
+        tokens: &[u32],
+        rows: Range<usize>,
+        out: &mut [f32],
+        hidden: bool,
+    ) {
         debug_assert!(kvs.len() == 1 || kvs.len() == tokens.len());
         // A decode step, or a short pass of one sequence (a speculative verification), may go
         // on one thread while the machine is contended (see `adaptive`).
@@ -385,7 +419,7 @@ impl CpuExecutor {
             resident: &self.resident,
             solo,
         };
-        run_chunk(&env, &mut self.bufs, kvs, tokens, rows, out);
+        run_chunk(&env, &mut self.bufs, kvs, tokens, rows, out, hidden);
         let per = tokens.len() / kvs.len();
         kvs.iter_mut().for_each(|kv| kv.len += per);
         if let Some(i) = decode {
@@ -432,6 +466,8 @@ struct Chunk<'a> {
     tokens: &'a [u32],
     seqs: Vec<Seq<'a>>,
     rows: Range<usize>,
+    /// The rows' final-normed hidden states go to `out`, not their logits.
+    hidden: bool,
 }
 
 impl Chunk<'_> {
@@ -466,6 +502,7 @@ fn run_chunk(
     tokens: &[u32],
     rows: Range<usize>,
     out: &mut [f32],
+    hidden: bool,
 ) {
     let (m, isa) = (env.m, env.isa);
     let per = tokens.len() / kvs.len();
@@ -495,7 +532,12 @@ fn run_chunk(
             }
         })
         .collect();
-    let c = &Chunk { tokens, seqs, rows };
+    let c = &Chunk {
+        tokens,
+        seqs,
+        rows,
+        hidden,
+    };
     let views = Views {
         q: SharedSlice::new(&mut b.q),
         k: SharedSlice::new(&mut b.k),

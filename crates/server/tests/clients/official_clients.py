@@ -30,6 +30,14 @@ def check(name):
     return run
 
 
+def raises(error, f):
+    try:
+        f()
+    except error as e:
+        return e
+    raise AssertionError(f"expected {error.__name__}")
+
+
 oa = openai.OpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0, timeout=120)
 an = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0, timeout=120)
 
@@ -212,6 +220,23 @@ def _():
     r = oa.responses.parse(model=MODEL, input=ASK_WEATHER[0]["content"], text_format=Forecast,
                            max_output_tokens=200, temperature=0)
     assert isinstance(r.output_parsed, Forecast), r.output
+
+
+@check("openai: embeddings — unit vectors, a batch as its singles, float and base64 alike, token ids")
+def _():
+    texts = ["The cat sat on the mat.", "Quantum chromodynamics.", "The cat sat on the mat."]
+    e = oa.embeddings.create(model=MODEL, input=texts)  # the SDK asks for base64 and decodes it
+    vs = [d.embedding for d in e.data]
+    assert [d.index for d in e.data] == [0, 1, 2], e.data
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vs), [sum(x * x for x in v) for v in vs]
+    assert vs[0] == vs[2] and vs[0] != vs[1]
+    assert e.usage.prompt_tokens == e.usage.total_tokens > 6, e.usage
+    one = oa.embeddings.create(model=MODEL, input=texts[1], encoding_format="float").data[0].embedding
+    assert len(one) == len(vs[1]) and max(abs(a - b) for a, b in zip(one, vs[1])) < 1e-6
+    ids = oa.embeddings.create(model=MODEL, input=[[1, 2, 3, 4], [5, 6]]).data
+    assert len(ids) == 2 and len(ids[0].embedding) == len(one)
+    e = raises(openai.BadRequestError, lambda: oa.embeddings.create(model=MODEL, input="x", dimensions=8))
+    assert e.param == "dimensions", e
 
 
 print(f"{len(passed)} passed, 0 failed")
