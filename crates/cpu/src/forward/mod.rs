@@ -198,8 +198,8 @@ fn linears(l: &Layer) -> Vec<&Linear> {
     v
 }
 
-/// The matrices of the products: every layer's and the output head (the token embedding stays
-/// mapped: lookups read a row at a time).
+/// The matrices of the products: every layer's and the output head (a token embedding of its own
+/// stays mapped: lookups read a row at a time; one tied to the head reads the head's copy).
 fn matrices(m: &Model) -> impl Iterator<Item = &Weight> {
     m.layers
         .iter()
