@@ -2,12 +2,14 @@
 //! in its own format (f32, f16, q8_0 or q4_0): the smaller ones shrink the cache and the
 //! bandwidth attention reads; f32 keeps the exact path exact.
 //!
-//! A sliding-window layer holds only the positions its window can still reach, and room for
-//! one pass: `window - 1 + MAX_BATCH` of them, from its `base` on. Before a pass that would run
-//! past them, the positions the pass's first token needs move to the front (once per
-//! `MAX_BATCH` tokens or so: a window's worth of keys and values). Such a state goes back to
-//! any position from the start of its last pass on; further back, it starts over (as a
-//! recurrent state does) when a windowed layer has forgotten positions the next token needs.
+//! A sliding-window layer holds only the positions its window can still reach, [`BACK`] more,
+//! and room for one pass: `window - 1 + BACK + MAX_BATCH` of them, from its `base` on. Before a
+//! pass that would run past them, the positions the pass's first token needs (and `BACK` before
+//! them) move to the front (once per `MAX_BATCH` tokens or so: a window's worth of keys and
+//! values). Such a state goes back to any position from `BACK` before its last pass on (a
+//! speculative rollback, a chat template that renders the last tokens of a reply its own way);
+//! further back, it starts over (as a recurrent state does) when a windowed layer has forgotten
+//! positions the next token needs.
 
 use std::any::Any;
 
@@ -17,6 +19,9 @@ use half::f16;
 use crate::kvblock::{each_format, BlockQ4_0, BlockQ8_0, KvBlock};
 use crate::shared::SharedSlice;
 use crate::MAX_BATCH;
+
+/// Positions before its last pass that a state with sliding windows can always go back to.
+pub(crate) const BACK: usize = 128;
 
 /// The element format of the keys or the values of the cache (llama.cpp's `--cache-type-k/-v`
 /// names).
@@ -260,7 +265,7 @@ impl Layers {
             if len + n <= base + slots {
                 continue;
             }
-            let keep = (len + 1).saturating_sub(w);
+            let keep = (len + 1).saturating_sub(w + BACK);
             debug_assert!(
                 base <= keep && len + n - keep <= slots,
                 "a pass beyond the window"
@@ -274,9 +279,10 @@ impl Layers {
     }
 }
 
-/// Positions a layer with a sliding window of `w` holds: the `w - 1` before a pass and the pass.
+/// Positions a layer with a sliding window of `w` holds: the `w - 1` before a pass, [`BACK`]
+/// more, and the pass.
 fn window_slots(w: usize) -> usize {
-    w.saturating_sub(1) + MAX_BATCH
+    w.saturating_sub(1) + BACK + MAX_BATCH
 }
 
 /// The recurrent state of the DeltaNet and short-conv layers: per layer its conv history and
@@ -436,7 +442,7 @@ mod tests {
     }
 
     #[test]
-    fn a_windowed_layer_keeps_its_window_in_fixed_memory_and_goes_back_within_its_last_pass() {
+    fn a_windowed_layer_keeps_its_window_in_fixed_memory_and_goes_back_near_its_last_pass() {
         let (w, dim, capacity) = (5, 2, 4 * MAX_BATCH);
         let layers = [
             KvLayer { dim, window: None },
@@ -453,13 +459,13 @@ mod tests {
             1,
         );
         assert_eq!(kv.layer_slots(0), capacity);
-        assert_eq!(kv.layer_slots(1), w - 1 + MAX_BATCH);
+        assert_eq!(kv.layer_slots(1), w - 1 + BACK + MAX_BATCH);
         let KvVec::F32(k) = &kv.data.k else {
             unreachable!()
         };
         assert_eq!(
             k.len(),
-            dim * (capacity + w - 1 + MAX_BATCH),
+            dim * (capacity + w - 1 + BACK + MAX_BATCH),
             "memory: the slots only"
         );
         // Passes of varied lengths, as prefill chunks and decode steps append them.
@@ -480,9 +486,11 @@ mod tests {
                 }
             }
             kv.len += n;
-            // Every position of the pass still sees its window, at the slot it says.
+            // Every position of the pass still sees its window, at the slot it says, and the
+            // state can go back `BACK` before the pass.
             let base = kv.data.base[1];
             assert!(base <= (start + 1).saturating_sub(w));
+            assert!(kv.data.reaches(start.saturating_sub(BACK)));
             let KvVec::F32(k) = &kv.data.k else {
                 unreachable!()
             };
@@ -495,10 +503,10 @@ mod tests {
                 );
             }
         }
-        // Back to the start of the last pass: kept; far back: the state starts over.
+        // Back to `BACK` before the last pass: kept; far back: the state starts over.
         let len = kv.len;
-        kv.truncate(len - 1);
-        assert_eq!(kv.len(), len - 1);
+        kv.truncate(len - 1 - BACK);
+        assert_eq!(kv.len(), len - 1 - BACK);
         kv.truncate(len - 600);
         assert_eq!((kv.len(), kv.data.base[1]), (0, 0));
     }
