@@ -24,12 +24,21 @@ use crate::ops::softcap;
 use crate::simd::Isa;
 use crate::vecmath::{exp, exp_shift, max, softmax};
 
-/// The cache of one layer as attention reads it: `[pos][kv_dim]` keys and values, each in its
-/// format.
+/// The cache of one layer as attention reads it: `[pos - base][kv_dim]` keys and values, each
+/// in its format (`base` above 0: a sliding window's cache that has forgotten older positions).
 pub struct Cache<'a> {
     pub k: Rows<'a>,
     pub v: Rows<'a>,
     pub kv_dim: usize,
+    pub base: usize,
+}
+
+impl Cache<'_> {
+    /// The first value of position `pos`'s keys (or values) of KV head `kvh`.
+    fn at(&self, pos: usize, kvh: usize, hd: usize) -> usize {
+        debug_assert!(pos >= self.base, "position {pos} was forgotten");
+        (pos - self.base) * self.kv_dim + kvh * hd
+    }
 }
 
 /// The rows of `rows` from value `at` on, and the distance between positions, in blocks.
@@ -85,7 +94,7 @@ fn update(
 ) {
     let hd = a.head_dim;
     let (g, n) = (q.len() / hd, keys.len());
-    let at = keys.start * cache.kv_dim + kvh * hd;
+    let at = cache.at(keys.start, kvh, hd);
     let s = &mut scores[..g * n];
     each_format!(cache.k, Rows, k => {
         let (k, stride) = from(k, at, cache.kv_dim);
@@ -147,7 +156,7 @@ fn part_tile(
     }
     let hd = a.head_dim;
     let (g, n) = (q.len() / hd, part.len());
-    let at = part.start * cache.kv_dim + kvh * hd;
+    let at = cache.at(part.start, kvh, hd);
     let s = &mut scores[..g * n];
     each_format!(cache.k, Rows, k => {
         let (k, stride) = from(k, at, cache.kv_dim);
@@ -353,11 +362,13 @@ mod tests {
                 k: Rows::F32(&k),
                 v: Rows::F32(&v),
                 kv_dim,
+                base: 0,
             },
             Cache {
                 k: Rows::F16(&k16),
                 v: Rows::F16(&v16),
                 kv_dim,
+                base: 0,
             },
         ];
         // Queries whose parts span one tile or several (longer than 512 positions), and start

@@ -1,6 +1,15 @@
 //! The CPU KV cache: per layer, the keys and values of every position (`[pos][kv_dim]`), each
 //! in its own format (f32, f16, q8_0 or q4_0): the smaller ones shrink the cache and the
 //! bandwidth attention reads; f32 keeps the exact path exact.
+//!
+//! A sliding-window layer holds only the positions its window can still reach, [`BACK`] more,
+//! and room for one pass: `window - 1 + BACK + MAX_BATCH` of them, from its `base` on. Before a
+//! pass that would run past them, the positions the pass's first token needs (and `BACK` before
+//! them) move to the front (once per `MAX_BATCH` tokens or so: a window's worth of keys and
+//! values). Such a state goes back to any position from `BACK` before its last pass on (a
+//! speculative rollback, a chat template that renders the last tokens of a reply its own way);
+//! further back, it starts over (as a recurrent state does) when a windowed layer has forgotten
+//! positions the next token needs.
 
 use std::any::Any;
 
@@ -9,6 +18,10 @@ use half::f16;
 
 use crate::kvblock::{each_format, BlockQ4_0, BlockQ8_0, KvBlock};
 use crate::shared::SharedSlice;
+use crate::MAX_BATCH;
+
+/// Positions before its last pass that a state with sliding windows can always go back to.
+pub(crate) const BACK: usize = 128;
 
 /// The element format of the keys or the values of the cache (llama.cpp's `--cache-type-k/-v`
 /// names).
@@ -135,6 +148,14 @@ impl KvVec {
         }
     }
 
+    /// Moves the values `src` (whole blocks) to `dst` on.
+    fn move_values(&mut self, src: std::ops::Range<usize>, dst: usize) {
+        fn go<B: KvBlock>(v: &mut [B], src: std::ops::Range<usize>, dst: usize) {
+            v.copy_within(blocks::<B>(src), dst / B::N);
+        }
+        each_format!(self, KvVec, v => go(v, src, dst))
+    }
+
     pub(crate) fn shared(&mut self) -> SharedRows<'_> {
         match self {
             KvVec::F32(v) => SharedRows::F32(SharedSlice::new(v)),
@@ -183,27 +204,85 @@ unsafe fn quantize_into<B: KvBlock>(
     B::quantize(s.range_mut(blocks::<B>(at)), src);
 }
 
-/// Keys and values of all layers, each in one allocation: layer `l` holds the values
-/// `offset[l] .. offset[l] + capacity * dims[l]`.
+/// One layer's part of the cache: the values of a position, and its sliding window if any.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KvLayer {
+    pub dim: usize,
+    pub window: Option<usize>,
+}
+
+/// Keys and values of all layers, each in one allocation: layer `l` holds the positions
+/// `base[l] .. base[l] + slots[l]` as the values `offset[l] .. offset[l] + slots[l] * dims`.
 pub(crate) struct Layers {
     pub k: KvVec,
     pub v: KvVec,
     pub offset: Vec<usize>,
+    /// Positions each layer holds at once: the state's capacity, or a window and a pass.
+    pub slots: Vec<usize>,
+    /// The first position each layer holds (above 0 once a windowed layer has moved on).
+    pub base: Vec<usize>,
+    layers: Vec<KvLayer>,
 }
 
 impl Layers {
-    fn new(kv_dims: &[usize], capacity: usize, k: KvDtype, v: KvDtype) -> Self {
-        let offset: Vec<usize> = kv_dims
+    fn new(layers: &[KvLayer], capacity: usize, k: KvDtype, v: KvDtype) -> Self {
+        let slots: Vec<usize> = layers
             .iter()
-            .scan(0, |at, d| Some(std::mem::replace(at, *at + d * capacity)))
+            .map(|l| l.window.map_or(capacity, |w| window_slots(w).min(capacity)))
             .collect();
-        let total = kv_dims.iter().sum::<usize>() * capacity;
+        let offset: Vec<usize> = layers
+            .iter()
+            .zip(&slots)
+            .scan(0, |at, (l, n)| Some(std::mem::replace(at, *at + l.dim * n)))
+            .collect();
+        let total = layers.iter().zip(&slots).map(|(l, n)| l.dim * n).sum();
         Layers {
             k: KvVec::new(k, total),
             v: KvVec::new(v, total),
             offset,
+            base: vec![0; layers.len()],
+            slots,
+            layers: layers.to_vec(),
         }
     }
+
+    /// Whether every windowed layer still holds what a token at position `len` attends to.
+    fn reaches(&self, len: usize) -> bool {
+        self.layers
+            .iter()
+            .zip(&self.base)
+            .all(|(l, &b)| l.window.is_none_or(|w| b <= (len + 1).saturating_sub(w)))
+    }
+
+    /// Makes room in every windowed layer for `n` (at most [`MAX_BATCH`]) positions from `len`
+    /// on, keeping the ones the first of them attends to.
+    fn make_room(&mut self, len: usize, n: usize) {
+        for l in 0..self.layers.len() {
+            let (Some(w), dim) = (self.layers[l].window, self.layers[l].dim) else {
+                continue;
+            };
+            let (base, slots) = (self.base[l], self.slots[l]);
+            if len + n <= base + slots {
+                continue;
+            }
+            let keep = (len + 1).saturating_sub(w + BACK);
+            debug_assert!(
+                base <= keep && len + n - keep <= slots,
+                "a pass beyond the window"
+            );
+            let at = self.offset[l];
+            let src = at + (keep - base) * dim..at + (len - base) * dim;
+            self.k.move_values(src.clone(), at);
+            self.v.move_values(src, at);
+            self.base[l] = keep;
+        }
+    }
+}
+
+/// Positions a layer with a sliding window of `w` holds: the `w - 1` before a pass, [`BACK`]
+/// more, and the pass.
+fn window_slots(w: usize) -> usize {
+    w.saturating_sub(1) + BACK + MAX_BATCH
 }
 
 /// The recurrent state of the DeltaNet and short-conv layers: per layer its conv history and
@@ -252,14 +331,14 @@ pub struct CpuKv {
 
 impl CpuKv {
     pub(crate) fn new(
-        kv_dims: &[usize],
+        layers: &[KvLayer],
         recurrent: &[(usize, usize)],
         capacity: usize,
         (k, v): (KvDtype, KvDtype),
         owner: usize,
     ) -> Self {
         CpuKv {
-            data: Layers::new(kv_dims, capacity, k, v),
+            data: Layers::new(layers, capacity, k, v),
             recurrent: Recurrent::new(recurrent),
             len: 0,
             capacity,
@@ -270,6 +349,16 @@ impl CpuKv {
     /// The formats of the keys and of the values.
     pub fn dtypes(&self) -> (KvDtype, KvDtype) {
         (self.data.k.dtype(), self.data.v.dtype())
+    }
+
+    /// Room for a pass of `n` (at most [`MAX_BATCH`]) new positions.
+    pub(crate) fn make_room(&mut self, n: usize) {
+        self.data.make_room(self.len, n);
+    }
+
+    /// Positions of layer `l` held in memory (the slots it keeps; a window's are reused).
+    pub fn layer_slots(&self, l: usize) -> usize {
+        self.data.slots[l]
     }
 }
 
@@ -286,17 +375,19 @@ impl KvState for CpuKv {
     fn capacity(&self) -> usize {
         self.capacity
     }
-    /// Keys and values can be forgotten from any position; a recurrent state cannot go back,
-    /// so a model with one starts over (len 0) when asked to keep fewer positions than it has.
+    /// Keys and values can be forgotten from any position that windowed layers still reach; a
+    /// recurrent state cannot go back, so a model with one starts over (len 0) when asked to
+    /// keep fewer positions than it has, and so does one whose windows have moved past `len`.
     fn truncate(&mut self, len: usize) {
         if len >= self.len {
             return;
         }
-        if self.recurrent.s.is_empty() && self.recurrent.conv.is_empty() {
+        if self.recurrent.s.is_empty() && self.recurrent.conv.is_empty() && self.data.reaches(len) {
             self.len = len;
         } else {
             self.recurrent.conv.fill(0.0);
             self.recurrent.s.fill(0.0);
+            self.data.base.fill(0);
             self.len = 0;
         }
     }
@@ -312,7 +403,7 @@ mod tests {
     #[test]
     fn a_recurrent_state_restarts_instead_of_going_back() {
         let mut kv = CpuKv::new(
-            &[4, 0],
+            &plain(&[4, 0]),
             &[(0, 0), (6, 8)],
             10,
             (KvDtype::F32, KvDtype::F32),
@@ -326,11 +417,98 @@ mod tests {
         assert_eq!(kv.len(), 0);
         assert!(kv.recurrent.s.iter().all(|&x| x == 0.0));
 
-        let mut plain = CpuKv::new(&[32], &[(0, 0)], 10, (KvDtype::Q8_0, KvDtype::F16), 1);
-        plain.len = 5;
-        plain.truncate(3);
-        assert_eq!(plain.len(), 3);
-        assert_eq!(plain.dtypes(), (KvDtype::Q8_0, KvDtype::F16));
+        let mut flat = CpuKv::new(
+            &plain(&[32]),
+            &[(0, 0)],
+            10,
+            (KvDtype::Q8_0, KvDtype::F16),
+            1,
+        );
+        flat.len = 5;
+        flat.truncate(3);
+        assert_eq!(flat.len(), 3);
+        assert_eq!(flat.dtypes(), (KvDtype::Q8_0, KvDtype::F16));
+    }
+
+    fn plain(dims: &[usize]) -> Vec<KvLayer> {
+        dims.iter()
+            .map(|&dim| KvLayer { dim, window: None })
+            .collect()
+    }
+
+    /// The value a test stores for position `pos` of layer `l`, element `i`.
+    fn mark(l: usize, pos: usize, i: usize) -> f32 {
+        (l * 100_000 + pos * 10 + i) as f32
+    }
+
+    #[test]
+    fn a_windowed_layer_keeps_its_window_in_fixed_memory_and_goes_back_near_its_last_pass() {
+        let (w, dim, capacity) = (5, 2, 4 * MAX_BATCH);
+        let layers = [
+            KvLayer { dim, window: None },
+            KvLayer {
+                dim,
+                window: Some(w),
+            },
+        ];
+        let mut kv = CpuKv::new(
+            &layers,
+            &[(0, 0); 2],
+            capacity,
+            (KvDtype::F32, KvDtype::F32),
+            1,
+        );
+        assert_eq!(kv.layer_slots(0), capacity);
+        assert_eq!(kv.layer_slots(1), w - 1 + BACK + MAX_BATCH);
+        let KvVec::F32(k) = &kv.data.k else {
+            unreachable!()
+        };
+        assert_eq!(
+            k.len(),
+            dim * (capacity + w - 1 + BACK + MAX_BATCH),
+            "memory: the slots only"
+        );
+        // Passes of varied lengths, as prefill chunks and decode steps append them.
+        let mut passes = vec![MAX_BATCH, 7, MAX_BATCH, 1, 1, MAX_BATCH - 3, 300];
+        passes.extend([1; 40]);
+        for n in passes {
+            let start = kv.len;
+            kv.make_room(n);
+            for pos in start..start + n {
+                for (l, base) in [(0, 0), (1, kv.data.base[1])] {
+                    let at = kv.data.offset[l] + (pos - base) * dim;
+                    let KvVec::F32(k) = &mut kv.data.k else {
+                        unreachable!()
+                    };
+                    for i in 0..dim {
+                        k[at + i] = mark(l, pos, i);
+                    }
+                }
+            }
+            kv.len += n;
+            // Every position of the pass still sees its window, at the slot it says, and the
+            // state can go back `BACK` before the pass.
+            let base = kv.data.base[1];
+            assert!(base <= (start + 1).saturating_sub(w));
+            assert!(kv.data.reaches(start.saturating_sub(BACK)));
+            let KvVec::F32(k) = &kv.data.k else {
+                unreachable!()
+            };
+            for pos in (start + 1).saturating_sub(w)..kv.len {
+                let at = kv.data.offset[1] + (pos - base) * dim;
+                assert_eq!(
+                    k[at + 1],
+                    mark(1, pos, 1),
+                    "position {pos} after a pass from {start}"
+                );
+            }
+        }
+        // Back to `BACK` before the last pass: kept; far back: the state starts over.
+        let len = kv.len;
+        kv.truncate(len - 1 - BACK);
+        assert_eq!(kv.len(), len - 1 - BACK);
+        kv.truncate(len - 600);
+        assert_eq!((kv.len(), kv.data.base[1]), (0, 0));
     }
 
     #[test]

@@ -4,14 +4,16 @@
 //! packed ([`crate::kernels::packed`]), the other mapped ones as in the file. The mapped pages
 //! of each matrix are given back as it is copied, so the process's resident size does not
 //! double; a matrix the model holds in its own memory (converted at load) is read in place
-//! unless it is packed, as copying it would.
+//! unless it is packed, as copying it would. Copies are found by the bytes they copy, so two
+//! weights over the same bytes (a token embedding tied to the output head) share one, and the
+//! embedding's rows are read from it rather than fault the mapped pages back in.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
 use anelm_model::Weight;
 
-use crate::kernels::packed::{pack_into, packed_len, Packed};
+use crate::kernels::packed::{pack_into, packed_len, unpack_row, Packed};
 use crate::mem::{file_mappings, mapped, release, Region};
 use crate::simd::Isa;
 
@@ -20,8 +22,8 @@ const ALIGN: usize = 64;
 
 pub struct Resident {
     region: Region,
-    /// Where each weight's copy lies, by the address of its `Weight`.
-    at: HashMap<usize, Placed>,
+    /// Where each weight's copy lies, by the bytes it copies.
+    at: HashMap<Key, Placed>,
 }
 
 struct Placed {
@@ -37,12 +39,15 @@ pub struct View<'a> {
     pub packed: Option<Packed<'a>>,
 }
 
-fn key(w: &Weight) -> usize {
-    w as *const Weight as usize
+/// The address and length of a weight's bytes, and its rows (one copy per distinct matrix).
+type Key = (usize, usize, usize);
+
+fn key(w: &Weight) -> Key {
+    (w.bytes().as_ptr() as usize, w.bytes().len(), w.rows)
 }
 
 impl Resident {
-    /// Copies the mapped `weights` (each once, however often listed), packing the 32-value types
+    /// Copies the mapped `weights` (each matrix once, however often listed), packing the 32-value types
     /// when `pack` is set and the instruction set is AVX-512 (the packed kernel's).
     pub fn new<'w>(weights: impl IntoIterator<Item = &'w Weight>, isa: Isa, pack: bool) -> Self {
         let packs = |w: &Weight| {
@@ -122,6 +127,23 @@ impl Resident {
     }
 }
 
+impl Resident {
+    /// Row `r` of `w` in the file's layout, read from `w`'s copy where it has one (unpacked into
+    /// `buf` if packed), else from `w` itself.
+    pub fn row<'a>(&'a self, w: &'a Weight, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        let view = self.view(w);
+        let rb = w.row_bytes();
+        match view.packed {
+            None => &view.bytes[r * rb..(r + 1) * rb],
+            Some(p) => {
+                buf.resize(rb, 0);
+                unpack_row(&p, r, buf);
+                buf
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +174,29 @@ mod tests {
         }
         let unpacked = Resident::new([&q8], Isa::Avx512, false);
         assert!(unpacked.view(&q8).packed.is_none());
+    }
+
+    #[test]
+    fn rows_read_back_as_in_the_file_packed_or_not() {
+        // Four Q8_0 rows of two blocks, each block its own scale and quants.
+        let row = |r: u8| -> Vec<u8> {
+            (0..2u8)
+                .flat_map(|b| {
+                    [r, 0x3c]
+                        .into_iter()
+                        .chain((0..32u8).map(move |j| j ^ (r + b)))
+                })
+                .collect()
+        };
+        let q8 = Weight::from_bytes("q", GgmlType::Q8_0, 3, 64, (0..3).flat_map(row).collect());
+        for isa in Isa::available() {
+            for pack in [true, false] {
+                let r = Resident::new([&q8], isa, pack);
+                let mut buf = Vec::new();
+                for i in 0..3 {
+                    assert_eq!(r.row(&q8, i, &mut buf), q8.row(i), "{isa:?} pack {pack}");
+                }
+            }
+        }
     }
 }

@@ -2,11 +2,12 @@
 //! a prompt decoded token by token, a prefix reused after truncation and a batched step give
 //! the bits of one prefill (past 512 positions, where attention reads its parts tile by tile);
 //! q8_0 changes the logits much less than q4_0; a model whose head dimension is
-//! not a whole number of blocks is refused with the reason.
+//! not a whole number of blocks is refused with the reason. Gemma 3's sliding-window layers keep
+//! their window and one pass in fixed memory and give the bits of a cache that keeps everything.
 
 use std::sync::Arc;
 
-use anelm_cpu::{CpuExecutor, CpuOptions, KvDtype};
+use anelm_cpu::{CpuExecutor, CpuKv, CpuOptions, KvDtype, MAX_BATCH};
 use anelm_model::{Executor, KvState, Logits};
 use anelm_testkit::{model, tiny, GEMMA3, SMOLLM2};
 
@@ -131,6 +132,70 @@ fn smollm2_caches_decode_reuse_and_batch_as_prefill() {
 fn gemma3_caches_decode_reuse_and_batch_as_prefill_past_its_window() {
     // Past the 512-position sliding window of its local layers.
     check(GEMMA3, 700);
+}
+
+#[test]
+fn gemma3_windowed_layers_keep_their_window_and_give_the_bits_of_a_full_cache() {
+    let m = Arc::new(anelm_model::load(&model(GEMMA3)).unwrap());
+    let windows: Vec<Option<usize>> = m
+        .layers
+        .iter()
+        .map(|l| l.attention().and_then(|a| a.window))
+        .collect();
+    assert!(windows.iter().filter(|w| w.is_some()).count() > 10);
+    let new_exec = |swa_full| {
+        let opts = CpuOptions {
+            threads: 2,
+            swa_full,
+            ..CpuOptions::default()
+        };
+        CpuExecutor::with_options(m.clone(), opts)
+    };
+    let (mut full, mut win) = (new_exec(true), new_exec(false));
+    // Prefill chunks of 512 and a decode that both move the windows on (past 1151 and 1535).
+    let n = 1700;
+    let (capacity, fed) = (n + 8, 1300);
+    let tokens = ids(n, full.vocab_size(), 9);
+    let mut want = Vec::new();
+    let mut f = full.new_state(capacity).unwrap();
+    full.forward(f.as_mut(), &tokens, Logits::Last, &mut want)
+        .unwrap();
+
+    let mut got = Vec::new();
+    let mut w = win.new_state(capacity).unwrap();
+    win.forward(w.as_mut(), &tokens, Logits::Last, &mut got)
+        .unwrap();
+    assert!(same_bits(&got, &want), "windowed prefill");
+    let kv = w.as_any_mut().downcast_mut::<CpuKv>().unwrap();
+    for (l, win) in windows.iter().enumerate() {
+        // The window, 128 positions to go back to, a pass.
+        let held = win.map_or(capacity, |w| w - 1 + 128 + MAX_BATCH);
+        assert_eq!(kv.layer_slots(l), held, "layer {l}");
+    }
+
+    // Back within the last pass: kept, and the tail fed again gives the same bits.
+    w.truncate(n - 3);
+    assert_eq!(w.len(), n - 3);
+    win.forward(w.as_mut(), &tokens[n - 3..], Logits::Last, &mut got)
+        .unwrap();
+    assert!(
+        same_bits(&got, &want),
+        "windowed state truncated and continued"
+    );
+    // Further back than the windows reach: the windowed state starts over, the full one keeps.
+    w.truncate(100);
+    assert_eq!(w.len(), 0);
+    f.truncate(100);
+    assert_eq!(f.len(), 100);
+
+    let mut d = win.new_state(capacity).unwrap();
+    win.forward(d.as_mut(), &tokens[..fed], Logits::None, &mut got)
+        .unwrap();
+    for id in &tokens[fed..] {
+        win.forward(d.as_mut(), std::slice::from_ref(id), Logits::Last, &mut got)
+            .unwrap();
+    }
+    assert!(same_bits(&got, &want), "windowed decode");
 }
 
 #[test]

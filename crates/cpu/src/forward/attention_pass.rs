@@ -67,7 +67,7 @@ impl Forward<'_> {
                 for t in tokens {
                     let (seq, pos) = c.at(t);
                     let cache = if values { &seq.vc } else { &seq.kc };
-                    let at = seq.kv_at[li] + pos * kvd;
+                    let at = seq.kv_value(li, kvd, pos);
                     let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
                     cache.store(at + rows.start, src);
                 }

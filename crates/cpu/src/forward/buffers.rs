@@ -116,6 +116,8 @@ pub(super) struct Private {
     pub(super) scratch: Vec<f32>,
     /// RoPE's cos and sin per token of the current layer.
     pub(super) angles: Vec<f32>,
+    /// A weight row unpacked from its packed copy (an embedding row).
+    pub(super) row: Vec<u8>,
     /// Prefill attention's running softmaxes of each part of a block of queries: outputs and
     /// statistics.
     pub(super) part: Vec<f32>,
@@ -170,6 +172,7 @@ impl Buffers {
                         q8k: Q8Buf::new(ActKind::Q8K, cap, widest.next_multiple_of(256)),
                         scratch: vec![0.0; d.cols],
                         angles: vec![0.0; cap * d.rope],
+                        row: Vec::new(),
                         part: vec![0.0; ATTN_BLOCK * MAX_PARTS * d.q],
                         part_stats: vec![(0.0, 0.0); ATTN_BLOCK * MAX_PARTS * d.q],
                         moe_x: if d.experts > 0 {

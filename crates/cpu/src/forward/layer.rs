@@ -148,8 +148,10 @@ impl Forward<'_> {
         for t in 0..self.n {
             let row = &mut p.x[t * h..(t + 1) * h];
             let id = self.c.tokens[t] as usize;
-            m.embedding
-                .dequantize_row(id, row)
+            // From the weights' copy when the embedding is the output head too: reading the
+            // mapping would bring its pages back beside the copy.
+            let bytes = self.resident.row(&m.embedding, id, &mut p.row);
+            anelm_formats::quant::dequantize(m.embedding.dtype, bytes, row)
                 .expect("embedding rows are whole blocks (checked at load)");
             if let Some(sc) = m.embed_scale {
                 row.iter_mut().for_each(|v| *v *= sc);

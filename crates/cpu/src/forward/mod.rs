@@ -27,7 +27,7 @@ use anelm_model::{
 use crate::adaptive::Adaptive;
 use crate::attention::{Cache, TILE};
 use crate::deltanet;
-use crate::kv::{CpuKv, KvDtype, Layers, Recurrent, SharedRows};
+use crate::kv::{CpuKv, KvDtype, KvLayer, Layers, Recurrent, SharedRows};
 use crate::ops::softcap;
 use crate::pool::{physical_cores, Ctx, Pool};
 use crate::resident::Resident;
@@ -68,6 +68,10 @@ pub struct CpuOptions {
     /// Exact f32 products for quantised weights too (rows dequantised, activations kept f32)
     /// instead of 8-bit activations; several times slower, for checking results.
     pub exact: bool,
+    /// Sliding-window layers keep every position, as full-attention ones do (llama.cpp's
+    /// `--swa-full`), instead of their window and one pass: more memory, but a state can then go
+    /// back to any position (a prefix reused from far back) without starting over.
+    pub swa_full: bool,
 }
 
 impl CpuOptions {
@@ -94,6 +98,7 @@ pub struct CpuExecutor {
     id: usize,
     bufs: Buffers,
     exact: bool,
+    swa_full: bool,
     /// The copies of the weights the products read.
     resident: Resident,
     /// Whether decode steps run on all threads or one, for each number of sequences decoded
@@ -136,6 +141,7 @@ impl CpuExecutor {
             id,
             bufs,
             exact: opts.exact,
+            swa_full: opts.swa_full,
             resident,
             adaptive: Vec::new(),
         }
@@ -198,8 +204,8 @@ fn linears(l: &Layer) -> Vec<&Linear> {
     v
 }
 
-/// The matrices of the products: every layer's and the output head (the token embedding stays
-/// mapped: lookups read a row at a time).
+/// The matrices of the products: every layer's and the output head (a token embedding of its own
+/// stays mapped: lookups read a row at a time; one tied to the head reads the head's copy).
 fn matrices(m: &Model) -> impl Iterator<Item = &Weight> {
     m.layers
         .iter()
@@ -226,9 +232,14 @@ impl Executor for CpuExecutor {
         }
         check_cache_types(&self.model, self.kv.0, self.kv.1).map_err(ExecError::Device)?;
         let layers = &self.model.layers;
-        let dims: Vec<usize> = layers
+        let kv_layers: Vec<KvLayer> = layers
             .iter()
-            .map(|l| l.attention().map_or(0, |a| a.n_kv_heads * a.head_dim))
+            .map(|l| {
+                l.attention().map_or(KvLayer::default(), |a| KvLayer {
+                    dim: a.n_kv_heads * a.head_dim,
+                    window: a.window.filter(|_| !self.swa_full),
+                })
+            })
             .collect();
         let recurrent: Vec<(usize, usize)> = layers
             .iter()
@@ -242,7 +253,7 @@ impl Executor for CpuExecutor {
             })
             .collect();
         Ok(Box::new(CpuKv::new(
-            &dims, &recurrent, capacity, self.kv, self.id,
+            &kv_layers, &recurrent, capacity, self.kv, self.id,
         )))
     }
 
@@ -409,6 +420,8 @@ impl CpuExecutor {
                 self.adaptive.resize_with(i + 1, Adaptive::default);
             }
         }
+        let per = tokens.len() / kvs.len();
+        kvs.iter_mut().for_each(|kv| kv.make_room(per));
         let solo = decode.is_some_and(|i| self.adaptive[i].solo_next());
         let started = Instant::now();
         let env = Env {
@@ -420,7 +433,6 @@ impl CpuExecutor {
             solo,
         };
         run_chunk(&env, &mut self.bufs, kvs, tokens, rows, out, hidden);
-        let per = tokens.len() / kvs.len();
         kvs.iter_mut().for_each(|kv| kv.len += per);
         if let Some(i) = decode {
             let contended = !solo && self.pool.contended();
@@ -440,7 +452,9 @@ struct Seq<'a> {
     kv_at: &'a [usize],
     conv_at: &'a [usize],
     s_at: &'a [usize],
-    capacity: usize,
+    /// Each layer's first position held, and how many it holds.
+    base: &'a [usize],
+    slots: &'a [usize],
     p0: usize,
     rows: Range<usize>,
 }
@@ -451,12 +465,19 @@ impl Seq<'_> {
     /// # Safety
     /// No thread writes them until the next barrier.
     unsafe fn cache(&self, li: usize, kvd: usize) -> Cache<'_> {
-        let at = self.kv_at[li]..self.kv_at[li] + self.capacity * kvd;
+        let at = self.kv_at[li]..self.kv_at[li] + self.slots[li] * kvd;
         Cache {
             k: self.kc.range(at.clone()),
             v: self.vc.range(at),
             kv_dim: kvd,
+            base: self.base[li],
         }
+    }
+
+    /// Where layer `li` keeps position `pos` (`kvd` values a position).
+    fn kv_value(&self, li: usize, kvd: usize, pos: usize) -> usize {
+        debug_assert!((self.base[li]..self.base[li] + self.slots[li]).contains(&pos));
+        self.kv_at[li] + (pos - self.base[li]) * kvd
     }
 }
 
@@ -510,8 +531,15 @@ fn run_chunk(
         .iter_mut()
         .enumerate()
         .map(|(i, kv)| {
-            let (p0, capacity) = (kv.len, kv.capacity);
-            let Layers { k, v, offset } = &mut kv.data;
+            let p0 = kv.len;
+            let Layers {
+                k,
+                v,
+                offset,
+                base,
+                slots,
+                ..
+            } = &mut kv.data;
             let Recurrent {
                 conv,
                 s,
@@ -526,7 +554,8 @@ fn run_chunk(
                 kv_at: offset,
                 conv_at: conv_offset,
                 s_at: s_offset,
-                capacity,
+                base,
+                slots,
                 p0,
                 rows: i * per..(i + 1) * per,
             }

@@ -145,6 +145,41 @@ pub fn pack_into<'a>(
     }
 }
 
+/// Row `r` of the packed matrix `p` as the file stores it (`dst`: one row's bytes): the inverse
+/// of [`pack_into`], for readers of single rows (a token embedding tied to the output head).
+pub fn unpack_row(p: &Packed<'_>, r: usize, dst: &mut [u8]) {
+    let lay = Layout::of(p.dtype).expect("packed matrices have a layout");
+    debug_assert_eq!(dst.len(), p.blocks * lay.block);
+    let (g, lane) = (r / ROWS, r % ROWS);
+    for (b, blk) in dst.chunks_exact_mut(lay.block).enumerate() {
+        let col = &p.data[(g * p.blocks + b) * lay.column()..][..lay.column()];
+        blk[0..2].copy_from_slice(&col[2 * lane..2 * lane + 2]);
+        if lay.has_m {
+            blk[2..4].copy_from_slice(&col[lay.m_at() + 2 * lane..][..2]);
+        }
+        if lay.five {
+            let mut qh = 0u32;
+            for half in 0..2 {
+                let at = lay.masks_at() + 8 * half;
+                let mask = u64::from_le_bytes(col[at..at + 8].try_into().expect("8 bytes"));
+                qh |= (((mask >> (16 * lane)) & 0xffff) as u32) << (16 * half);
+            }
+            let qh_at = if lay.has_m { 4 } else { 2 };
+            blk[qh_at..qh_at + 4].copy_from_slice(&qh.to_le_bytes());
+        }
+        let q = lay.quants_at();
+        if lay.eight {
+            let qs = lay.block - 32;
+            for (j, v) in blk[qs..].iter_mut().enumerate() {
+                *v = col[q + 64 * (j / 16) + 16 * lane + j % 16] ^ 0x80;
+            }
+        } else {
+            let qs = lay.block - 16;
+            blk[qs..].copy_from_slice(&col[q + 16 * lane..q + 16 * lane + 16]);
+        }
+    }
+}
+
 /// The packed copy of a matrix in a new buffer (None: `t` has no packed layout).
 pub fn pack<'a>(
     t: GgmlType,

@@ -219,3 +219,21 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn unpacking_a_row_gives_back_the_files_bytes(seed in any::<u64>(), ti in 0usize..5, blocks in 1usize..12, rows in 1usize..10) {
+        let ty = QUANT[ti];
+        let mut rng = Rng(seed | 1);
+        let w: Vec<Vec<u8>> = (0..rows).map(|_| weight_row(ty, 32 * blocks, &mut rng)).collect();
+        let data = packed::pack(ty, rows, blocks, |r| &w[r][..], |_| {}).unwrap();
+        let p = packed::Packed { dtype: ty, blocks, data: &data };
+        for (r, want) in w.iter().enumerate() {
+            let mut got = vec![0u8; want.len()];
+            packed::unpack_row(&p, r, &mut got);
+            prop_assert_eq!(&got, want, "{} row {}", ty, r);
+        }
+    }
+}
