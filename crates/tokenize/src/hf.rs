@@ -72,7 +72,12 @@ fn check_post_processor(p: Option<&Value>) -> std::result::Result<(), String> {
     if let Some(list) = p.get("processors").and_then(Value::as_array) {
         return list.iter().try_for_each(|q| check_post_processor(Some(q)));
     }
-    if p.get("type").and_then(Value::as_str) != Some("TemplateProcessing") {
+    // The tokenizers crate reads a post-processor by its fields, whatever its `type` says
+    // (an untagged enum): any object with a template is checked.
+    let templated = p.get("type").and_then(Value::as_str) == Some("TemplateProcessing")
+        || p.get("single").is_some()
+        || p.get("pair").is_some();
+    if !templated {
         return Ok(());
     }
     let table = p.get("special_tokens").and_then(Value::as_object);
@@ -275,13 +280,16 @@ impl HfTokenizer {
             })
         };
         let use_post_processor = add_special && !self.explicit_flags;
-        let encoding =
-            tokenizer
-                .encode(text, use_post_processor)
-                .map_err(|e| TokenizeError::HfTokenizer {
-                    path: self.path.clone(),
-                    msg: e.to_string(),
-                })?;
+        // The tokenizers crate panics on some inconsistent files it accepted; such a panic is
+        // this file's error, not the process's end.
+        let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tokenizer.encode(text, use_post_processor)
+        }))
+        .unwrap_or_else(|_| Err("the tokenizers crate failed on this file".into()));
+        let encoding = encoded.map_err(|e| TokenizeError::HfTokenizer {
+            path: self.path.clone(),
+            msg: e.to_string(),
+        })?;
         let mut ids = Vec::with_capacity(encoding.len() + 2);
         if add_special && self.explicit_flags && self.add_bos {
             ids.extend(self.bos);
@@ -339,5 +347,25 @@ impl HfTokenizer {
 
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.tokenizer.token_to_id(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the fuzzer: a template post-processor whose `type` is misspelt is still read
+    /// (by its fields) and then panicked on an undefined special token at encode time.
+    #[test]
+    fn a_template_under_any_type_name_is_checked() {
+        for kind in ["TemplateProcessing", "TemplateP=rocessing"] {
+            let p = serde_json::json!({"type": kind,
+                "single": [{"SpecialToken": {"id": "<x>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}});
+            let e = check_post_processor(Some(&p)).unwrap_err();
+            assert!(e.contains("'<x>'"), "{kind}: {e}");
+        }
+        let fine = serde_json::json!({"type": "ByteLevel", "trim_offsets": true});
+        assert!(check_post_processor(Some(&fine)).is_ok());
     }
 }
