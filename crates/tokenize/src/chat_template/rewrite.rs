@@ -53,6 +53,11 @@ pub fn rewrite(source: &str) -> String {
     let mut out = String::with_capacity(source.len() + 32 * edits.len());
     let mut at = 0;
     for (range, text) in edits {
+        // An unclosed tag can end inside what an edit covers: such an edit is dropped (the
+        // template is malformed anyway, and minijinja says where).
+        if range.start < at || range.end < range.start || range.end > source.len() {
+            continue;
+        }
         out.push_str(&source[at..range.start]);
         out.push_str(&text);
         at = range.end;
@@ -67,7 +72,10 @@ pub fn rewrite(source: &str) -> String {
 /// tag's close. None when the tag has no `in` (a syntax error either way).
 fn for_iterable(bytes: &[u8], from: usize, end: usize) -> Option<std::ops::Range<usize>> {
     let close = end.checked_sub(2)?;
-    let close = if matches!(bytes.get(close - 1), Some(b'-' | b'+')) {
+    let close = if matches!(
+        close.checked_sub(1).and_then(|i| bytes.get(i)),
+        Some(b'-' | b'+')
+    ) {
         close - 1
     } else {
         close
@@ -85,7 +93,7 @@ fn for_iterable(bytes: &[u8], from: usize, end: usize) -> Option<std::ops::Range
                 let after_dot = at > 0 && bytes[at - 1] == b'.';
                 match (&bytes[at..word_end], start) {
                     (b"in", None) if !after_dot => start = Some(word_end),
-                    (b"if" | b"recursive", Some(s)) if !after_dot => return Some(s..at),
+                    (b"if" | b"recursive", Some(s)) if !after_dot && s <= at => return Some(s..at),
                     _ => {}
                 }
                 at = word_end;
@@ -95,7 +103,8 @@ fn for_iterable(bytes: &[u8], from: usize, end: usize) -> Option<std::ops::Range
         }
         at += 1;
     }
-    start.map(|s| s..close)
+    // A word that runs into an unclosed tag's end can put the start past the close.
+    start.filter(|&s| s <= close).map(|s| s..close)
 }
 
 fn find(bytes: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
@@ -170,6 +179,19 @@ fn raw_end(bytes: &[u8], mut at: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::{rewrite, PY_ITER};
+
+    /// Found by the fuzzer: an unclosed `for` tag whose `in` runs into the end of the source.
+    #[test]
+    fn an_unclosed_for_tag_is_left_to_minijinja() {
+        let src = "{{ bos_token }}{% for{% for message in messages %}{% if loop.first and messages[0];'r moleessa'] != ge in ";
+        let out = rewrite(src);
+        assert!(out.starts_with("{{ bos_token }}"), "{out}");
+        for cut in 0..src.len() {
+            if src.is_char_boundary(cut) {
+                let _ = rewrite(&src[..cut]);
+            }
+        }
+    }
 
     #[test]
     fn generation_tags_become_with_blocks_in_place() {
