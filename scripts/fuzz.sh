@@ -12,7 +12,7 @@ shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(gguf dequant gguf_model safetensors safetensors_index hf_config tokenizer_json
-    gguf_tokenizer chat_template mil_text)
+    gguf_tokenizer chat_template mil_text http_body)
 fi
 export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \

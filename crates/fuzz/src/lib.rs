@@ -16,6 +16,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("gguf_tokenizer", anelm_tokenize::fuzz::gguf_tokenizer),
     ("chat_template", anelm_tokenize::fuzz::chat_template),
     ("mil_text", anelm_mil::fuzz::mil_text),
+    ("http_body", anelm_server::fuzz::http_body),
 ];
 
 /// The target named `name`.

@@ -105,7 +105,7 @@ pub const MAX_INPUTS: usize = 256;
 
 /// `input` as OpenAI takes it: a string, a list of strings, a list of token ids, or a list of
 /// such lists.
-fn inputs(input: Value) -> Result<Vec<Result<String, Vec<u32>>>, ApiError> {
+pub(crate) fn inputs(input: Value) -> Result<Vec<Result<String, Vec<u32>>>, ApiError> {
     let bad = |m: &str| ApiError::bad_param("input", m);
     let ids = |v: &Value| -> Option<Vec<u32>> {
         v.as_array()?

@@ -23,6 +23,8 @@ mod drafts;
 mod embeddings;
 mod error;
 mod extract;
+#[doc(hidden)]
+pub mod fuzz;
 mod ids;
 mod limits;
 mod listen;

@@ -3,7 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod responses;
-mod responses_input;
+pub(crate) mod responses_input;
 pub mod responses_store;
 mod responses_stream;
 
