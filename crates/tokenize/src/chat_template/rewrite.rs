@@ -55,7 +55,8 @@ pub fn rewrite(source: &str) -> String {
     for (range, text) in edits {
         // An unclosed tag can end inside what an edit covers: such an edit is dropped (the
         // template is malformed anyway, and minijinja says where).
-        if range.start < at || range.end < range.start || range.end > source.len() {
+        let whole = |i: usize| source.is_char_boundary(i);
+        if range.start < at || range.end < range.start || !whole(range.start) || !whole(range.end) {
             continue;
         }
         out.push_str(&source[at..range.start]);
@@ -186,6 +187,9 @@ mod tests {
         let src = "{{ bos_token }}{% for{% for message in messages %}{% if loop.first and messages[0];'r moleessa'] != ge in ";
         let out = rewrite(src);
         assert!(out.starts_with("{{ bos_token }}"), "{out}");
+        // And one whose unclosed tag ends inside a multi-byte character.
+        let src2 = "{% for message in if messs %}{% for message in\u{16}ages[0]['% for mess}[os\u{422}\u{616}}}\u{616}}}ys4444agef %}}[os\u{422}\u{616}}}\u{616}}";
+        let _ = rewrite(src2);
         for cut in 0..src.len() {
             if src.is_char_boundary(cut) {
                 let _ = rewrite(&src[..cut]);
