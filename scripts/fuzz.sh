@@ -4,7 +4,8 @@
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET (default 60)] [TARGET...]   (default: all targets)
 # Each target starts from its committed corpus (crates/fuzz/corpus/<name>) and seeds, runs for the
 # given time with a 1 s hang limit and a 2 GiB RSS limit, then its corpus is minimised back
-# (libFuzzer -merge=1). Crashes land in fuzz/artifacts/<name>/. Requires a C++ compiler (cc crate).
+# (libFuzzer -merge=1). Crashes land in fuzz/artifacts/<name>/; once fixed, copy them into
+# crates/fuzz/regressions/<name>/ (never minimised, replayed by CI). Requires a C++ compiler (cc crate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -26,7 +27,10 @@ for t in "${targets[@]}"; do
   work=fuzz/work/$t
   mkdir -p "$work" "fuzz/artifacts/$t" "$corpus"
   echo "== $t: ${secs}s"
-  ANELM_FUZZ_TARGET=$t "$bin" "$work" "$corpus" -max_total_time="$secs" -timeout=1 \
+  regress=crates/fuzz/regressions/$t
+  seeds=("$corpus")
+  [ -d "$regress" ] && seeds+=("$regress")
+  ANELM_FUZZ_TARGET=$t "$bin" "$work" "${seeds[@]}" -max_total_time="$secs" -timeout=1 \
     -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
     -artifact_prefix="fuzz/artifacts/$t/" >"fuzz/work/$t.log" 2>&1 ||
     echo "!! $t: crash or hang, input in fuzz/artifacts/$t/ (log fuzz/work/$t.log)"

@@ -24,6 +24,14 @@ pub fn target(name: &str) -> Option<Target> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
+/// The inputs that once crashed target `name` (kept apart from the corpus, which `fuzz.sh`
+/// minimises; the directory may not exist).
+pub fn regressions_dir(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("regressions")
+        .join(name)
+}
+
 /// The committed corpus directory of target `name`.
 pub fn corpus_dir(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,9 +1,10 @@
-//! Replays every committed corpus file through its fuzz target (as CI does on every run): each
-//! must return within a second, and every target must have a corpus.
+//! Replays every committed corpus file, and every input that once crashed a target
+//! (`regressions/`), through its fuzz target (as CI does on every run): each must return within
+//! a second, and every target must have a corpus.
 
 use std::time::{Duration, Instant};
 
-use anelm_fuzz::{corpus_dir, TARGETS};
+use anelm_fuzz::{corpus_dir, regressions_dir, TARGETS};
 
 #[test]
 fn every_corpus_file_replays_without_a_crash_or_hang() {
@@ -15,7 +16,10 @@ fn every_corpus_file_replays_without_a_crash_or_hang() {
             .map(|e| e.unwrap().path())
             .collect();
         assert!(!files.is_empty(), "{name}: empty corpus");
-        for f in files {
+        let regressions: Vec<_> = std::fs::read_dir(regressions_dir(name))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        for f in files.into_iter().chain(regressions) {
             let data = std::fs::read(&f).unwrap();
             let start = Instant::now();
             run(&data);
@@ -25,4 +29,12 @@ fn every_corpus_file_replays_without_a_crash_or_hang() {
         }
     }
     assert!(total >= TARGETS.len());
+}
+
+#[test]
+fn the_crashes_found_are_kept_as_regressions() {
+    for (name, n) in [("chat_template", 2), ("tokenizer_json", 1)] {
+        let found = std::fs::read_dir(regressions_dir(name)).map_or(0, |d| d.count());
+        assert!(found >= n, "{name}: {found} regressions");
+    }
 }
