@@ -77,12 +77,17 @@ for api, make in MODELS.items():
         assert "raw_response_event" in kinds and "run_item_stream_event" in kinds, kinds
 
 
-@check("agents SDK with tool_choice required: the first turn is a call where the model would think")
+@check("agents SDK forcing a call (required, or a tool by name) where the model would think")
 async def _():
+    # On "hi" the model thinks and answers. Forced, its first turn is a parsed call (the SDK
+    # then resets tool_choice, and the run goes on as the tools lead). "required" lets it pick
+    # either tool (the scripted model scores both alike, so sampling decides which).
     calls.clear()
-    # On "hi" the model thinks and answers; forced, its first turn is a parsed call (the SDK
-    # then resets tool_choice, and the run goes on as the tools lead).
     result = await Runner.run(agent(MODELS["chat completions"](), tool_choice="required"), "hi")
+    assert calls and calls[0][0] in ("get_weather", "to_fahrenheit"), calls
+    assert result.final_output == "answer", result.final_output
+    calls.clear()
+    result = await Runner.run(agent(MODELS["chat completions"](), tool_choice="get_weather"), "hi")
     assert calls == WANT, calls
     assert result.final_output == "answer", result.final_output
     calls.clear()
