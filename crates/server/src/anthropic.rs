@@ -22,7 +22,7 @@ use crate::params::{max_tokens, Sampling};
 use crate::reasoning;
 use crate::scheduler::Job;
 use crate::stream::{self, Emit, Piece, Translator};
-use crate::structured::{self, ToolChoice};
+use crate::structured;
 use crate::template_kwargs::{self, Reasoning};
 use crate::tools::{self, ToolCall};
 
@@ -135,22 +135,7 @@ impl Conversation {
         }
         let (choice, parallel) = anthropic_tools::choice(self.tool_choice.as_ref())?;
         let tools = anthropic_tools::tools(self.tools.unwrap_or_default())?;
-        if tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "tool_choice forces a tool, but the request declares no tools",
-            ));
-        }
-        let tools = (choice != ToolChoice::None && !tools.is_empty()).then_some(tools);
-        if tools.is_some() && !app.model.tools_supported {
-            return Err(ApiError::bad_param(
-                "tools",
-                format!(
-                    "the chat template of '{}' does not describe tools",
-                    app.model.id
-                ),
-            ));
-        }
+        let tools = choice.offered(app, tools)?;
         let mut messages = Vec::with_capacity(self.messages.len() + 1);
         if let Some(system) = self.system {
             messages.push(Message::system(&system.text("system")?));

@@ -135,6 +135,34 @@ impl ToolChoice {
         }
     }
 
+    /// The tools the prompt describes (in the chat shape): none when the choice is `none` or
+    /// none are declared; a 400 when a call is forced without tools, or when the template
+    /// cannot describe them.
+    pub fn offered(&self, app: &App, tools: Vec<Value>) -> Result<Option<Vec<Value>>, ApiError> {
+        if tools.is_empty() {
+            if matches!(self, ToolChoice::Required | ToolChoice::Named(_)) {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    "tool_choice forces a call, but the request declares no tools",
+                ));
+            }
+            return Ok(None);
+        }
+        if *self == ToolChoice::None {
+            return Ok(None);
+        }
+        if !app.model.tools_supported {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!(
+                    "the chat template of '{}' does not describe tools",
+                    app.model.id
+                ),
+            ));
+        }
+        Ok(Some(tools))
+    }
+
     /// The grammar of the forced call(s), if the choice forces one; an unknown name is a 400.
     /// `tools` are in the chat shape (`{"type": "function", "function": {…}}`).
     pub fn forced(

@@ -711,7 +711,15 @@ async fn past_the_queue_requests_are_refused_with_503_and_retry_after() {
         (running.status().as_u16(), waiting.status().as_u16()),
         (200, 200)
     );
-    let h = health(&c, &base).await;
+    // A streamed answer starts before the engine takes its job: wait until it has.
+    let mut h = health(&c, &base).await;
+    for _ in 0..100 {
+        if h["busy"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h = health(&c, &base).await;
+    }
     assert_eq!(
         (h["busy"].as_u64(), h["waiting"].as_u64()),
         (Some(1), Some(1)),

@@ -105,7 +105,7 @@ pub async fn handle(
     let format = structured::format_spec(req.response_format.as_ref(), "response_format", true)?;
     let format = structured::llama_fields(format, req.json_schema, req.grammar.as_ref())?;
     let choice = ToolChoice::parse(req.tool_choice.as_ref())?;
-    let tools = active_tools(&app, req.tools, &choice)?;
+    let tools = choice.offered(&app, req.tools.unwrap_or_default())?;
     let declared = tools.as_deref().map(tools::declared_names);
     let forced = match &tools {
         Some(t) => choice.forced(&app, t, req.parallel_tool_calls.unwrap_or(true))?,
@@ -293,37 +293,6 @@ fn arguments_as_object(mut call: Value) -> Value {
         }
     }
     call
-}
-
-/// The tools the prompt describes: none when `tool_choice` is "none"; an error when the
-/// template cannot describe them or the choice cannot be honoured.
-fn active_tools(
-    app: &App,
-    tools: Option<Vec<Value>>,
-    choice: &ToolChoice,
-) -> Result<Option<Vec<Value>>, ApiError> {
-    let Some(tools) = tools.filter(|t| !t.is_empty()) else {
-        if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "tool_choice forces a call, but the request declares no tools",
-            ));
-        }
-        return Ok(None);
-    };
-    if *choice == ToolChoice::None {
-        return Ok(None);
-    }
-    if !app.model.tools_supported {
-        return Err(ApiError::bad_param(
-            "tools",
-            format!(
-                "the chat template of '{}' does not describe tools",
-                app.model.id
-            ),
-        ));
-    }
-    Ok(Some(tools))
 }
 
 /// What every chat response shares.

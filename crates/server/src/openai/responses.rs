@@ -92,22 +92,7 @@ pub async fn create(
     let given_tools = req.tools.clone().unwrap_or_default();
     let choice = ToolChoice::parse(req.tool_choice.as_ref())?;
     let chat_tools = responses_input::tools(&given_tools)?;
-    if chat_tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
-        return Err(ApiError::bad_param(
-            "tool_choice",
-            "tool_choice forces a call, but the request declares no function tools",
-        ));
-    }
-    let tools = (choice != ToolChoice::None && !chat_tools.is_empty()).then_some(chat_tools);
-    if tools.is_some() && !app.model.tools_supported {
-        return Err(ApiError::bad_param(
-            "tools",
-            format!(
-                "the chat template of '{}' does not describe tools",
-                app.model.id
-            ),
-        ));
-    }
+    let tools = choice.offered(&app, chat_tools)?;
     let declared = tools.as_deref().map(tools::declared_names);
     let text_format = req
         .text
