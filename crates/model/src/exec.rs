@@ -121,13 +121,7 @@ pub trait Executor: Send {
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError> {
         check_batch(states, tokens, self.vocab_size())?;
-        out.clear();
-        let mut row = Vec::new();
-        for (state, &token) in states.iter_mut().zip(tokens) {
-            self.forward(&mut **state, &[token], Logits::Last, &mut row)?;
-            out.extend_from_slice(&row);
-        }
-        Ok(())
+        forward_each(self, states, tokens, out)
     }
 
     /// Like [`Executor::forward`], but writes the final-normed hidden state of every token
@@ -145,6 +139,23 @@ pub trait Executor: Send {
 
     /// Vocabulary size (length of one logits row).
     fn vocab_size(&self) -> usize;
+}
+
+/// A batch step as one [`Executor::forward`] per sequence, the rows in order into `out` (the
+/// default [`Executor::forward_batch`], and an executor's way when it cannot batch).
+pub fn forward_each<E: Executor + ?Sized>(
+    exec: &mut E,
+    states: &mut [&mut dyn KvState],
+    tokens: &[u32],
+    out: &mut Vec<f32>,
+) -> Result<(), ExecError> {
+    out.clear();
+    let mut row = Vec::new();
+    for (state, &token) in states.iter_mut().zip(tokens) {
+        exec.forward(&mut **state, &[token], Logits::Last, &mut row)?;
+        out.extend_from_slice(&row);
+    }
+    Ok(())
 }
 
 /// The checks of a batch that need no executor: one token per state, every token in the

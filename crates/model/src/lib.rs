@@ -17,7 +17,9 @@ pub mod weight;
 use std::path::Path;
 
 pub use error::{ModelError, Result};
-pub use exec::{check_batch, checked_state, ExecError, Executor, KvState, Logits, OwnedState};
+pub use exec::{
+    check_batch, checked_state, forward_each, ExecError, Executor, KvState, Logits, OwnedState,
+};
 pub use families::{gguf_family, hf_family};
 pub use model::{Family, Model, ModelConfig, ModelSource};
 pub use weight::Weight;

@@ -4,31 +4,19 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{base, config, scripted, start, MODEL};
+use common::{base, config, run_python_clients, scripted, start, MODEL};
 
 #[test]
 fn the_official_clients_drive_the_responses_api_and_reasoning() {
     let server = start(config(2, 8));
     let (scripted, _dir) = scripted::start();
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/responses_api.py");
-    let out = Command::new(anelm_testkit::python())
-        .arg(&script)
-        .env("ANELM_BASE", base(&server))
-        .env("ANELM_MODEL", MODEL)
-        .env("ANELM_SCRIPTED_BASE", base(&scripted))
-        .output()
-        .expect("running the Python clients");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    print!("{stdout}");
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{stdout}\n{stderr}\n(missing packages? run scripts/setup-python.sh)",
-        script.display(),
-        out.status
+    run_python_clients(
+        "responses_api.py",
+        &[
+            ("ANELM_BASE", base(&server)),
+            ("ANELM_MODEL", MODEL.to_string()),
+            ("ANELM_SCRIPTED_BASE", base(&scripted)),
+        ],
+        18,
     );
-    assert!(stdout.contains("18 passed, 0 failed"), "{stdout}");
 }

@@ -178,13 +178,7 @@ impl Executor for FallbackExecutor {
             }
         }
         drop(sts);
-        out.clear();
-        let mut row = Vec::new();
-        for (state, &t) in states.iter_mut().zip(tokens) {
-            self.forward(&mut **state, &[t], Logits::Last, &mut row)?;
-            out.extend_from_slice(&row);
-        }
-        Ok(())
+        anelm_model::forward_each(self, states, tokens, out)
     }
 
     fn vocab_size(&self) -> usize {

@@ -108,3 +108,29 @@ pub fn artifacts_dir() -> PathBuf {
     std::fs::create_dir_all(&d).expect("creating target/ci-artifacts");
     d.canonicalize().expect("target/ci-artifacts exists")
 }
+
+/// Runs a Python client script of tests/clients with `env`, prints its output, and checks that
+/// it ended well and reported `passed` checks ("<N> passed, 0 failed").
+pub fn run_python_clients(script: &str, env: &[(&str, String)], passed: usize) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(script);
+    let out = std::process::Command::new(anelm_testkit::python())
+        .arg(&script)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("running the Python clients");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    print!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{stdout}\n{stderr}\n(missing packages? run scripts/setup-python.sh)",
+        script.display(),
+        out.status
+    );
+    assert!(
+        stdout.contains(&format!("{passed} passed, 0 failed")),
+        "{stdout}"
+    );
+}
