@@ -67,6 +67,13 @@ pub trait DevicePath: Executor {
     fn dispatches_per_token(&self) -> usize;
     /// Device evaluations so far.
     fn dispatches(&self) -> u64;
+    /// Of [`Self::dispatches`], evaluations repeated to force a router choice settled in f32
+    /// (fused mixtures; the projection strategy routes on the host and repeats none).
+    fn route_redos(&self) -> u64 {
+        0
+    }
+    /// Most tokens one pass of the prefill programs takes.
+    fn prefill_width(&self) -> usize;
     /// Programs compiled.
     fn programs(&self) -> usize;
     /// What the lowering made of each weight tensor the programs hold.
@@ -97,6 +104,20 @@ impl<D: Device> DevicePath for AneExecutor<D> {
         match self {
             AneExecutor::Projection(e) => e.projections().dispatches(),
             AneExecutor::Fused(e) => e.dispatches(),
+        }
+    }
+
+    fn route_redos(&self) -> u64 {
+        match self {
+            AneExecutor::Projection(_) => 0,
+            AneExecutor::Fused(e) => e.route_redos(),
+        }
+    }
+
+    fn prefill_width(&self) -> usize {
+        match self {
+            AneExecutor::Projection(e) => crate::exec::Projections::max_tokens(e.projections()),
+            AneExecutor::Fused(e) => e.plan().width,
         }
     }
 

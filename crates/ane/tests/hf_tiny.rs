@@ -204,10 +204,12 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
 /// The mixture-of-experts fixtures, LFM2 and the gated-DeltaNet hybrids in the fused strategy —
 /// every expert dense in the chunk with the router's softmax, the top-k choice and the combine
 /// in the graph; LFM2's short conv with its history an input and `B · x` an output, the history
-/// kept by the engine; the DeltaNet one token per evaluation, its conv history and state inputs
-/// and outputs, the output-gated attention in the graph — from
-/// safetensors and GGUF, both dialects, chunks of two layers, against the f32 CPU engine:
-/// within fp16 error, the same greedy tokens but at near-ties, one dispatch per chunk and token.
+/// kept by the engine; the DeltaNet's decode the recurrence and its prefill the chunked (WY)
+/// form over the function's 64 columns, its conv history and state inputs and outputs, the
+/// output-gated attention in the graph — from safetensors and GGUF, both dialects, chunks of
+/// two layers, against the f32 CPU engine: within fp16 error, the same greedy tokens but at
+/// near-ties, one dispatch per chunk and decoded token, and per chunk and 64 prompt tokens
+/// (plus an evaluation repeated wherever a router near-tie was settled).
 #[test]
 fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_gguf() {
     use anelm_ane::dialect::MilDialect;
@@ -253,14 +255,19 @@ fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_
                     r.same_but_near_ties(),
                 );
                 for p in &r.prompts {
-                    // Not within 2e-2: qwen3_next's 150-token prompt, measured 2.89e-2
-                    // (2026-12-02; its other prompts <= 1.72e-2, the projection strategy's
-                    // 5.5e-3; the cause — the fp16 routing in the graph or the fp16 DeltaNet
-                    // state over 150 steps — not yet isolated).
-                    let limit = if arch == "qwen3_next" && p.name == "150" {
-                        3e-2
-                    } else {
-                        2e-2
+                    // Not within 2e-2: the 150-token prompt of the MoE hybrids, where an
+                    // expert choice flips between the f32 reference and the device's fp16
+                    // hidden state at a router near-tie (measured 2026-12-05, logits at every
+                    // prompt position and per greedy step: qwen3_next flips at prompt position
+                    // 145, 0.17 there, 3.4e-2 at the last; qwen3_5_moe at greedy step 1, 9.8e-2
+                    // at that step alone, the steps around it <= 7e-3). Settling the device's
+                    // near-ties in f32 does not reach these (no evaluation repeated there): f32
+                    // on the device's hidden state picks as the device did; the reference's
+                    // hidden state sits on the other side of the boundary.
+                    let limit = match (arch, p.name.as_str()) {
+                        ("qwen3_next", "150") => 4e-2,
+                        ("qwen3_5_moe", "150") => 1.2e-1,
+                        _ => 2e-2,
                     };
                     println!(
                         "  {:6} rel {:.2e} divergence {:?}",
@@ -286,6 +293,14 @@ fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_
                     chunks, want,
                     "{arch}: chunks of two layers, the head in the last"
                 );
+                // The 150-token prompt: three passes of the prefill functions, not 150.
+                let (before, redos) = (sim.dispatches(), sim.route_redos());
+                let mut state = sim.new_state(150).unwrap();
+                let mut out = Vec::new();
+                sim.forward(state.as_mut(), &long_case().ids, Logits::Last, &mut out)
+                    .unwrap();
+                let prefill = sim.dispatches() - before - (sim.route_redos() - redos);
+                assert_eq!(prefill as usize, 3 * chunks, "{arch}: a 150-token prefill");
             }
         }
     }
@@ -401,9 +416,11 @@ fn hybrids_verify_on_the_simulator_from_safetensors_and_gguf() {
 /// A hybrid's prompt fed in pieces (the recurrent and conv states carried between calls) gives
 /// the logits of the whole prompt in one call — projection within 1e-3 (measured 2026-12-02:
 /// lfm2 exact, qwen3_5 3.4e-4 from one layer's output at two tokens a step of fp16 rounding
-/// apart), fused (its decode and prefill functions) within 5e-3 (measured 1.8e-3) — while a piece run without the
-/// state before it is far off — and a truncated state starts over: the state cannot go back,
-/// so it keeps no position and the prompt runs again from the start.
+/// apart); fused within 2e-2, verify's bar (measured 2026-12-05: lfm2 1.8e-3; qwen3_5 8.4e-3,
+/// its DeltaNet prefill in the chunked form over pieces cut differently, sub-chunks of 64 and
+/// of 16 in a 40-column function alike) — while a piece run without the state before it is
+/// far off — and a truncated state starts over: the state cannot go back, so it keeps no
+/// position and the prompt runs again from the start.
 #[test]
 fn hybrid_states_carry_across_calls_and_restart_on_truncation() {
     use anelm_ane::exec::FusedExecutor;
@@ -419,13 +436,22 @@ fn hybrid_states_carry_across_calls_and_restart_on_truncation() {
     let proj = |d: &std::path::Path| -> Box<dyn Executor> {
         Box::new(ProjectionExecutor::on_device(load(d), SimDevice::new(), &opts).unwrap())
     };
-    let fused: Box<dyn Executor> =
-        Box::new(FusedExecutor::new(load(&lfm2), SimDevice::new(), &opts, |_| {}).unwrap());
+    let fused = |d: &std::path::Path, o: &LoweringOptions| -> Box<dyn Executor> {
+        Box::new(FusedExecutor::new(load(d), SimDevice::new(), o, |_| {}).unwrap())
+    };
+    // Sub-chunks of 16 in 40 columns: 16, 16 and 8.
+    let odd = LoweringOptions {
+        width: 40,
+        delta_chunk: 16,
+        ..opts.clone()
+    };
     // (what, executor, most relative difference of the pieces from the whole)
     let runs = [
         ("qwen3_5 projection", proj(&qwen), 1e-3),
         ("lfm2 projection", proj(&lfm2), 1e-3),
-        ("lfm2 fused", fused, 5e-3),
+        ("lfm2 fused", fused(&lfm2, &opts), 5e-3),
+        ("qwen3_5 fused", fused(&qwen, &opts), 2e-2),
+        ("qwen3_5 fused 40/16", fused(&qwen, &odd), 2e-2),
     ];
     for (what, mut sim, limit) in runs {
         let vocab = sim.vocab_size();
@@ -456,7 +482,16 @@ fn hybrid_states_carry_across_calls_and_restart_on_truncation() {
         assert_eq!(state.len(), 0, "{what}: a recurrent state restarts");
         sim.forward(state.as_mut(), &ids, Logits::All, &mut out)
             .unwrap();
-        assert_eq!(out, whole, "{what}: the restarted state");
+        // Projection: the same bits. Fused: the same up to rounding — attention normalises
+        // the values over every cached position, and the buffers still hold the positions the
+        // state dropped (masked, but counted in that scale).
+        if what.contains("fused") {
+            let (_, again) = diff(&out, &whole);
+            assert!(again < 1e-2, "{what}: the restarted state {again}");
+            assert_eq!(am(&out), am(&whole), "{what}: the restarted state");
+        } else {
+            assert_eq!(out, whole, "{what}: the restarted state");
+        }
     }
 }
 
@@ -473,4 +508,71 @@ fn prompt_cases(dir: &std::path::Path) -> Vec<anelm_ane::compare::PromptCase> {
                 .collect(),
         })
         .collect()
+}
+
+/// Router near-ties in fused chunks: the graph picks experts from fp16 probabilities; where
+/// the top-k boundary is near-tied the host recomputes the router in f32 from the chunk's own
+/// normed input and, if the graph picked otherwise, evaluates the chunk again with that choice
+/// forced. On the tiny Qwen2-MoE's 150-token prompt one such tie (layer 0, position 28: expert
+/// logits -0.5513 and -0.5503) is picked otherwise in fp16 (found 2026-12-05): settling costs one
+/// more evaluation there and changes the logits from that position on only; with settling off
+/// nothing is evaluated twice. The choice itself is the CPU engine's rule on the device's hidden
+/// state — as the projection strategy routes every token.
+#[test]
+fn fused_router_near_ties_are_settled_in_f32() {
+    use anelm_ane::exec::FusedExecutor;
+    let m = Arc::new(anelm_model::load(&anelm_testkit::tiny("qwen2_moe")).unwrap());
+    let ids = long_case().ids;
+    let vocab = m.config.vocab_size;
+    let opts = LoweringOptions {
+        context: 256,
+        chunk_layers: 2,
+        ..LoweringOptions::default()
+    };
+    let mut runs = Vec::new();
+    for settle in [true, false] {
+        let mut sim = FusedExecutor::new(m.clone(), SimDevice::new(), &opts, |_| {}).unwrap();
+        sim.set_settle_ties(settle);
+        let logits = all_logits(&mut sim, &ids);
+        let chunks = sim.plan().dispatches_per_token() as u64;
+        let passes = ids.len().div_ceil(opts.width) as u64;
+        assert_eq!(
+            sim.dispatches(),
+            passes * chunks + sim.route_redos(),
+            "settle {settle}: every evaluation counted"
+        );
+        runs.push((logits, sim.route_redos()));
+    }
+    let ((settled, redos), (plain, none)) = (&runs[0], &runs[1]);
+    assert_eq!(*none, 0, "settling off: no evaluation repeated");
+    assert!(*redos >= 1, "the fp16 pick at a near-tie is forced");
+    // Per position, how far the settled logits are from the plain ones: rounding where the
+    // choices agree (attention normalises the values over every position, so a changed
+    // column moves the others' rounding), a whole expert where one was forced.
+    let rel: Vec<f32> = (0..ids.len())
+        .map(|t| {
+            diff(
+                &settled[t * vocab..(t + 1) * vocab],
+                &plain[t * vocab..(t + 1) * vocab],
+            )
+            .1
+        })
+        .collect();
+    let forced = (0..ids.len())
+        .max_by(|&a, &b| rel[a].total_cmp(&rel[b]))
+        .unwrap();
+    println!(
+        "router settling: {redos} evaluations repeated; the forced position {forced} moves by {:.1e}, the positions before it by at most {:.1e}",
+        rel[forced],
+        rel[..forced].iter().fold(0f32, |m, &r| m.max(r))
+    );
+    assert!(
+        rel[forced] > 2e-2,
+        "a forced expert moves its token: {}",
+        rel[forced]
+    );
+    assert!(
+        rel[..forced].iter().all(|&r| r < 5e-3),
+        "before the forced token, rounding only"
+    );
 }

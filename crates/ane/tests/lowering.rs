@@ -131,12 +131,11 @@ fn both_strategies_lower_every_mixture_and_hybrid() {
     let opts = LoweringOptions::default();
     for family in anelm_testkit::MOE_HYBRID_TINY {
         let m = tiny(family);
-        let hybrid = family.starts_with("qwen3_next") || family.starts_with("qwen3_5");
         let plan = anelm_ane::lower::fused::fused_plan(&m, &opts).unwrap();
         assert_eq!(plan.chunks.len(), 1, "{family}: one chunk");
-        // A gated DeltaNet runs one token per evaluation.
-        let width = if hybrid { 1 } else { opts.width };
-        assert_eq!(plan.width, width, "{family}");
+        // A gated DeltaNet's prefill is chunked: the full width, as every other family.
+        assert_eq!(plan.width, opts.width, "{family}");
+        assert_eq!(plan.delta_chunk, opts.delta_chunk, "{family}");
         // Per layer the mixer's input and output kernels, the FFN (4 experts and a shared
         // expert where there is one), and the head.
         let ffn = match &m.layers[0].ffn {

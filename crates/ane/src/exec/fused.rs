@@ -105,8 +105,11 @@ pub struct FusedExecutor<D: Device> {
     /// What the lowering made of each weight tensor.
     weight_reports: Vec<crate::lower::TensorReport>,
     cache: CacheReport,
-    /// Whether near-tied top logits are recomputed in f32 ([`settle_near_ties`]).
+    /// Whether near-tied top logits (and router choices) are recomputed in f32
+    /// ([`settle_near_ties`], [`super::routes`]).
     settle_ties: bool,
+    /// Evaluations repeated to force a router choice settled in f32.
+    route_redos: u64,
 }
 
 fn io_error(chunk: &str, what: &str) -> AneError {
@@ -168,6 +171,7 @@ impl<D: Device> FusedExecutor<D> {
             weight_reports,
             cache,
             settle_ties: true,
+            route_redos: 0,
         })
     }
 
@@ -189,6 +193,12 @@ impl<D: Device> FusedExecutor<D> {
     /// Device evaluations so far.
     pub fn dispatches(&self) -> u64 {
         self.dispatches
+    }
+
+    /// Of [`Self::dispatches`], the evaluations repeated to force a router choice that the
+    /// host settled in f32 (a near-tie where fp16 picked otherwise).
+    pub fn route_redos(&self) -> u64 {
+        self.route_redos
     }
 
     /// What the lowering made of each weight tensor.
@@ -301,6 +311,17 @@ impl<D: Device> FusedExecutor<D> {
             .map(|&win| self.mask(win, p0, n, w))
             .collect();
         let ones = vec![1f32; (self.plan.context + w).max(n)];
+        // A mixture's forced router choices: none until the host settles a near-tie.
+        let most_experts = (m.layers.iter())
+            .map(|l| match &l.ffn {
+                anelm_model::plan::Ffn::Moe(moe) => moe.experts.len(),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        let unforced = vec![0f32; n * most_experts];
+        // Which columns hold tokens (a DeltaNet's padding columns leave its state alone).
+        let live: Vec<f32> = (0..w).map(|t| if t < n { 1.0 } else { 0.0 }).collect();
         for ci in 0..self.chunks.len() {
             let chunk = &mut self.chunks[ci];
             let b = if decode {
@@ -313,6 +334,10 @@ impl<D: Device> FusedExecutor<D> {
                 let name = l.name.as_str();
                 let table: Option<(&[f32], usize)> = if name == "x" {
                     Some((&x, n))
+                } else if name == "live" {
+                    Some((&live, width))
+                } else if name.starts_with("route") {
+                    Some((&unforced, n))
                 } else if let Some(r) = name
                     .strip_prefix("cos")
                     .and_then(|r| r.parse::<usize>().ok())
@@ -348,6 +373,19 @@ impl<D: Device> FusedExecutor<D> {
             }
             self.device.evaluate(&chunk.kernel, &mut b.binding, n)?;
             self.dispatches += 1;
+            if self.settle_ties {
+                let again = super::routes::settle_routes(
+                    &mut self.device,
+                    &chunk.kernel,
+                    &mut b.binding,
+                    &b.io,
+                    &m,
+                    chunk.spec.layers.clone(),
+                    n,
+                )?;
+                self.dispatches += again as u64;
+                self.route_redos += again as u64;
+            }
             let io = b.io.clone();
             let read = |device: &D,
                         binding: &D::Binding,

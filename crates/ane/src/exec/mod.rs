@@ -9,6 +9,7 @@ mod fused;
 mod kv;
 mod mixers;
 mod reference;
+mod routes;
 
 pub use device::DeviceProjections;
 pub use fallback::FallbackExecutor;

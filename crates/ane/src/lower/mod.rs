@@ -61,6 +61,9 @@ pub struct LoweringOptions {
     /// Fused strategy: most fp16 weight bytes per program (~1.5 GB is the largest reported
     /// compiling, ANEForge PR #45; FACTS §4).
     pub chunk_bytes: u64,
+    /// Fused strategy: tokens per sub-chunk of a gated DeltaNet's chunked prefill (its
+    /// forward substitution is this many steps; transformers uses 64).
+    pub delta_chunk: usize,
     /// Fused strategy: the residual stream is held times `2^-residual_shift` (Gemma 3's
     /// reaches 1e5, beyond fp16's 65504; SmolLM2's 2.3e4).
     pub residual_shift: i32,
@@ -96,6 +99,7 @@ impl Default for LoweringOptions {
             context: 1024,
             chunk_layers: 24,
             chunk_bytes: 1_600_000_000,
+            delta_chunk: 64,
             residual_shift: 4,
             cache_dir: None,
             weights: WeightPolicy::Auto,

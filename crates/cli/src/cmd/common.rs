@@ -46,6 +46,10 @@ pub struct ModelArgs {
     /// start at 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub layers_per_chunk: Option<u16>,
+    /// Fused strategy: tokens per sub-chunk of a gated DeltaNet's chunked prefill (default 64,
+    /// transformers' size; its triangular solve is this many steps).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub delta_chunk: Option<u16>,
     /// The MIL dialect of the ANE programs: a (`program(1.3)`/ios18, Core ML spec 9), b
     /// (`program(1.0)`/ios16, spec 7), or auto: what this machine accepted when probed
     /// (`$ANELM_PROGRAMS/probe.json`), else b below macOS 15 and a otherwise.
@@ -363,7 +367,8 @@ impl ModelArgs {
         forms
     }
 
-    /// `opts` with the lowering flags applied (`--weights`, `--mil-dialect`, `--layers-per-chunk`).
+    /// `opts` with the lowering flags applied (`--weights`, `--mil-dialect`, `--layers-per-chunk`,
+    /// `--delta-chunk`).
     pub fn lowering(&self, opts: LoweringOptions) -> Result<LoweringOptions> {
         let dialect = self.dialect();
         let opts = LoweringOptions {
@@ -373,16 +378,18 @@ impl ModelArgs {
             weight_forms: self.weight_forms(dialect),
             ..opts
         };
-        match self.layers_per_chunk {
-            None => Ok(opts),
-            Some(_) if self.strategy != super::compile::Strategy::Fused => {
-                bail!("--layers-per-chunk applies to --strategy fused")
-            }
-            Some(n) => Ok(LoweringOptions {
-                chunk_layers: n as usize,
-                ..opts
-            }),
+        let fused = self.strategy == super::compile::Strategy::Fused;
+        if self.layers_per_chunk.is_some() && !fused {
+            bail!("--layers-per-chunk applies to --strategy fused")
         }
+        if self.delta_chunk.is_some() && !fused {
+            bail!("--delta-chunk applies to --strategy fused")
+        }
+        Ok(LoweringOptions {
+            chunk_layers: self.layers_per_chunk.map_or(opts.chunk_layers, usize::from),
+            delta_chunk: self.delta_chunk.map_or(opts.delta_chunk, usize::from),
+            ..opts
+        })
     }
 
     /// What `--device` (and `--driver`) name, for reports.

@@ -236,6 +236,8 @@ pub fn run(a: Args) -> Result<()> {
             "cache": exec.cache_report().to_json(),
             "dispatches": dispatches,
             "dispatches_per_token": exec.dispatches_per_token(),
+            "prefill_width": exec.prefill_width(),
+            "route_redos": exec.route_redos(),
             "seconds": {"total": started.elapsed().as_secs_f64(), "compile": compile_seconds, "device": report.device_seconds, "reference": report.reference_seconds},
             "tokens": tokens,
             "prompts": prompts,
@@ -272,7 +274,7 @@ pub fn run(a: Args) -> Result<()> {
             println!("near-tied top logits: the device's own (--no-settle-ties)");
         }
         println!(
-            "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs ({} compiled, {} from the cache) ready in {compile_seconds:.1} s, {} dispatches per token; device {:.1} s, reference {:.1} s",
+            "max relative error {:.2e} vs {}; greedy tokens {}; {} strategy: {} programs ({} compiled, {} from the cache) ready in {compile_seconds:.1} s, {} dispatches per decoded token, {dispatches} in all for {tokens} tokens (prefill passes of up to {} tokens{}); device {:.1} s, reference {:.1} s",
             report.max_rel_err(),
             reference.name(),
             if report.greedy_same() {
@@ -287,6 +289,11 @@ pub fn run(a: Args) -> Result<()> {
             exec.cache_report().compiled(),
             exec.cache_report().loaded(),
             exec.dispatches_per_token(),
+            exec.prefill_width(),
+            match exec.route_redos() {
+                0 => String::new(),
+                r => format!("; {r} repeated to settle router near-ties"),
+            },
             report.device_seconds,
             report.reference_seconds
         );

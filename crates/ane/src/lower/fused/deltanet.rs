@@ -1,10 +1,10 @@
-//! A gated DeltaNet layer inside a fused chunk, one token per evaluation (the chunks of a model
-//! with one have width 1 until the chunked prefill lands): the `qkv | z | b | a` projection,
-//! the causal conv over the history input `conv{l}` (`[1, C, 1, K - 1]`, the pre-conv `qkv`
-//! of the last tokens) then SiLU, q and k L2-normed (their largest magnitude divided out
-//! first, so no square overflows fp16), the decay `exp(-exp(A_log) · softplus(a + dt_bias))`,
-//! the delta rule on the state input `s{l}` (`[1, n_v · dk · dv, 1, 1]`), the read-out, the
-//! gated RMSNorm and `out`. The chunk outputs the new state as `s{l}_new` and the token's
+//! A gated DeltaNet layer inside a fused chunk: the `qkv | z | b | a` projection, the causal
+//! conv over the history input `conv{l}` (`[1, C, 1, K - 1]`, the pre-conv `qkv` of the last
+//! tokens) and the function's columns, then SiLU, q and k L2-normed (their largest magnitude
+//! divided out first, so no square overflows fp16), the gates, the delta rule on the state
+//! input `s{l}` (`[1, n_v · dk · dv, 1, 1]`) — the recurrence itself in the decode function,
+//! the chunked form ([`super::delta_chunks`]) in the prefill function —, the read-out, the
+//! gated RMSNorm and `out`. The chunk outputs the new state as `s{l}_new` and the columns'
 //! pre-conv `qkv` as `conv{l}_new`; the engine keeps both beside the KV cache.
 
 use std::sync::Arc;
@@ -58,12 +58,7 @@ impl ChunkGraph<'_> {
             .delta_net
             .as_ref()
             .ok_or_else(|| AneError::Unsupported(format!("layer {li}: no DeltaNet constants")))?;
-        if self.w != 1 {
-            return Err(AneError::Unsupported(format!(
-                "layer {li}: a gated DeltaNet in a {}-token function (fused chunks run it one token at a time)",
-                self.w
-            )));
-        }
+        let w = self.w;
         let h = self.model.config.hidden_size;
         let (nk, nv, dk, dv) = (d.n_k, d.n_v, d.dk, d.dv);
         let (kd, vd) = (nk * dk, nv * dv);
@@ -97,7 +92,7 @@ impl ChunkGraph<'_> {
             let at = self.f.name_next(&format!("{p}_at{j}")).slice_by_size(
                 all,
                 &[0, 0, 0, j as i32],
-                &[1, ch as i32, 1, 1],
+                &[1, ch as i32, 1, w as i32],
             )?;
             let t = (self.f).weight(
                 &format!("{p}_tap{j}"),
@@ -116,18 +111,56 @@ impl ChunkGraph<'_> {
         let qkv = alts.split(&mut self.f, &format!("{p}_u_qkv"), u, 1, &[kd, kd, vd])?;
         let q = self.l2_heads(&format!("{p}_q"), qkv[0], nk, dk, (dk as f32).powf(-0.5))?;
         let k = self.l2_heads(&format!("{p}_k"), qkv[1], nk, dk, 1.0)?;
-        // Each value head's key head: [n_v, dk, 1].
+        // Each value head's key head: [n_v, dk, w].
         let q = self.per_value_head(&format!("{p}_qv"), q, &d.key_head, dk)?;
         let k = self.per_value_head(&format!("{p}_kv"), k, &d.key_head, dk)?;
+        let s_in = self.input(&format!("s{li}"))?;
+        let (o, s) = if w == 1 {
+            self.delta_step(&p, d, (q, k), qkv[2], (b, a), s_in)?
+        } else {
+            self.delta_many(&p, d, (q, k), qkv[2], (b, a), s_in)?
+        };
         let f = &mut self.f;
-        let v = f
-            .name_next(&format!("{p}_v3"))
-            .reshape(qkv[2], &[nv as i32, 1, dv as i32])?;
-        // Gates: beta = sigmoid(b), decay = exp(-exp(A_log) · softplus(a + dt_bias)).
+        let s_out = f
+            .name_next(&format!("s{li}_new"))
+            .reshape(s, &[1, (nv * dk * dv) as i32, 1, 1])?;
+        f.output(s_out)?;
+        // Gated RMSNorm per value head, then out.
+        let on = self.norm(&format!("{p}_gnorm"), o, 2, dv, vec![1, 1, dv, 1], &d.norm)?;
+        let f = &mut self.f;
+        let z = f
+            .name_next(&format!("{p}_z4"))
+            .reshape(z, &[1, nv as i32, dv as i32, w as i32])?;
+        let zs = f.name_next(&format!("{p}_zsig")).sigmoid(z)?;
+        let zs = f.name_next(&format!("{p}_zsilu")).mul(z, zs)?;
+        let gated = f.name_next(&format!("{p}_gated")).mul(on, zs)?;
+        let gated = f
+            .name_next(&format!("{p}_gated_flat"))
+            .reshape(gated, &[1, vd as i32, 1, w as i32])?;
+        let shift = if c.post_attn_norm.is_some() {
+            1.0
+        } else {
+            self.shift()
+        };
+        let mut y = self.linear(&format!("{p}_dn_o"), gated, &c.o, shift)?;
+        if let Some(n) = &c.post_attn_norm {
+            y = self.norm(&format!("{p}_post_attn"), y, 1, h, vec![1, h, 1, 1], n)?;
+        }
+        Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
+    }
+
+    /// The gates of `b` and `a` (`[1, n_v, 1, w]`): `β = sigmoid(b)` and the log-decay
+    /// `g = -exp(A_log) · softplus(a + dt_bias)`.
+    fn delta_gates(
+        &mut self,
+        p: &str,
+        d: &DeltaNetConsts,
+        b: ValueId,
+        a: ValueId,
+    ) -> Result<(ValueId, ValueId)> {
+        let nv = d.n_v;
+        let f = &mut self.f;
         let beta = f.name_next(&format!("{p}_beta")).sigmoid(b)?;
-        let beta = f
-            .name_next(&format!("{p}_beta3"))
-            .reshape(beta, &[nv as i32, 1, 1])?;
         let dt = f.weight(
             &format!("{p}_dt_bias"),
             TensorType::fp16([1, nv, 1, 1]),
@@ -141,13 +174,61 @@ impl ChunkGraph<'_> {
         let adt = f.name_next(&format!("{p}_adt")).add(a, dt)?;
         let sp = f.name_next(&format!("{p}_sp")).unary("softplus", adt)?;
         let g = f.name_next(&format!("{p}_g")).mul(sp, na)?;
+        Ok((beta, g))
+    }
+
+    /// Many tokens: the chunked form ([`super::delta_chunks`]). The read-outs `[1, n_v, dv, w]`
+    /// and the new state `[n_v, dk, dv]`.
+    fn delta_many(
+        &mut self,
+        p: &str,
+        d: &DeltaNetConsts,
+        (q, k): (ValueId, ValueId),
+        v: ValueId,
+        (b, a): (ValueId, ValueId),
+        s_in: ValueId,
+    ) -> Result<(ValueId, ValueId)> {
+        let (nv, dk, dv, w) = (d.n_v as i32, d.dk as i32, d.dv as i32, self.w as i32);
+        let (beta, g) = self.delta_gates(p, d, b, a)?;
+        let f = &mut self.f;
+        let inputs = super::delta_chunks::DeltaInputs {
+            q,
+            k,
+            v: f.name_next(&format!("{p}_v3")).reshape(v, &[nv, dv, w])?,
+            beta: f
+                .name_next(&format!("{p}_beta3"))
+                .reshape(beta, &[nv, 1, w])?,
+            g: f.name_next(&format!("{p}_g3")).reshape(g, &[nv, 1, w])?,
+            s: f.name_next(&format!("{p}_s3"))
+                .reshape(s_in, &[nv, dk, dv])?,
+        };
+        self.delta_chunks(p, &inputs, (d.n_v, d.dk, d.dv))
+    }
+
+    /// One token: the recurrence itself. The read-out `[1, n_v, dv, 1]` and the new state.
+    fn delta_step(
+        &mut self,
+        p: &str,
+        d: &DeltaNetConsts,
+        (q, k): (ValueId, ValueId),
+        v: ValueId,
+        (b, a): (ValueId, ValueId),
+        s_in: ValueId,
+    ) -> Result<(ValueId, ValueId)> {
+        let (nv, dk, dv) = (d.n_v, d.dk, d.dv);
+        let (beta, g) = self.delta_gates(p, d, b, a)?;
+        let f = &mut self.f;
+        let v = f
+            .name_next(&format!("{p}_v3"))
+            .reshape(v, &[nv as i32, 1, dv as i32])?;
+        let beta = f
+            .name_next(&format!("{p}_beta3"))
+            .reshape(beta, &[nv as i32, 1, 1])?;
         let decay = f.name_next(&format!("{p}_decay")).exp(g)?;
         let decay = f
             .name_next(&format!("{p}_decay3"))
             .reshape(decay, &[nv as i32, 1, 1])?;
         // The delta rule on S [n_v, dk, dv].
-        let s_in = self.input(&format!("s{li}"))?;
-        let f = &mut self.f;
         let s = f
             .name_next(&format!("{p}_s3"))
             .reshape(s_in, &[nv as i32, dk as i32, dv as i32])?;
@@ -160,10 +241,6 @@ impl ChunkGraph<'_> {
         let dlt = f.name_next(&format!("{p}_delta")).mul(dlt, beta)?;
         let upd = f.name_next(&format!("{p}_kdelta")).mul(k, dlt)?;
         let s = f.name_next(&format!("{p}_s_upd")).add(s, upd)?;
-        let s_out = f
-            .name_next(&format!("s{li}_new"))
-            .reshape(s, &[1, (nv * dk * dv) as i32, 1, 1])?;
-        f.output(s_out)?;
         let sq = f.name_next(&format!("{p}_sq")).mul(s, q)?;
         let o = f
             .name_next(&format!("{p}_o3"))
@@ -171,32 +248,11 @@ impl ChunkGraph<'_> {
         let o = f
             .name_next(&format!("{p}_o4"))
             .reshape(o, &[1, nv as i32, dv as i32, 1])?;
-        // Gated RMSNorm per value head, then out.
-        let on = self.norm(&format!("{p}_gnorm"), o, 2, dv, vec![1, 1, dv, 1], &d.norm)?;
-        let f = &mut self.f;
-        let z = f
-            .name_next(&format!("{p}_z4"))
-            .reshape(z, &[1, nv as i32, dv as i32, 1])?;
-        let zs = f.name_next(&format!("{p}_zsig")).sigmoid(z)?;
-        let zs = f.name_next(&format!("{p}_zsilu")).mul(z, zs)?;
-        let gated = f.name_next(&format!("{p}_gated")).mul(on, zs)?;
-        let gated = f
-            .name_next(&format!("{p}_gated_flat"))
-            .reshape(gated, &[1, vd as i32, 1, 1])?;
-        let shift = if c.post_attn_norm.is_some() {
-            1.0
-        } else {
-            self.shift()
-        };
-        let mut y = self.linear(&format!("{p}_dn_o"), gated, &c.o, shift)?;
-        if let Some(n) = &c.post_attn_norm {
-            y = self.norm(&format!("{p}_post_attn"), y, 1, h, vec![1, h, 1, 1], n)?;
-        }
-        Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
+        Ok((o, s))
     }
 
-    /// `[1, heads·d, 1, 1]` L2-normed per head (eps 1e-6 inside the root, as the CPU engine),
-    /// times `scale`: `[heads, d, 1]`. The largest magnitude is divided out first.
+    /// `[1, heads·d, 1, w]` L2-normed per head and column (eps 1e-6 inside the root, as the CPU
+    /// engine), times `scale`: `[heads, d, w]`. The largest magnitude is divided out first.
     fn l2_heads(
         &mut self,
         p: &str,
@@ -209,7 +265,7 @@ impl ChunkGraph<'_> {
         let f = &mut self.f;
         let x = f
             .name_next(&format!("{p}_h3"))
-            .reshape(x, &[heads as i32, d as i32, 1])?;
+            .reshape(x, &[heads as i32, d as i32, self.w as i32])?;
         let a = alts.abs(f, &format!("{p}_abs"), x)?;
         let m = f
             .name_next(&format!("{p}_max"))
@@ -238,7 +294,7 @@ impl ChunkGraph<'_> {
             .binary_scalar("mul", y, scale)?)
     }
 
-    /// The key heads `x` (`[n_k, d, 1]`) as one per value head (`[n_v, d, 1]`), head `h` being
+    /// The key heads `x` (`[n_k, d, w]`) as one per value head (`[n_v, d, w]`), head `h` being
     /// key head `key_head[h]`.
     fn per_value_head(
         &mut self,
@@ -253,7 +309,7 @@ impl ChunkGraph<'_> {
                 self.f.name_next(&format!("{p}_{h}")).slice_by_size(
                     x,
                     &[g as i32, 0, 0],
-                    &[1, d as i32, 1],
+                    &[1, d as i32, self.w as i32],
                 )
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;

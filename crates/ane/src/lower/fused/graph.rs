@@ -420,7 +420,7 @@ impl ChunkGraph<'_> {
                 };
                 self.linear(&format!("{p}_down"), hidden, down, shift)?
             }
-            FfnConsts::Moe(m) => self.moe(&p, xn, act, m, shift)?,
+            FfnConsts::Moe(m) => self.moe(li, &p, xn, act, m, shift)?,
         };
         if let Some(n) = &c.post_ffn_norm {
             y = self.norm(&format!("{p}_post_ffn"), y, 1, h, vec![1, h, 1, 1], n)?;

@@ -24,6 +24,7 @@
 use std::ops::Range;
 
 mod consts;
+mod delta_chunks;
 mod deltanet;
 mod graph;
 mod moe;
@@ -84,6 +85,8 @@ pub struct FusedPlan {
     pub context: usize,
     /// Columns of the prefill functions.
     pub width: usize,
+    /// Tokens per sub-chunk of a DeltaNet's chunked form in the prefill functions.
+    pub delta_chunk: usize,
     /// The residual stream is held times `2^-residual_shift`.
     pub residual_shift: i32,
     /// Vocabulary tiles of the head: (first row, rows).
@@ -226,12 +229,8 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         windows,
         layer_window,
         context: opts.context,
-        // A gated DeltaNet runs one token per evaluation (until the chunked prefill lands).
-        width: if (model.layers.iter()).any(|l| matches!(l.mixer, Mixer::DeltaNet(_))) {
-            1
-        } else {
-            opts.width
-        },
+        width: opts.width,
+        delta_chunk: opts.delta_chunk.max(1),
         residual_shift: opts.residual_shift,
         head_tiles,
         weights: opts.weights,
@@ -333,6 +332,20 @@ fn build_function(
                 )?,
             }
         }
+    }
+    // A mixture's forced choices (the host's f32 settling of router near-ties).
+    for (li, _) in &consts.layers {
+        if let Ffn::Moe(m) = &model.layers[*li].ffn {
+            let e = m.experts.len();
+            g.declare(&format!("route{li}"), TensorType::fp16([1, e, 1, w]), false)?;
+        }
+    }
+    // Which columns hold tokens (1) and which are padding (0): a DeltaNet's padding must leave
+    // its state alone.
+    let recurrent =
+        (consts.layers.iter()).any(|(li, _)| matches!(model.layers[*li].mixer, Mixer::DeltaNet(_)));
+    if recurrent && w > 1 {
+        g.declare("live", TensorType::fp16([1, 1, 1, w]), false)?;
     }
     let attends = (consts.layers.iter()).any(|(li, _)| model.layers[*li].attention().is_some());
     if form == KvForm::States && attends {

@@ -6,7 +6,10 @@
 //! counted from pairwise comparisons (`greater`, `greater_equal`, cast to fp16), so no `topk`
 //! op is needed. Every expert runs on every token; the ones not picked get weight 0. The
 //! probabilities are fp16, so experts whose f32 probabilities differ by less than fp16
-//! resolves may be chosen otherwise than by the CPU.
+//! resolves may be chosen otherwise than by the CPU: the chunk outputs each mixture's router
+//! logits `rl{l}`, its choice `rs{l}` and its normed input `rx{l}`, and takes `route{l}`
+//! (`[1, E, 1, W]`, added to the ranks: 0, or `∓E` to force an expert in or out), so the host
+//! can settle near-ties in f32 and evaluate again ([`crate::exec`]'s route settling).
 
 use std::sync::Arc;
 
@@ -110,9 +113,11 @@ impl MoeConsts {
 }
 
 impl ChunkGraph<'_> {
-    /// The mixture over the normed `xn` (`[1, H, 1, W]`), its output times `out_scale`.
+    /// The mixture of layer `li` over the normed `xn` (`[1, H, 1, W]`), its output times
+    /// `out_scale`.
     pub(super) fn moe(
         &mut self,
+        li: usize,
         p: &str,
         xn: ValueId,
         act: Activation,
@@ -128,7 +133,10 @@ impl ChunkGraph<'_> {
         } else {
             (r, None)
         };
-        let weights = self.route(p, logits, m)?;
+        let weights = self.route(li, p, logits, m)?;
+        // The router's input for the host's f32 recheck.
+        let rx = self.f.name_next(&format!("rx{li}")).identity(xn)?;
+        self.f.output(rx)?;
         let gu = self.linear(&format!("{p}_experts_gu"), xn, &m.gate_up, 1.0)?;
         let sizes: Vec<usize> = m.hidden.iter().flat_map(|&i| [i, i]).collect();
         let parts = alts.split(&mut self.f, &format!("{p}_egu"), gu, 1, &sizes)?;
@@ -166,9 +174,12 @@ impl ChunkGraph<'_> {
 
     /// Each expert's weight per column (`[1, E, 1, W]`): its softmax probability where it is
     /// among the top k, else 0; renormalised over the picked ones when the model says so.
-    fn route(&mut self, p: &str, logits: ValueId, m: &MoeConsts) -> Result<ValueId> {
+    fn route(&mut self, li: usize, p: &str, logits: ValueId, m: &MoeConsts) -> Result<ValueId> {
         let (w, ne) = (self.w as i32, m.n_experts);
+        let force = self.input(&format!("route{li}"))?;
         let f = &mut self.f;
+        let rl = f.name_next(&format!("rl{li}")).identity(logits)?;
+        f.output(rl)?;
         let mx = f
             .name_next(&format!("{p}_rmax"))
             .reduce("reduce_max", logits, &[1], true)?;
@@ -202,9 +213,12 @@ impl ChunkGraph<'_> {
         let rank = f
             .name_next(&format!("{p}_rank"))
             .reduce("reduce_sum", before, &[0], true)?;
+        let rank = f.name_next(&format!("{p}_rankf")).add(rank, force)?;
         let k = f.scalar(&format!("{p}_k"), DType::Fp16, m.top_k as f32 - 0.5)?;
         let sel = f.name_next(&format!("{p}_selb")).less(rank, k)?;
         let sel = f.name_next(&format!("{p}_sel")).cast(sel, DType::Fp16)?;
+        let rs = f.name_next(&format!("rs{li}")).identity(sel)?;
+        f.output(rs)?;
         let mut weights = f.name_next(&format!("{p}_wsel")).mul(probs, sel)?;
         if m.norm_top_k {
             let s = f
