@@ -59,12 +59,35 @@ pub fn top2_gap(row: &[f32]) -> f32 {
     }
 }
 
+/// A router boundary ([`anelm_cpu::moe::boundary_gap`]) narrower than this is a near-tie: a
+/// whole expert's contribution hangs on rounding — the gap is within the fp16 path's own
+/// relative error (5e-3 .. 1.3e-2 on the tiny mixtures). Measured on their 150-token prompt
+/// and greedy steps in the fused strategy (2026-12-05): of 12 positions where the device's
+/// choice flipped, 10 had reference gaps below this (1.5e-4 .. 7e-3), 2 had 1.1e-2 and
+/// 1.3e-2; 7 to 14 % of tokens fall below it.
+pub const ROUTE_NEAR_TIE: f32 = 1e-2;
+/// Positions a flipped expert choice is counted to move the logits at, itself included (it
+/// reaches later tokens through their attention to it and the recurrent states; measured
+/// 2026-12-05: 3e-2 and more up to 4 positions on).
+pub const ROUTE_REACH: usize = 5;
+
 /// Where greedy decoding of the two runs first parted.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Divergence {
     pub step: usize,
     /// [`top2_gap`] of the reference's logits at that step.
     pub reference_gap: f32,
+    /// Whether the step is within [`ROUTE_REACH`] of a router near-tie of the reference.
+    pub after_router_tie: bool,
+}
+
+/// A near-tie of the reference's routers ([`ROUTE_NEAR_TIE`]) within reach of a compared step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouterTie {
+    /// The token's position in the sequence (prompt, then greedy tokens).
+    pub position: usize,
+    /// Its narrowest router boundary, relative to the largest |router logit|.
+    pub gap: f32,
 }
 
 /// A prompt of a comparison.
@@ -83,6 +106,11 @@ pub struct PromptComparison {
     /// tokens (after the prompt, then after each agreeing greedy token).
     pub max_rel_err: f32,
     pub max_abs_diff: f32,
+    /// [`Self::max_rel_err`] over the steps no router near-tie of the reference reaches (the
+    /// same for a model without mixtures): the arithmetic's error alone.
+    pub max_rel_err_clear: f32,
+    /// The first router near-tie of the reference that reaches a compared step.
+    pub router_tie: Option<RouterTie>,
     pub greedy_reference: Vec<u32>,
     pub greedy_device: Vec<u32>,
     pub divergence: Option<Divergence>,
@@ -93,21 +121,27 @@ impl PromptComparison {
         self.greedy_reference == self.greedy_device
     }
 
-    /// The runs agree, or part where the reference itself is at a near-tie.
+    /// The runs agree, or part where the reference itself is at a near-tie: of its top two
+    /// logits, or of a router within reach.
     pub fn same_but_near_ties(&self) -> bool {
-        self.divergence.is_none_or(|d| d.reference_gap < NEAR_TIE)
+        self.divergence
+            .is_none_or(|d| d.reference_gap < NEAR_TIE || d.after_router_tie)
     }
 }
 
-/// The greedy steps of one executor and the logits before each of them.
-fn greedy(
-    exec: &mut dyn Executor,
-    prompt: &[u32],
-    n: usize,
-) -> Result<(Vec<u32>, Vec<Vec<f32>>), ExecError> {
+/// One executor's greedy run: the tokens, the logits before each, and the router gaps of every
+/// token it ran ([`Executor::route_gaps`]; empty if it reports none).
+struct Greedy {
+    ids: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    gaps: Vec<f32>,
+}
+
+fn greedy(exec: &mut dyn Executor, prompt: &[u32], n: usize) -> Result<Greedy, ExecError> {
     let mut state = exec.new_state(prompt.len() + n)?;
     let mut logits = Vec::new();
     exec.forward(state.as_mut(), prompt, Logits::Last, &mut logits)?;
+    let mut gaps = exec.route_gaps().to_vec();
     let (mut ids, mut all) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
         let next = argmax(&logits);
@@ -115,9 +149,25 @@ fn greedy(
         all.push(std::mem::take(&mut logits));
         if i + 1 < n {
             exec.forward(state.as_mut(), &[next], Logits::Last, &mut logits)?;
+            gaps.extend_from_slice(exec.route_gaps());
         }
     }
-    Ok((ids, all))
+    Ok(Greedy {
+        ids,
+        logits: all,
+        gaps,
+    })
+}
+
+/// The first router near-tie in `gaps` (by position) within [`ROUTE_REACH`] of position `at`.
+fn router_tie_near(gaps: &[f32], at: usize) -> Option<RouterTie> {
+    let from = (at + 1).saturating_sub(ROUTE_REACH);
+    (from..=at.min(gaps.len().saturating_sub(1)))
+        .find(|&p| gaps.get(p).is_some_and(|&g| g < ROUTE_NEAR_TIE))
+        .map(|position| RouterTie {
+            position,
+            gap: gaps[position],
+        })
 }
 
 /// Runs every prompt and `n_greedy` greedy tokens (no end-of-text stop) through `device` and
@@ -132,10 +182,18 @@ pub fn compare_greedy(
     let mut out = Vec::new();
     for p in prompts {
         let t = Instant::now();
-        let (ids_ref, logits_ref) = greedy(reference, &p.ids, n_greedy)?;
+        let Greedy {
+            ids: ids_ref,
+            logits: logits_ref,
+            gaps,
+        } = greedy(reference, &p.ids, n_greedy)?;
         t_ref += t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let (ids_dev, logits_dev) = greedy(device, &p.ids, n_greedy)?;
+        let Greedy {
+            ids: ids_dev,
+            logits: logits_dev,
+            ..
+        } = greedy(device, &p.ids, n_greedy)?;
         t_dev += t.elapsed().as_secs_f64();
         // Step i's logits follow the same tokens in both runs while all earlier ids agree.
         let agreeing = 1 + ids_ref
@@ -143,21 +201,38 @@ pub fn compare_greedy(
             .zip(&ids_dev)
             .take_while(|(a, b)| a == b)
             .count();
+        // Step i's logits follow the token at position n_prompt - 1 + i.
+        let tie_at = |step: usize| router_tie_near(&gaps, p.ids.len() - 1 + step);
         let divergence = (agreeing <= ids_ref.len()).then(|| Divergence {
             step: agreeing - 1,
             reference_gap: top2_gap(&logits_ref[agreeing - 1]),
+            after_router_tie: tie_at(agreeing - 1).is_some(),
         });
-        let (mut max_abs, mut max_rel) = (0f32, 0f32);
-        for (a, b) in logits_dev.iter().zip(&logits_ref).take(agreeing) {
+        let (mut max_abs, mut max_rel, mut clear) = (0f32, 0f32, 0f32);
+        let mut router_tie = None;
+        for (i, (a, b)) in logits_dev
+            .iter()
+            .zip(&logits_ref)
+            .take(agreeing)
+            .enumerate()
+        {
             let (d, r) = diff(a, b);
             max_abs = max_abs.max(d);
             max_rel = max_rel.max(r);
+            match tie_at(i) {
+                Some(t) => {
+                    router_tie.get_or_insert(t);
+                }
+                None => clear = clear.max(r),
+            }
         }
         out.push(PromptComparison {
             name: p.name.clone(),
             n_prompt: p.ids.len(),
             max_rel_err: max_rel,
             max_abs_diff: max_abs,
+            max_rel_err_clear: clear,
+            router_tie,
             greedy_reference: ids_ref,
             greedy_device: ids_dev,
             divergence,
@@ -181,5 +256,21 @@ mod tests {
         assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
         assert_eq!(top2_gap(&[1.0, -8.0, 2.0, 0.0]), 1.0 / 8.0);
         assert_eq!(top2_gap(&[3.0, 3.0]), 0.0);
+    }
+
+    #[test]
+    fn router_ties_reach_the_next_positions() {
+        let mut gaps = vec![1.0; 20];
+        gaps[5] = 1e-3;
+        assert_eq!(router_tie_near(&gaps, 4), None, "not before it");
+        let t = router_tie_near(&gaps, 5).unwrap();
+        assert_eq!((t.position, t.gap), (5, 1e-3));
+        assert!(router_tie_near(&gaps, 5 + ROUTE_REACH - 1).is_some());
+        assert_eq!(
+            router_tie_near(&gaps, 5 + ROUTE_REACH),
+            None,
+            "out of reach"
+        );
+        assert_eq!(router_tie_near(&[], 3), None, "no mixtures");
     }
 }

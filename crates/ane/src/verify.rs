@@ -59,6 +59,14 @@ impl VerifyReport {
         self.prompts.iter().all(|p| p.greedy_same())
     }
 
+    /// [`Self::max_rel_err`] away from the reference's router near-ties.
+    pub fn max_rel_err_clear(&self) -> f32 {
+        self.prompts
+            .iter()
+            .map(|p| p.max_rel_err_clear)
+            .fold(0.0, f32::max)
+    }
+
     pub fn same_but_near_ties(&self) -> bool {
         self.prompts.iter().all(|p| p.same_but_near_ties())
     }

@@ -175,22 +175,17 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
                 r.same_but_near_ties(),
                 cases[0].ids.len()
             );
-            // Every prompt within 2e-2 but qwen3_moe's 80-token one, measured 2.27e-2
-            // (2026-12-02): there a token's top-2 routing sits so close to a boundary that the
-            // device's fp16 hidden state (the router itself runs in f32) picks another expert
-            // than the f32 reference; the other prompts stay within 2.0e-3.
+            // qwen3_moe's 80-token prompt: 2.27e-2 (2026-12-02, again 2026-12-05), 1.1e-2 to
+            // 2.3e-2 at every greedy step alike, with no router near-tie of the reference
+            // within reach (its narrowest nearby gap 8.8e-3 at position 60, 20 before the
+            // first compared step) — cause not isolated; held to 2.5e-2.
             for p in &r.prompts {
-                let limit = if arch == "qwen3_moe" && p.name == "xlong" {
+                let bar = if arch == "qwen3_moe" && p.name == "xlong" {
                     2.5e-2
                 } else {
                     2e-2
                 };
-                assert!(
-                    p.max_rel_err <= limit,
-                    "{arch} {}: {}",
-                    p.name,
-                    p.max_rel_err
-                );
+                within_bar(&format!("{arch} projection"), p, bar);
             }
             assert!(r.same_but_near_ties(), "{arch}: greedy differs");
             let m_layers = m.layers.len() as u64;
@@ -255,37 +250,18 @@ fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_
                     r.same_but_near_ties(),
                 );
                 for p in &r.prompts {
-                    // Not within 2e-2: the 150-token prompt of the MoE hybrids, where an
-                    // expert choice flips between the f32 reference and the device's fp16
-                    // hidden state at a router near-tie (measured 2026-12-05, logits at every
-                    // prompt position and per greedy step: qwen3_next flips at prompt position
-                    // 145, 0.17 there, 3.4e-2 at the last; qwen3_5_moe at greedy step 1, 9.8e-2
-                    // at that step alone, the steps around it <= 7e-3). Settling the device's
-                    // near-ties in f32 does not reach these (no evaluation repeated there): f32
-                    // on the device's hidden state picks as the device did; the reference's
-                    // hidden state sits on the other side of the boundary.
-                    let limit = match (arch, p.name.as_str()) {
-                        ("qwen3_next", "150") => 4e-2,
-                        ("qwen3_5_moe", "150") => 1.2e-1,
-                        _ => 2e-2,
-                    };
                     println!(
-                        "  {:6} rel {:.2e} divergence {:?}",
-                        p.name, p.max_rel_err, p.divergence
+                        "  {:6} rel {:.2e} ({:.2e} away from router near-ties: {:?}) divergence {:?}",
+                        p.name, p.max_rel_err, p.max_rel_err_clear, p.router_tie, p.divergence
                     );
-                    assert!(
-                        p.max_rel_err <= limit,
-                        "{arch} {file} {dialect} {}: {}",
-                        p.name,
-                        p.max_rel_err
-                    );
+                    within_bar(&format!("{arch} {file} {dialect}"), p, 2e-2);
                     // Greedy decoding parts only at a near-tie, or (fp16 attention and residual
                     // stream) where the reference's top-2 gap is within the device's measured
                     // error: lfm2's 24-token prompt at step 0, gap 5.4e-3 against a 8.7e-3
                     // error (2026-12-02; residual_shift 2 or 6 do not part there).
-                    let within = p
-                        .divergence
-                        .is_none_or(|d| d.reference_gap < p.max_rel_err.max(NEAR_TIE_REL));
+                    let within = p.divergence.is_none_or(|d| {
+                        d.after_router_tie || d.reference_gap < p.max_rel_err.max(NEAR_TIE_REL)
+                    });
                     assert!(within, "{arch} {file} {dialect} {}: greedy differs", p.name);
                 }
                 let want = m.layers.len().div_ceil(2);
@@ -304,6 +280,25 @@ fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_
             }
         }
     }
+}
+
+/// verify's bar: within `bar` (2e-2) of the f32 reference on every step no router near-tie of the
+/// reference reaches ([`anelm_ane::compare::ROUTE_NEAR_TIE`], within
+/// [`anelm_ane::compare::ROUTE_REACH`] positions); a step one reaches may carry a whole
+/// expert's difference (either choice is right there) and is only held to stay finite and
+/// below 1 (measured 2026-12-05: up to 0.72 at a prompt position of the tiny Qwen2-MoE, 8.8e-2
+/// at the steps verify compares).
+fn within_bar(what: &str, p: &anelm_ane::compare::PromptComparison, bar: f32) {
+    assert!(
+        p.max_rel_err_clear <= bar,
+        "{what} {}: {} away from router near-ties",
+        p.name,
+        p.max_rel_err_clear
+    );
+    if p.router_tie.is_none() {
+        assert_eq!(p.max_rel_err, p.max_rel_err_clear, "{what} {}", p.name);
+    }
+    assert!(p.max_rel_err < 1.0, "{what} {}: {}", p.name, p.max_rel_err);
 }
 
 /// A 150-token prompt: past the DeltaNet chunk size (64) and the kernels' width, twice.
@@ -380,12 +375,7 @@ fn hybrids_verify_on_the_simulator_from_safetensors_and_gguf() {
                     r.same_but_near_ties(),
                 );
                 for p in &r.prompts {
-                    assert!(
-                        p.max_rel_err <= 2e-2,
-                        "{arch} {file} {dialect} {}: {}",
-                        p.name,
-                        p.max_rel_err
-                    );
+                    within_bar(&format!("{arch} {file} {dialect}"), p, 2e-2);
                     if !p.greedy_same() {
                         println!("  {}: near tie {:?}", p.name, p.divergence);
                     }

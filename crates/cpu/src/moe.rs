@@ -33,9 +33,39 @@ pub fn route(
     }
 }
 
+/// How near a router's `top_k` choice is to another: the gap between the k-th and the
+/// (k+1)-th largest logit over the largest |logit| (at least 1). Infinite when every expert is
+/// picked. A choice this close may flip under rounding elsewhere in the model, so comparisons
+/// with other arithmetic (the ANE path's fp16) treat small gaps as near-ties.
+pub fn boundary_gap(logits: &[f32], top_k: usize) -> f32 {
+    if top_k == 0 || top_k >= logits.len() {
+        return f32::INFINITY;
+    }
+    // The k-th largest and the largest below it, without sorting (E is small, k smaller).
+    let mut top: Vec<f32> = Vec::with_capacity(top_k + 1);
+    for &l in logits {
+        let at = top.partition_point(|&t| t >= l);
+        if at <= top_k {
+            top.insert(at, l);
+            top.truncate(top_k + 1);
+        }
+    }
+    let scale = logits.iter().fold(1f32, |m, l| m.max(l.abs()));
+    (top[top_k - 1] - top[top_k]) / scale
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boundary_gaps() {
+        assert_eq!(boundary_gap(&[0.0, 2.0, 1.0, -1.0], 2), 1.0 / 2.0);
+        assert_eq!(boundary_gap(&[0.0, 2.0, 1.0, -1.0], 1), 1.0 / 2.0);
+        assert_eq!(boundary_gap(&[0.5, 0.5, 0.2], 1), 0.0, "a tie");
+        assert_eq!(boundary_gap(&[0.5, 0.25], 1), 0.25, "scale at least 1");
+        assert_eq!(boundary_gap(&[1.0, 2.0], 2), f32::INFINITY);
+    }
 
     #[test]
     fn picks_the_most_probable_and_renormalises() {

@@ -270,3 +270,55 @@ fn bad_batches_are_refused_before_any_state_advances() {
     exec.forward_batch(&mut [], &[], &mut out).unwrap();
     assert!(out.is_empty());
 }
+
+/// Router gaps ([`Executor::route_gaps`]): one per token of the last call — a prefill's every
+/// token, a batch step's one per sequence — each the narrowest boundary of its mixtures, the
+/// same however the token was batched or chunked; none for a model without mixtures.
+#[test]
+fn router_gaps_are_per_token_and_the_same_however_batched() {
+    for threads in [1, 2] {
+        let mut exec = tiny_exec("qwen2_moe", threads);
+        let vocab = exec.vocab_size();
+        let ids = prompt(40, vocab, 7);
+        let mut state = exec.new_state(64).unwrap();
+        let mut out = Vec::new();
+        exec.forward(state.as_mut(), &ids, Logits::Last, &mut out)
+            .unwrap();
+        let whole = exec.route_gaps().to_vec();
+        assert_eq!(whole.len(), ids.len());
+        assert!(
+            whole.iter().all(|g| g.is_finite() && *g >= 0.0),
+            "{whole:?}"
+        );
+        assert!(
+            whole.iter().any(|&g| g < 0.05),
+            "some choices are close: {whole:?}"
+        );
+        // Token by token, and two sequences in one batch step.
+        let mut one = exec.new_state(64).unwrap();
+        let mut other = exec.new_state(64).unwrap();
+        let mut alone = Vec::new();
+        for &t in &ids[..10] {
+            exec.forward(one.as_mut(), &[t], Logits::Last, &mut out)
+                .unwrap();
+            alone.extend_from_slice(exec.route_gaps());
+        }
+        assert_eq!(alone, whole[..10], "token by token");
+        exec.forward(other.as_mut(), &ids[..9], Logits::None, &mut out)
+            .unwrap();
+        exec.forward_batch(
+            &mut [one.as_mut(), other.as_mut()],
+            &[ids[10], ids[9]],
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(exec.route_gaps(), [whole[10], whole[9]], "a batch step");
+    }
+    let mut dense = tiny_exec("llama", 1);
+    let mut state = dense.new_state(8).unwrap();
+    let mut out = Vec::new();
+    dense
+        .forward(state.as_mut(), &[1, 2, 3], Logits::Last, &mut out)
+        .unwrap();
+    assert!(dense.route_gaps().is_empty());
+}

@@ -137,6 +137,15 @@ pub trait Executor: Send {
         Err(ExecError::Unsupported("give hidden states"))
     }
 
+    /// Per token of the last call (in order; a batch step's one per sequence), how near its
+    /// mixtures' expert choices came to another: the narrowest gap between the k-th and the
+    /// (k+1)-th router logit over the largest |logit|, across the model's mixtures. Empty when
+    /// the model has none or the executor does not record them. Comparisons with other
+    /// arithmetic treat a small gap as a near-tie: a choice rounding elsewhere may flip.
+    fn route_gaps(&self) -> &[f32] {
+        &[]
+    }
+
     /// Vocabulary size (length of one logits row).
     fn vocab_size(&self) -> usize;
 }

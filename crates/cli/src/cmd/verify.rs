@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anelm_ane::compare::PromptCase;
+use anelm_ane::compare::{PromptCase, NEAR_TIE, ROUTE_NEAR_TIE};
 use anelm_ane::lower::encode::summary;
 use anelm_ane::verify::{verify, Reference};
 use anelm_ane::LoweringOptions;
@@ -218,13 +218,14 @@ pub fn run(a: Args) -> Result<()> {
         let prompts: Vec<_> = report
             .prompts
             .iter()
-            .map(|p| json!({"name": p.name, "n_prompt": p.n_prompt, "rel_err": p.max_rel_err, "max_abs_diff": p.max_abs_diff, "greedy_same": p.greedy_same(), "first_difference": p.divergence.map(|d| json!({"step": d.step, "reference_gap": d.reference_gap})), "greedy_reference": p.greedy_reference, "greedy_device": p.greedy_device}))
+            .map(|p| json!({"name": p.name, "n_prompt": p.n_prompt, "rel_err": p.max_rel_err, "max_abs_diff": p.max_abs_diff, "rel_err_clear_of_router_ties": p.max_rel_err_clear, "router_tie": p.router_tie.map(|t| json!({"position": t.position, "gap": t.gap})), "greedy_same": p.greedy_same(), "first_difference": p.divergence.map(|d| json!({"step": d.step, "reference_gap": d.reference_gap, "after_router_tie": d.after_router_tie})), "greedy_reference": p.greedy_reference, "greedy_device": p.greedy_device}))
             .collect();
         let out = json!({
             "model": loaded.model.config.name,
             "device": a.model.device_name(),
             "reference": reference.name(),
             "max_rel_err": report.max_rel_err(),
+            "max_rel_err_clear_of_router_ties": report.max_rel_err_clear(),
             "max_abs_diff": report.max_abs_diff(),
             "greedy_same": report.greedy_same(),
             "greedy_same_but_near_ties": report.same_but_near_ties(),
@@ -259,6 +260,10 @@ pub fn run(a: Args) -> Result<()> {
                 p.max_abs_diff,
                 match p.divergence {
                     None => "same".to_string(),
+                    Some(d) if d.reference_gap >= NEAR_TIE && d.after_router_tie => format!(
+                        "differ from step {} on, after a router near-tie (reference top-2 gap {:.1e})",
+                        d.step, d.reference_gap
+                    ),
                     Some(d) if p.same_but_near_ties() => format!(
                         "differ from step {} on, a near-tie (reference top-2 gap {:.1e})",
                         d.step, d.reference_gap
@@ -269,6 +274,14 @@ pub fn run(a: Args) -> Result<()> {
                     ),
                 }
             );
+        }
+        for p in &report.prompts {
+            if let Some(t) = p.router_tie.filter(|_| p.max_rel_err > p.max_rel_err_clear) {
+                println!(
+                    "{}: the reference's expert choice at position {} is a near-tie (router gap {:.1e} < {:.0e}): either choice is right; the steps it reaches are judged apart, away from them rel err {:.2e}",
+                    p.name, t.position, t.gap, ROUTE_NEAR_TIE, p.max_rel_err_clear
+                );
+            }
         }
         if a.model.no_settle_ties {
             println!("near-tied top logits: the device's own (--no-settle-ties)");

@@ -128,6 +128,9 @@ pub(super) struct Private {
     pub(super) routes: Vec<Vec<(usize, f32)>>,
     pub(super) probs: Vec<f32>,
     pub(super) picked: Vec<(usize, f32)>,
+    /// Per row of the chunk, the narrowest top-k boundary of any router it met
+    /// ([`crate::moe::boundary_gap`]; infinite without a mixture).
+    pub(super) route_gap: Vec<f32>,
     /// Decode attention: where each row's work items begin.
     pub(super) items: Vec<usize>,
 }
@@ -188,6 +191,7 @@ impl Buffers {
                         routes: vec![Vec::new(); d.experts],
                         probs: Vec::new(),
                         picked: Vec::new(),
+                        route_gap: Vec::new(),
                         items: Vec::new(),
                     })
                 })

@@ -6,7 +6,7 @@ use std::ops::Range;
 use anelm_model::plan::{Activation, Ffn, GatedMlp, Layer, Linear, Moe};
 
 use super::layer::{Forward, Src};
-use crate::moe::route;
+use crate::moe::{boundary_gap, route};
 use crate::shared::SharedSlice;
 use crate::vecmath::{gate, Gate};
 
@@ -37,6 +37,8 @@ impl Forward<'_> {
                 for &(e, w) in &p.picked {
                     p.routes[e].push((t, w));
                 }
+                let gap = boundary_gap(v.r.range(t * n_exp..(t + 1) * n_exp), moe.top_k);
+                p.route_gap[t] = p.route_gap[t].min(gap);
             }
         }
         for (e, expert) in moe.experts.iter().enumerate() {

@@ -105,6 +105,9 @@ pub struct CpuExecutor {
     /// at once (`adaptive[n - 1]`: their steps take different times), and for short passes of
     /// one sequence (`adaptive[MAX_BATCH + n - 1]`, n ≤ [`ADAPTIVE_ROWS`]).
     adaptive: Vec<Adaptive>,
+    /// Per row of the last call, the narrowest router boundary it met
+    /// ([`Executor::route_gaps`]).
+    route_gaps: Vec<f32>,
 }
 
 impl CpuExecutor {
@@ -144,6 +147,7 @@ impl CpuExecutor {
             swa_full: opts.swa_full,
             resident,
             adaptive: Vec::new(),
+            route_gaps: Vec::new(),
         }
     }
 
@@ -267,6 +271,7 @@ impl Executor for CpuExecutor {
         let vocab = self.model.config.vocab_size;
         let kv: &mut CpuKv = checked_state(state, self.id, tokens, vocab)?;
         out.clear();
+        self.route_gaps.clear();
         if tokens.is_empty() {
             return Ok(());
         }
@@ -297,6 +302,10 @@ impl Executor for CpuExecutor {
         Ok(())
     }
 
+    fn route_gaps(&self) -> &[f32] {
+        &self.route_gaps
+    }
+
     /// The sequences' tokens go through the layers as the rows of one chunk: each product
     /// reads its weight once for all of them, with each row's arithmetic what it is alone (its
     /// own activation quantisation, the kernels' per-row accumulation), and attention and the
@@ -314,6 +323,7 @@ impl Executor for CpuExecutor {
             kvs.push(checked_state::<CpuKv>(&mut **s, self.id, &[], vocab)?);
         }
         out.clear();
+        self.route_gaps.clear();
         out.resize(tokens.len() * vocab, 0.0);
         self.reserve(tokens.len().min(MAX_BATCH));
         let per = self.bufs.cap;
@@ -343,6 +353,7 @@ impl Executor for CpuExecutor {
         let h = self.model.config.hidden_size;
         let kv: &mut CpuKv = checked_state(state, self.id, tokens, vocab)?;
         out.clear();
+        self.route_gaps.clear();
         out.resize(tokens.len() * h, 0.0);
         self.reserve(tokens.len().clamp(1, MAX_BATCH));
         let mut done = 0;
@@ -433,6 +444,15 @@ impl CpuExecutor {
             solo,
         };
         run_chunk(&env, &mut self.bufs, kvs, tokens, rows, out, hidden);
+        if self
+            .model
+            .layers
+            .iter()
+            .any(|l| matches!(l.ffn, Ffn::Moe(_)))
+        {
+            let p = self.bufs.own[0].lock().unwrap_or_else(|e| e.into_inner());
+            self.route_gaps.extend_from_slice(&p.route_gap);
+        }
         kvs.iter_mut().for_each(|kv| kv.len += per);
         if let Some(i) = decode {
             let contended = !solo && self.pool.contended();
@@ -586,6 +606,8 @@ fn run_chunk(
     let own = &b.own;
     let job = |ctx: &Ctx| {
         let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
+        p.route_gap.clear();
+        p.route_gap.resize(c.tokens.len(), f32::INFINITY);
         let mut f = Forward {
             m,
             isa,
