@@ -4,12 +4,14 @@
 //! [`NEAR_TIE`], finer than fp16 execution resolves (fp16 carries 11 significant bits; the
 //! measured logit error is up to 0.03 here).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anelm_ane::compare::{argmax, diff};
 use anelm_ane::{LoweringOptions, ProjectionExecutor, SimDevice};
 use anelm_cpu::CpuExecutor;
 use anelm_model::{Executor, Logits};
+use anelm_testkit::{tiny, tiny_gguf};
 
 /// Top-2 gaps below this are near-ties for fp16 execution.
 const NEAR_TIE: f32 = 0.01;
@@ -139,10 +141,17 @@ fn compressed_weights_verify_against_the_same_weights() {
 #[test]
 fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
     use anelm_ane::verify::{verify, Reference};
-    for arch in ["qwen2_moe", "qwen3_moe"] {
-        let dir = anelm_testkit::tiny(arch);
-        let cases = prompt_cases(&dir);
-        for path in [dir.clone(), anelm_testkit::tiny_gguf(arch)] {
+    // qwen2_moe_swa: sliding-window layers (16) that every prompt crosses; no GGUF (llama.cpp's
+    // qwen2moe keeps no window).
+    let swa = anelm_testkit::repo_tiny("qwen2_moe_swa");
+    let fixtures = [
+        ("qwen2_moe", vec![tiny("qwen2_moe"), tiny_gguf("qwen2_moe")]),
+        ("qwen3_moe", vec![tiny("qwen3_moe"), tiny_gguf("qwen3_moe")]),
+        ("qwen2_moe_swa", vec![swa.clone()]),
+    ];
+    for (arch, paths) in fixtures {
+        let cases = prompt_cases(&paths[0]);
+        for path in paths {
             let m = Arc::new(anelm_model::load(&path).unwrap());
             let opts = LoweringOptions::default();
             let mut sim = ProjectionExecutor::on_device(m.clone(), SimDevice::new(), &opts)
@@ -189,7 +198,7 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
             }
             assert!(r.same_but_near_ties(), "{arch}: greedy differs");
             let m_layers = m.layers.len() as u64;
-            let shared = u64::from(arch == "qwen2_moe");
+            let shared = u64::from(arch != "qwen3_moe");
             // top-2 of 4 experts: a decoded token dispatches exactly its two experts per layer.
             assert_eq!(decode, m_layers * (2 + 2 + shared) + 1, "{arch}");
         }
@@ -210,18 +219,24 @@ fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_
     use anelm_ane::dialect::MilDialect;
     use anelm_ane::exec::FusedExecutor;
     use anelm_ane::verify::{verify, Reference};
+    let both = |arch: &str, dir: PathBuf| (arch.to_string(), vec![dir, tiny_gguf(arch)]);
     let fixtures = [
-        ("qwen2_moe", anelm_testkit::tiny("qwen2_moe")),
-        ("qwen3_moe", anelm_testkit::tiny("qwen3_moe")),
-        ("lfm2", anelm_testkit::repo_tiny("lfm2")),
-        ("qwen3_next", anelm_testkit::tiny("qwen3_next")),
-        ("qwen3_5", anelm_testkit::tiny("qwen3_5")),
-        ("qwen3_5_moe", anelm_testkit::tiny("qwen3_5_moe")),
+        both("qwen2_moe", tiny("qwen2_moe")),
+        both("qwen3_moe", tiny("qwen3_moe")),
+        both("lfm2", anelm_testkit::repo_tiny("lfm2")),
+        both("qwen3_next", tiny("qwen3_next")),
+        both("qwen3_5", tiny("qwen3_5")),
+        both("qwen3_5_moe", tiny("qwen3_5_moe")),
+        // Sliding-window layers (16) in the masks, crossed by every prompt; no GGUF.
+        (
+            "qwen2_moe_swa".to_string(),
+            vec![anelm_testkit::repo_tiny("qwen2_moe_swa")],
+        ),
     ];
-    for (arch, dir) in fixtures {
-        let mut cases = prompt_cases(&dir);
+    for (arch, paths) in fixtures {
+        let mut cases = prompt_cases(&paths[0]);
         cases.push(long_case());
-        for path in [dir.clone(), anelm_testkit::tiny_gguf(arch)] {
+        for path in paths {
             let m = Arc::new(anelm_model::load(&path).unwrap());
             for dialect in MilDialect::ALL {
                 let opts = LoweringOptions {

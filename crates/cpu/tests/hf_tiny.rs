@@ -211,6 +211,21 @@ fn lfm2_safetensors_and_gguf_match_transformers() {
     println!("lfm2     max |logit diff| vs transformers: safetensors {d:.2e}, gguf {g:.2e}; gguf vs safetensors {worst:.2e}");
 }
 
+/// Qwen2-MoE with sliding-window layers (scripts/gen-moe-swa-fixture.py: a window of 16 on
+/// layers 0 and 2, every prompt past it): transformers' rule read from the config, the window
+/// kept in prefill and through the cached greedy steps.
+#[test]
+fn moe_with_sliding_windows_matches_transformers() {
+    let dir = repo_tiny("qwen2_moe_swa");
+    let model = anelm_model::load(&dir).unwrap();
+    let windows: Vec<_> = (model.layers.iter())
+        .map(|l| l.attention().unwrap().window)
+        .collect();
+    assert_eq!(windows, [Some(16), None, Some(16), None]);
+    let d = check_against(&dir.join("reference.json"), "qwen2_moe_swa", &dir);
+    println!("qwen2_moe_swa max |logit diff| vs transformers: {d:.2e}");
+}
+
 /// The CPU engine against llama.cpp running the same converted GGUF files
 /// (scripts/gen-llamacpp-tiny.py: llama.cpp of llama-cpp-python 0.3.36, f32 KV, no flash
 /// attention): argmax at every prompt position, 16 greedy tokens, and the last four logit rows

@@ -58,12 +58,55 @@ pub(crate) fn hf(cfg: &HfConfig, hp: Hparams, family: Family) -> Result<Recipe> 
         None
     };
     let moe = moe_spec(cfg, &hp, family)?;
-    Ok(Recipe {
+    let windows = if hybrid {
+        vec![None; hp.n_layers]
+    } else {
+        moe_windows(cfg, &layer_types, family)?
+    };
+    let mut recipe = Recipe {
         norm_plus_one: hybrid,
         moe,
         deltanet,
         gated_attention: hybrid,
         ..Recipe::new(family, hp, Naming::Hf { sandwich: false })
+    };
+    for (kind, window) in recipe.layers.iter_mut().zip(windows) {
+        kind.window = window;
+    }
+    Ok(recipe)
+}
+
+/// Sliding windows as transformers (5.24) applies them to the mixtures, and only with
+/// `use_sliding_window`: Qwen2-MoE on its `sliding_attention` layers (a config without
+/// `layer_types` gets transformers' rule: even layers below `max_window_layers`), Qwen3-MoE on
+/// every layer. A window of 0 or none is no window.
+fn moe_windows(
+    cfg: &HfConfig,
+    layer_types: &[String],
+    family: Family,
+) -> Result<Vec<Option<usize>>> {
+    let n = layer_types.len();
+    let window = if cfg.bool_opt("use_sliding_window")?.unwrap_or(false) {
+        cfg.usize_opt("sliding_window")?.filter(|&w| w > 0)
+    } else {
+        None
+    };
+    let Some(w) = window else {
+        return Ok(vec![None; n]);
+    };
+    if family != Family::Qwen2Moe {
+        return Ok(vec![Some(w); n]);
+    }
+    Ok(match cfg.strings_opt("layer_types")? {
+        Some(_) => (layer_types.iter())
+            .map(|t| (t == "sliding_attention").then_some(w))
+            .collect(),
+        None => {
+            let below = cfg.usize_opt("max_window_layers")?.unwrap_or(28);
+            (0..n)
+                .map(|i| (i % 2 == 0 && i < below).then_some(w))
+                .collect()
+        }
     })
 }
 
