@@ -241,14 +241,24 @@ fn hybrid_projection_kernels_lint_and_validate_in_both_dialects() {
 fn fused_mixture_short_conv_and_deltanet_chunks_validate_in_dialect_b() {
     let dir = tempfile::tempdir().unwrap();
     let lfm2 = Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap());
+    let b = opts(MilDialect::B);
+    // A ceiling under a tiny Qwen2-MoE layer (98944 bytes): each mixture split by experts,
+    // the later part taking the pre-FFN residual `hm` and the partial sum.
+    let split = LoweringOptions {
+        chunk_bytes: 90_000,
+        ..b.clone()
+    };
     let families = [
-        ("qwen2_moe", tiny("qwen2_moe")),
-        ("lfm2", lfm2),
-        ("qwen3_next", tiny("qwen3_next")),
+        ("qwen2_moe", tiny("qwen2_moe"), &b),
+        ("qwen2_moe_split", tiny("qwen2_moe"), &split),
+        ("lfm2", lfm2, &b),
+        ("qwen3_next", tiny("qwen3_next"), &b),
     ];
-    for (family, m) in families {
-        let o = opts(MilDialect::B);
-        let plan = fused_plan(&m, &o).unwrap();
+    for (family, m, o) in families {
+        let plan = fused_plan(&m, o).unwrap();
+        if family.ends_with("split") {
+            assert!(plan.chunks.iter().any(|c| c.resume.is_some()), "{family}");
+        }
         let mut n = 0;
         for i in 0..plan.chunks.len() {
             let u = build_chunk(&m, &plan, i, KvForm::Inputs).unwrap();

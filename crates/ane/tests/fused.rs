@@ -175,19 +175,39 @@ fn stateful_multifunction_packages_validate() {
     // qwen2_moe: a mixture with every expert dense in the chunk and a shared expert; lfm2:
     // short convs (their history an input, B · x an output) between attention layers.
     // qwen3_next: DeltaNet layers (state and conv history inputs) and output-gated attention.
-    for family in ["llama", "gemma3", "gpt2", "qwen2_moe", "lfm2", "qwen3_next"] {
-        let m = if family == "lfm2" {
-            Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap())
-        } else {
-            tiny(family)
+    // qwen2_moe_split: a ceiling (90000 bytes) under a layer (98944): every mixture split by
+    // experts over two chunks.
+    let families = [
+        "llama",
+        "gemma3",
+        "gpt2",
+        "qwen2_moe",
+        "qwen2_moe_split",
+        "lfm2",
+        "qwen3_next",
+    ];
+    for family in families {
+        let m = match family {
+            "lfm2" => Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap()),
+            "qwen2_moe_split" => tiny("qwen2_moe"),
+            _ => tiny(family),
         };
         let opts = LoweringOptions {
             context: 64,
             chunk_layers: 2,
+            chunk_bytes: if family == "qwen2_moe_split" {
+                90_000
+            } else {
+                LoweringOptions::default().chunk_bytes
+            },
             ..Default::default()
         };
         let plan = fused_plan(&m, &opts).unwrap();
         assert!(plan.chunks.len() >= 2);
+        if family == "qwen2_moe_split" {
+            let resumed = plan.chunks.iter().filter(|c| c.resume.is_some()).count();
+            assert_eq!(resumed, m.layers.len(), "{family}: {:?}", plan.chunks);
+        }
         let dir = tempfile::tempdir().unwrap();
         for i in 0..plan.chunks.len() {
             let unit = build_chunk(&m, &plan, i, KvForm::States).unwrap();

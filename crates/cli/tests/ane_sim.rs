@@ -518,3 +518,33 @@ fn dialect_b_packages_validate_at_spec_7() {
         }
     }
 }
+
+/// `--mb-per-chunk`: under a ceiling below one tiny Qwen2-MoE layer (0.099 MB) each mixture is
+/// split by experts across two programs, verify holds its bar, the dispatches say so; a ceiling
+/// that is not a positive number is one clear line.
+#[test]
+fn fused_verify_with_mixtures_split_across_programs() {
+    let dir = tiny("qwen2_moe");
+    let prompts = dir.join("reference.json");
+    let v = verify_with(&dir, &prompts, "fused", "a", &["--mb-per-chunk", "0.09"]);
+    println!("qwen2_moe split: {v}");
+    assert_eq!(
+        v["dispatches_per_token"], 8,
+        "two programs per layer, the head in the last"
+    );
+    let (ok, _, err) = anelm(&[
+        "verify",
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "sim",
+        "--strategy",
+        "fused",
+        "--mb-per-chunk",
+        "0",
+    ]);
+    assert!(
+        !ok && err.contains("not a positive number of megabytes"),
+        "{err}"
+    );
+}

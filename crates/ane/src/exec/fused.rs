@@ -269,7 +269,8 @@ impl<D: Device> FusedExecutor<D> {
     }
 
     /// Runs `tokens` (at most the prefill width) through every chunk; `on_chunk(c, hidden)`
-    /// sees the hidden state (token-major, unscaled) each chunk but the last hands on.
+    /// sees the hidden state (token-major, unscaled) each chunk but the last hands on at a
+    /// layer boundary (not the partial sum of a mixture split across chunks).
     fn step(
         &mut self,
         kv: &mut FusedKv,
@@ -320,6 +321,10 @@ impl<D: Device> FusedExecutor<D> {
             .max()
             .unwrap_or(0);
         let unforced = vec![0f32; n * most_experts];
+        // Choices the host forced in a chunk, for the later parts of a split mixture.
+        let mut settled: super::routes::Settled = Vec::new();
+        // A split mixture's pre-FFN residual, from the chunk that began it to the next.
+        let mut hm = vec![0f32; n * h];
         // Which columns hold tokens (a DeltaNet's padding columns leave its state alone).
         let live: Vec<f32> = (0..w).map(|t| if t < n { 1.0 } else { 0.0 }).collect();
         for ci in 0..self.chunks.len() {
@@ -336,8 +341,14 @@ impl<D: Device> FusedExecutor<D> {
                     Some((&x, n))
                 } else if name == "live" {
                     Some((&live, width))
-                } else if name.starts_with("route") {
-                    Some((&unforced, n))
+                } else if name == "hm" {
+                    Some((&hm, n))
+                } else if let Some(li) = name
+                    .strip_prefix("route")
+                    .and_then(|r| r.parse::<usize>().ok())
+                {
+                    let forced = settled.iter().find(|(l, _)| *l == li);
+                    Some((forced.map_or(&unforced[..], |(_, t)| &t[..]), n))
                 } else if let Some(r) = name
                     .strip_prefix("cos")
                     .and_then(|r| r.parse::<usize>().ok())
@@ -374,7 +385,7 @@ impl<D: Device> FusedExecutor<D> {
             self.device.evaluate(&chunk.kernel, &mut b.binding, n)?;
             self.dispatches += 1;
             if self.settle_ties {
-                let again = super::routes::settle_routes(
+                let (again, forced) = super::routes::settle_routes(
                     &mut self.device,
                     &chunk.kernel,
                     &mut b.binding,
@@ -383,6 +394,7 @@ impl<D: Device> FusedExecutor<D> {
                     chunk.spec.layers.clone(),
                     n,
                 )?;
+                settled.extend(forced);
                 self.dispatches += again as u64;
                 self.route_redos += again as u64;
             }
@@ -483,7 +495,11 @@ impl<D: Device> FusedExecutor<D> {
                 }
             } else {
                 read(&self.device, &b.binding, "y", 0..n, &mut x, h, 0)?;
-                on_chunk(ci, &x.iter().map(|v| v / shift).collect::<Vec<f32>>());
+                if chunk.spec.open_layer().is_some() {
+                    read(&self.device, &b.binding, "hm", 0..n, &mut hm, h, 0)?;
+                } else {
+                    on_chunk(ci, &x.iter().map(|v| v / shift).collect::<Vec<f32>>());
+                }
             }
             if x.iter().any(|v| !v.is_finite()) {
                 return Err(AneError::Unsupported(format!("{}: the residual stream left the fp16 range; lower with a larger residual_shift", chunk.spec.name)));

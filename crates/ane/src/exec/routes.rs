@@ -54,8 +54,12 @@ struct Forced {
     set: Vec<bool>,
 }
 
+/// The forced choices a chunk settled, per layer: `[n][E]` as `route{l}` takes them (the later
+/// parts of a mixture split across chunks take the same).
+pub type Settled = Vec<(usize, Vec<f32>)>;
+
 /// Settles the router near-ties of the chunk holding `layers` just evaluated over `n` columns:
-/// returns how many times it evaluated the chunk again.
+/// returns how many times it evaluated the chunk again, and the choices it forced.
 pub fn settle_routes<D: Device>(
     device: &mut D,
     kernel: &D::Kernel,
@@ -64,7 +68,7 @@ pub fn settle_routes<D: Device>(
     model: &Model,
     layers: std::ops::Range<usize>,
     n: usize,
-) -> Result<usize> {
+) -> Result<(usize, Settled)> {
     let mut forced: Vec<Forced> = layers
         .filter_map(|li| match &model.layers[li].ffn {
             Ffn::Moe(m) => Some(Forced {
@@ -119,7 +123,7 @@ pub fn settle_routes<D: Device>(
             }
         }
         if !changed {
-            return Ok(again);
+            break;
         }
         for fc in &forced {
             let name = format!("route{}", fc.layer);
@@ -132,7 +136,11 @@ pub fn settle_routes<D: Device>(
         device.evaluate(kernel, binding, n)?;
         again += 1;
     }
-    Ok(again)
+    let settled = (forced.into_iter())
+        .filter(|fc| fc.set.iter().any(|&s| s))
+        .map(|fc| (fc.layer, fc.table))
+        .collect();
+    Ok((again, settled))
 }
 
 fn output(io: &KernelIo, name: &str) -> Result<usize> {

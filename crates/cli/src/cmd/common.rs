@@ -46,6 +46,10 @@ pub struct ModelArgs {
     /// start at 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub layers_per_chunk: Option<u16>,
+    /// Fused strategy: most megabytes of fp16 weights per program (default 1600, the largest
+    /// reported compiling); a mixture's layer over it is split by experts across programs.
+    #[arg(long, value_name = "MB", value_parser = positive_mb)]
+    pub mb_per_chunk: Option<f64>,
     /// Fused strategy: tokens per sub-chunk of a gated DeltaNet's chunked prefill (default 64,
     /// transformers' size; its triangular solve is this many steps).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
@@ -382,12 +386,18 @@ impl ModelArgs {
         if self.layers_per_chunk.is_some() && !fused {
             bail!("--layers-per-chunk applies to --strategy fused")
         }
+        if self.mb_per_chunk.is_some() && !fused {
+            bail!("--mb-per-chunk applies to --strategy fused")
+        }
         if self.delta_chunk.is_some() && !fused {
             bail!("--delta-chunk applies to --strategy fused")
         }
         Ok(LoweringOptions {
             chunk_layers: self.layers_per_chunk.map_or(opts.chunk_layers, usize::from),
             delta_chunk: self.delta_chunk.map_or(opts.delta_chunk, usize::from),
+            chunk_bytes: self
+                .mb_per_chunk
+                .map_or(opts.chunk_bytes, |mb| (mb * 1e6) as u64),
             ..opts
         })
     }
@@ -485,5 +495,14 @@ pub fn tokenizer(loaded: &LoadedModel) -> Result<&Arc<Tokenizer>> {
             "{} has no tokenizer (no tokenizer.json); pass token ids with --ids",
             loaded.model.source.path().display()
         ),
+    }
+}
+
+/// A positive, finite number of megabytes.
+fn positive_mb(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v * 1e6 >= 1.0 => Ok(v),
+        Ok(_) => Err(format!("{s}: not a positive number of megabytes")),
+        Err(e) => Err(format!("{s}: {e}")),
     }
 }

@@ -189,12 +189,7 @@ pub fn run(a: Args) -> Result<()> {
             };
             for (i, spec) in plan.chunks.iter().enumerate() {
                 let unit = build_chunk(m, &plan, i, form)?;
-                let what = format!(
-                    "layers {}..{}{}",
-                    spec.layers.start,
-                    spec.layers.end,
-                    if spec.head { " + head" } else { "" }
-                );
+                let what = spec.describe();
                 warnings += report(&unit, Some(spec.layers.len()), &what);
                 total += unit.weight_bytes();
                 reports.extend(unit.weight_reports.iter().cloned());

@@ -2,6 +2,7 @@
 //! stacked QKV and gate/up matrices, biases, norm weights with the residual shift folded in,
 //! and GGUF llama's Q/K rows reordered for half-split RoPE.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use anelm_mil::WeightData;
@@ -235,11 +236,13 @@ impl ShortConvConsts {
 }
 
 impl LayerConsts {
+    /// Layer `index`'s weights; of a mixture, the experts `experts` only (all when None).
     pub(super) fn new(
         l: &Layer,
         index: usize,
         shift: f32,
         policy: WeightTarget,
+        experts: Option<Range<usize>>,
     ) -> Result<LayerConsts> {
         // Layer outputs join the residual stream scaled by 2^-shift: through the sandwich norm
         // when there is one, else through the projection.
@@ -286,7 +289,12 @@ impl LayerConsts {
                 gated: false,
                 down: LinearConst::new(&[&down.weight], scaled_bias(&down.bias, d_scale), policy)?,
             },
-            Ffn::Moe(m) => FfnConsts::Moe(MoeConsts::new(m, index, policy)?),
+            Ffn::Moe(m) => FfnConsts::Moe(MoeConsts::new(
+                m,
+                index,
+                policy,
+                experts.unwrap_or(0..m.experts.len()),
+            )?),
         };
         Ok(LayerConsts {
             attn_norm: NormConst::new(&l.attn_norm, 1.0, shift, None),
@@ -310,5 +318,40 @@ impl LayerConsts {
                 .as_ref()
                 .map(|n| NormConst::new(n, shift, 1.0, None)),
         })
+    }
+}
+
+/// The rest of a mixture that an earlier chunk began: its norm (of the pre-FFN residual, which
+/// comes in as an input) and more of its experts.
+pub(super) struct ResumeConsts {
+    pub(super) ffn_norm: NormConst,
+    /// [`FfnConsts::Moe`], of the slice's experts.
+    pub(super) ffn: FfnConsts,
+}
+
+impl ResumeConsts {
+    pub(super) fn new(
+        l: &Layer,
+        index: usize,
+        shift: f32,
+        policy: WeightTarget,
+        experts: Range<usize>,
+    ) -> Result<ResumeConsts> {
+        let Ffn::Moe(m) = &l.ffn else {
+            return Err(crate::error::AneError::Unsupported(format!(
+                "layer {index}: only a mixture's experts can be split across chunks"
+            )));
+        };
+        Ok(ResumeConsts {
+            ffn_norm: NormConst::new(&l.ffn_norm, 1.0, shift, None),
+            ffn: FfnConsts::Moe(MoeConsts::new(m, index, policy, experts)?),
+        })
+    }
+
+    pub(super) fn linears(&self) -> Vec<&LinearConst> {
+        match &self.ffn {
+            FfnConsts::Moe(m) => m.linears(),
+            FfnConsts::Dense { gate_up, down, .. } => vec![gate_up, down],
+        }
     }
 }

@@ -381,6 +381,21 @@ impl ChunkGraph<'_> {
     }
 
     pub(super) fn ffn(&mut self, li: usize, x: ValueId, c: &LayerConsts) -> Result<ValueId> {
+        let post = c.post_ffn_norm.as_ref();
+        self.ffn_onto(li, x, x, &c.ffn_norm, &c.ffn, post)
+    }
+
+    /// Layer `li`'s FFN of the residual `x` (normed by `ffn_norm`), its output added to `onto`:
+    /// `x` itself for a whole FFN; for the rest of a split mixture, the partial sum so far.
+    pub(super) fn ffn_onto(
+        &mut self,
+        li: usize,
+        x: ValueId,
+        onto: ValueId,
+        ffn_norm: &NormConst,
+        ffn: &FfnConsts,
+        post_ffn_norm: Option<&NormConst>,
+    ) -> Result<ValueId> {
         let h = self.model.config.hidden_size;
         let act = ffn_activation(&self.model.layers[li], li)?;
         let p = format!("l{li}");
@@ -390,14 +405,14 @@ impl ChunkGraph<'_> {
             1,
             h,
             vec![1, h, 1, 1],
-            &c.ffn_norm,
+            ffn_norm,
         )?;
-        let shift = if c.post_ffn_norm.is_some() {
+        let shift = if post_ffn_norm.is_some() {
             1.0
         } else {
             self.shift()
         };
-        let mut y = match &c.ffn {
+        let mut y = match ffn {
             FfnConsts::Dense {
                 gate_up,
                 gated,
@@ -422,9 +437,9 @@ impl ChunkGraph<'_> {
             }
             FfnConsts::Moe(m) => self.moe(li, &p, xn, act, m, shift)?,
         };
-        if let Some(n) = &c.post_ffn_norm {
+        if let Some(n) = post_ffn_norm {
             y = self.norm(&format!("{p}_post_ffn"), y, 1, h, vec![1, h, 1, 1], n)?;
         }
-        Ok(self.f.name_next(&format!("{p}_out")).add(x, y)?)
+        Ok(self.f.name_next(&format!("{p}_out")).add(onto, y)?)
     }
 }

@@ -2,8 +2,9 @@
 //! biases), QK-norm, RoPE from cos/sin inputs, grouped-query attention written out (matmul,
 //! additive mask input, softmax with the maximum subtracted), O, the FFN (a mixture with every
 //! expert dense: [`moe`]), residuals — or LFM2's short conv in place of attention
-//! ([`shortconv`]) — with the final norm and the tiled lm_head in the last chunk. Each chunk has two functions sharing
-//! its weights: [`PREFILL`] (`width` columns) and [`DECODE`] (one column).
+//! ([`shortconv`]) — with the final norm and the tiled lm_head in the last chunk; a mixture
+//! over the per-program ceiling is split by experts across chunks ([`segment`]). Each chunk has
+//! two functions sharing its weights: [`PREFILL`] (`width` columns) and [`DECODE`] (one column).
 //!
 //! The KV cache enters a chunk as inputs `k{l}`/`v{l}` (`[1, kv_dim, 1, context]`, positions
 //! as columns) that the engine keeps bound between steps; the new tokens' keys and values come
@@ -21,17 +22,18 @@
 //! ([`super::graph::normalize`]) so partial sums stay below 2^15 and products above the flush
 //! threshold.
 
-use std::ops::Range;
-
 mod consts;
 mod delta_chunks;
 mod deltanet;
 mod graph;
 mod moe;
+mod segment;
 mod shortconv;
 
+pub use segment::{ChunkSpec, ExpertSlice};
+
 use anelm_mil::{FunctionBuilder, Program, TensorType};
-use anelm_model::plan::{Ffn, Layer, Linear, Mixer, Rope};
+use anelm_model::plan::{Ffn, Mixer, Rope};
 use anelm_model::Model;
 
 use super::encode::WeightTarget;
@@ -41,7 +43,7 @@ use super::{LoweringOptions, WeightPolicy};
 use crate::error::{AneError, Result};
 use crate::support::ensure_fusable;
 use crate::unit::CompileUnit;
-use consts::{LayerConsts, LinearConst, NormConst};
+use consts::{LayerConsts, LinearConst, NormConst, ResumeConsts};
 use graph::ChunkGraph;
 
 /// The function of a chunk that processes up to `width` tokens.
@@ -58,17 +60,6 @@ pub enum KvForm {
     Inputs,
     /// Core ML states written in the graph at a position given as input.
     States,
-}
-
-/// Consecutive layers compiled as one program.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChunkSpec {
-    pub name: String,
-    pub layers: Range<usize>,
-    /// Whether the final norm and the lm_head are in this chunk (the last one).
-    pub head: bool,
-    /// fp16 weight bytes.
-    pub weight_bytes: u64,
 }
 
 /// The chunks of a model and the tables they take as inputs.
@@ -117,75 +108,10 @@ impl FusedPlan {
     }
 }
 
-fn linear_bytes(l: &Linear) -> u64 {
-    (l.out_features() * l.in_features() * 2) as u64
-}
-
-fn layer_bytes(l: &Layer, index: usize) -> Result<u64> {
-    let mixer: u64 = l.mixer.linears().into_iter().map(linear_bytes).sum();
-    let ffn = match &l.ffn {
-        Ffn::Gated { gate, up, down, .. } => {
-            linear_bytes(gate) + linear_bytes(up) + linear_bytes(down)
-        }
-        Ffn::Plain { up, down, .. } => linear_bytes(up) + linear_bytes(down),
-        Ffn::Moe(m) => moe::moe_bytes(m, index)?,
-    };
-    Ok(mixer + ffn)
-}
-
-/// Segments `model` into chunks under both ceilings (layers and weight bytes per program),
-/// balanced in layers; the head joins the last chunk if it fits, else gets its own.
+/// Segments `model` into chunks ([`segment`]) and gathers the tables they take.
 pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
     ensure_fusable(model)?;
-    let n = model.n_layers();
-    let bytes = (model.layers.iter().enumerate())
-        .map(|(i, l)| layer_bytes(l, i))
-        .collect::<Result<Vec<u64>>>()?;
-    if let Some((i, b)) = bytes
-        .iter()
-        .enumerate()
-        .find(|(_, &b)| b > opts.chunk_bytes)
-    {
-        return Err(AneError::Unsupported(format!(
-            "layer {i} holds {b} bytes of fp16 weights, more than one program's {}",
-            opts.chunk_bytes
-        )));
-    }
-    let total: u64 = bytes.iter().sum();
-    let n_chunks = n
-        .div_ceil(opts.chunk_layers.max(1))
-        .max(total.div_ceil(opts.chunk_bytes.max(1)) as usize)
-        .max(1);
-    let per_chunk = n.div_ceil(n_chunks).max(1);
-    let mut ranges: Vec<(Range<usize>, u64)> = Vec::new();
-    for (i, &b) in bytes.iter().enumerate() {
-        match ranges.last_mut() {
-            Some((r, rb)) if r.len() < per_chunk && *rb + b <= opts.chunk_bytes => {
-                r.end = i + 1;
-                *rb += b;
-            }
-            _ => ranges.push((i..i + 1, b)),
-        }
-    }
-    let head_bytes = (model.lm_head.rows * model.lm_head.cols * 2) as u64;
-    if ranges
-        .last()
-        .is_none_or(|(_, b)| b + head_bytes > opts.chunk_bytes)
-    {
-        ranges.push((n..n, 0));
-    }
-    let last = ranges.len() - 1;
-    let chunks = ranges
-        .into_iter()
-        .enumerate()
-        .map(|(c, (layers, b))| ChunkSpec {
-            name: format!("chunk{c}"),
-            layers,
-            head: c == last,
-            weight_bytes: b + if c == last { head_bytes } else { 0 },
-        })
-        .collect();
-
+    let chunks = segment::segment(model, opts)?;
     let mut ropes: Vec<Rope> = Vec::new();
     let mut windows: Vec<Option<usize>> = Vec::new();
     let (mut layer_rope, mut layer_window) = (Vec::new(), Vec::new());
@@ -242,14 +168,19 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
 
 /// The weights of one chunk, shared by its two functions.
 struct ChunkConsts {
+    /// More experts of a mixture an earlier chunk began.
+    resume: Option<(usize, ResumeConsts)>,
     layers: Vec<(usize, LayerConsts)>,
+    /// Whether the last layer's mixture continues in the next chunk (`hm` goes out).
+    cut: bool,
     head: Option<(NormConst, Vec<LinearConst>)>,
 }
 
 impl ChunkConsts {
     /// What became of each weight tensor, in program order.
     fn reports(&self) -> Vec<super::TensorReport> {
-        let layers = self.layers.iter().flat_map(|(_, c)| c.linears());
+        let resume = self.resume.iter().flat_map(|(_, r)| r.linears());
+        let layers = resume.chain(self.layers.iter().flat_map(|(_, c)| c.linears()));
         let head = self.head.iter().flat_map(|(_, tiles)| tiles.iter());
         layers
             .chain(head)
@@ -333,8 +264,13 @@ fn build_function(
             }
         }
     }
+    // A split mixture's pre-FFN residual, from the chunk that began it.
+    if consts.resume.is_some() {
+        g.declare("hm", TensorType::fp16([1, h, 1, w]), false)?;
+    }
     // A mixture's forced choices (the host's f32 settling of router near-ties).
-    for (li, _) in &consts.layers {
+    let resumed = consts.resume.iter().map(|(li, _)| li);
+    for li in resumed.chain(consts.layers.iter().map(|(li, _)| li)) {
         if let Ffn::Moe(m) = &model.layers[*li].ffn {
             let e = m.experts.len();
             g.declare(&format!("route{li}"), TensorType::fp16([1, e, 1, w]), false)?;
@@ -353,12 +289,22 @@ fn build_function(
         g.declare("kv_end", TensorType::int32([4]), false)?;
     }
     let mut x = g.input("x")?;
+    if let Some((li, r)) = &consts.resume {
+        let hm = g.input("hm")?;
+        x = g.ffn_onto(*li, hm, x, &r.ffn_norm, &r.ffn, None)?;
+    }
+    let last = consts.layers.last().map(|(li, _)| *li);
     for (li, c) in &consts.layers {
         x = match &model.layers[*li].mixer {
             Mixer::ShortConv(_) => g.short_conv(*li, x, c)?,
             Mixer::DeltaNet(_) => g.delta_net(*li, x, c)?,
             Mixer::Attention(_) => g.attention(*li, x, c)?,
         };
+        if consts.cut && Some(*li) == last {
+            // The next chunk adds the rest of this mixture onto the same residual.
+            let hm = g.f.name_next("hm").identity(x)?;
+            g.f.output(hm)?;
+        }
         x = g.ffn(*li, x, c)?;
     }
     match &consts.head {
@@ -399,16 +345,27 @@ pub fn build_chunk(
         )));
     }
     let shift = 2f32.powi(-plan.residual_shift);
+    let target = plan.weight_target();
     let layers = spec
         .layers
         .clone()
         .map(|i| {
+            let experts = (spec.cut.as_ref())
+                .filter(|c| c.layer == i)
+                .map(|c| c.experts.clone());
             Ok((
                 i,
-                LayerConsts::new(&model.layers[i], i, shift, plan.weight_target())?,
+                LayerConsts::new(&model.layers[i], i, shift, target, experts)?,
             ))
         })
         .collect::<Result<_>>()?;
+    let resume = (spec.resume.as_ref())
+        .map(|r| -> Result<_> {
+            let l = &model.layers[r.layer];
+            let c = ResumeConsts::new(l, r.layer, shift, target, r.experts.clone())?;
+            Ok((r.layer, c))
+        })
+        .transpose()?;
     let head = if spec.head {
         let tiles = plan
             .head_tiles
@@ -424,7 +381,12 @@ pub fn build_chunk(
     } else {
         None
     };
-    let consts = ChunkConsts { layers, head };
+    let consts = ChunkConsts {
+        resume,
+        layers,
+        cut: spec.cut.is_some(),
+        head,
+    };
     let mut program = Program::new(plan.dialect.mil());
     for (name, w) in [(PREFILL, plan.width), (DECODE, 1)] {
         program.add_function(build_function(model, plan, &consts, name, w, form)?)?;

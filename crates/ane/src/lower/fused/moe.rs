@@ -10,11 +10,18 @@
 //! logits `rl{l}`, its choice `rs{l}` and its normed input `rx{l}`, and takes `route{l}`
 //! (`[1, E, 1, W]`, added to the ranks: 0, or `∓E` to force an expert in or out), so the host
 //! can settle near-ties in f32 and evaluate again ([`crate::exec`]'s route settling).
+//!
+//! A mixture whose weights are more than one program holds is split by experts
+//! ([`super::ChunkSpec::cut`] and [`super::ChunkSpec::resume`]): every part computes the whole
+//! router and choice (the same fp16 ops on the same input, and the same forced choices) and
+//! adds its experts' weighted outputs; the first part also holds the shared expert and reports
+//! the router for the host.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use anelm_mil::{DType, TensorType, ValueId, WeightData};
-use anelm_model::plan::{Activation, Moe};
+use anelm_model::plan::{Activation, GatedMlp, Moe};
 
 use super::super::graph::activate;
 use super::super::weights::linear_biases;
@@ -31,12 +38,16 @@ pub const MAX_DENSE_EXPERTS: usize = 64;
 pub(super) struct MoeConsts {
     /// One row per expert, then the shared expert's gate row when it has one.
     router: LinearConst,
-    /// Every expert's gate and up rows (expert by expert), then the shared expert's.
+    /// The part's experts' gate and up rows (expert by expert), then the shared expert's.
     gate_up: LinearConst,
-    /// Every expert's down, then the shared expert's.
+    /// The part's experts' downs, then the shared expert's.
     downs: Vec<LinearConst>,
     /// Hidden width of each of them.
     hidden: Vec<usize>,
+    /// Which expert each of them is (None: the shared expert).
+    ids: Vec<Option<usize>>,
+    /// Whether this part reports the router (`rl`, `rs`, `rx`) for the host: the first.
+    report: bool,
     /// `[E, E, 1, 1]`: 1 where `j < e` (a tie ranks the lower index first).
     lower: Arc<WeightData>,
     n_experts: usize,
@@ -45,28 +56,53 @@ pub(super) struct MoeConsts {
     shared_gate: bool,
 }
 
-/// fp16 bytes of a mixture's matrices; refuses more experts than [`MAX_DENSE_EXPERTS`].
-pub(super) fn moe_bytes(m: &Moe, index: usize) -> Result<u64> {
+/// A mixture's fp16 bytes for segmenting: what every part holds (the router, with the
+/// shared expert's gate row), the shared expert (first part only), and each expert. Refuses
+/// more experts than [`MAX_DENSE_EXPERTS`].
+#[derive(Debug)]
+pub(super) struct MoeBytes {
+    pub router: u64,
+    pub shared: u64,
+    pub experts: Vec<u64>,
+}
+
+fn mlp_bytes(e: &GatedMlp) -> u64 {
+    [&e.gate, &e.up, &e.down]
+        .iter()
+        .map(|l| (l.out_features() * l.in_features() * 2) as u64)
+        .sum()
+}
+
+pub(super) fn moe_bytes(m: &Moe, index: usize) -> Result<MoeBytes> {
     if m.experts.len() > MAX_DENSE_EXPERTS {
         return Err(moe_in_fused(
             index,
             &format!("{} experts (at most {MAX_DENSE_EXPERTS})", m.experts.len()),
         ));
     }
-    let mlps = m.experts.iter().chain(m.shared.iter().map(|s| &s.mlp));
-    let bytes: usize = mlps
-        .flat_map(|e| [&e.gate, &e.up, &e.down])
-        .map(|l| l.out_features() * l.in_features() * 2)
-        .sum();
-    Ok((bytes + m.router.rows * m.router.cols * 2) as u64)
+    let gate = m.shared.as_ref().and_then(|s| s.gate.as_ref());
+    Ok(MoeBytes {
+        router: ((m.router.rows + usize::from(gate.is_some())) * m.router.cols * 2) as u64,
+        shared: m.shared.as_ref().map_or(0, |s| mlp_bytes(&s.mlp)),
+        experts: m.experts.iter().map(mlp_bytes).collect(),
+    })
 }
 
 impl MoeConsts {
-    pub(super) fn new(m: &Moe, index: usize, policy: WeightTarget) -> Result<MoeConsts> {
+    /// The part of layer `index`'s mixture holding experts `part` (and, when it is the first,
+    /// the shared expert).
+    pub(super) fn new(
+        m: &Moe,
+        index: usize,
+        policy: WeightTarget,
+        part: Range<usize>,
+    ) -> Result<MoeConsts> {
         moe_bytes(m, index)?;
         let ne = m.experts.len();
-        let mlps = m.experts.iter().chain(m.shared.iter().map(|s| &s.mlp));
-        if mlps.clone().any(|e| e.down.bias.is_some()) {
+        let first = part.start == 0;
+        let shared = m.shared.iter().filter(|_| first).map(|s| &s.mlp);
+        let mlps: Vec<&GatedMlp> = m.experts[part.clone()].iter().chain(shared).collect();
+        if mlps.iter().any(|e| e.down.bias.is_some()) {
             return Err(crate::error::AneError::Unsupported(format!(
                 "layer {index}: an expert with a down-projection bias (the fused mixture weights \
                  the experts' hidden states, which would leave the bias unweighted)"
@@ -75,10 +111,10 @@ impl MoeConsts {
         let shared_gate = m.shared.as_ref().and_then(|s| s.gate.as_ref());
         let mut router = vec![&m.router];
         router.extend(shared_gate);
-        let mlps: Vec<_> = m
-            .experts
-            .iter()
-            .chain(m.shared.iter().map(|s| &s.mlp))
+        let ids = part
+            .clone()
+            .map(Some)
+            .chain((first && m.shared.is_some()).then_some(None))
             .collect();
         let gate_up: Vec<_> = mlps.iter().flat_map(|e| [&e.gate, &e.up]).collect();
         Ok(MoeConsts {
@@ -93,6 +129,8 @@ impl MoeConsts {
                 .map(|e| LinearConst::new(&[&e.down.weight], None, policy))
                 .collect::<Result<_>>()?,
             hidden: mlps.iter().map(|e| e.up.out_features()).collect(),
+            ids,
+            report: first,
             lower: Arc::new(WeightData::f16_from_f32(
                 &(0..ne * ne)
                     .map(|i| f32::from(u8::from(i / ne < i % ne)))
@@ -134,31 +172,33 @@ impl ChunkGraph<'_> {
             (r, None)
         };
         let weights = self.route(li, p, logits, m)?;
-        // The router's input for the host's f32 recheck.
-        let rx = self.f.name_next(&format!("rx{li}")).identity(xn)?;
-        self.f.output(rx)?;
+        if m.report {
+            // The router's input for the host's f32 recheck.
+            let rx = self.f.name_next(&format!("rx{li}")).identity(xn)?;
+            self.f.output(rx)?;
+        }
         let gu = self.linear(&format!("{p}_experts_gu"), xn, &m.gate_up, 1.0)?;
         let sizes: Vec<usize> = m.hidden.iter().flat_map(|&i| [i, i]).collect();
         let parts = alts.split(&mut self.f, &format!("{p}_egu"), gu, 1, &sizes)?;
         let mut y: Option<ValueId> = None;
-        for (e, down) in m.downs.iter().enumerate() {
-            let q = format!("{p}_e{e}");
-            let a = activate(&mut self.f, act, parts[2 * e], &format!("{q}_act"))?;
+        for (i, (down, id)) in m.downs.iter().zip(&m.ids).enumerate() {
+            let q = match id {
+                Some(e) => format!("{p}_e{e}"),
+                None => format!("{p}_shared"),
+            };
+            let a = activate(&mut self.f, act, parts[2 * i], &format!("{q}_act"))?;
             let mut hidden = self
                 .f
                 .name_next(&format!("{q}_hidden"))
-                .mul(a, parts[2 * e + 1])?;
-            let scale = if e < ne {
-                Some(self.f.name_next(&format!("{q}_w")).slice_by_size(
+                .mul(a, parts[2 * i + 1])?;
+            let scale = match (id, gate) {
+                (Some(e), _) => Some(self.f.name_next(&format!("{q}_w")).slice_by_size(
                     weights,
-                    &[0, e as i32, 0, 0],
+                    &[0, *e as i32, 0, 0],
                     &[1, 1, 1, w],
-                )?)
-            } else {
-                match gate {
-                    Some(g) => Some(self.f.name_next(&format!("{q}_gate")).sigmoid(g)?),
-                    None => None,
-                }
+                )?),
+                (None, Some(g)) => Some(self.f.name_next(&format!("{q}_gate")).sigmoid(g)?),
+                (None, None) => None,
             };
             if let Some(s) = scale {
                 hidden = self.f.name_next(&format!("{q}_scaled")).mul(hidden, s)?;
@@ -178,8 +218,10 @@ impl ChunkGraph<'_> {
         let (w, ne) = (self.w as i32, m.n_experts);
         let force = self.input(&format!("route{li}"))?;
         let f = &mut self.f;
-        let rl = f.name_next(&format!("rl{li}")).identity(logits)?;
-        f.output(rl)?;
+        if m.report {
+            let rl = f.name_next(&format!("rl{li}")).identity(logits)?;
+            f.output(rl)?;
+        }
         let mx = f
             .name_next(&format!("{p}_rmax"))
             .reduce("reduce_max", logits, &[1], true)?;
@@ -217,8 +259,10 @@ impl ChunkGraph<'_> {
         let k = f.scalar(&format!("{p}_k"), DType::Fp16, m.top_k as f32 - 0.5)?;
         let sel = f.name_next(&format!("{p}_selb")).less(rank, k)?;
         let sel = f.name_next(&format!("{p}_sel")).cast(sel, DType::Fp16)?;
-        let rs = f.name_next(&format!("rs{li}")).identity(sel)?;
-        f.output(rs)?;
+        if m.report {
+            let rs = f.name_next(&format!("rs{li}")).identity(sel)?;
+            f.output(rs)?;
+        }
         let mut weights = f.name_next(&format!("{p}_wsel")).mul(probs, sel)?;
         if m.norm_top_k {
             let s = f
@@ -259,7 +303,8 @@ mod tests {
 
     #[test]
     fn many_experts_are_refused_with_the_way_out() {
-        assert_eq!(moe_bytes(&moe(4), 0).unwrap(), (4 * 3 + 4) * 2);
+        let b = moe_bytes(&moe(4), 0).unwrap();
+        assert_eq!((b.router, b.shared, b.experts), (8, 0, vec![6; 4]));
         let e = moe_bytes(&moe(MAX_DENSE_EXPERTS + 1), 3)
             .unwrap_err()
             .to_string();
