@@ -184,10 +184,13 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
                 r.same_but_near_ties(),
                 cases[0].ids.len()
             );
-            // qwen3_moe's 80-token prompt: 2.27e-2 (2026-12-02, again 2026-12-05), 1.1e-2 to
-            // 2.3e-2 at every greedy step alike, with no router near-tie of the reference
-            // within reach (its narrowest nearby gap 8.8e-3 at position 60, 20 before the
-            // first compared step) — cause not isolated; held to 2.5e-2.
+            // qwen3_moe's 80-token prompt: 2.27e-2 at the compared steps. Cause (found
+            // 2026-12-05, per-position logits of the prompt): the reference's router at
+            // position 10 is a near-tie (top-k boundary gap 4.3e-4) that the device's hidden
+            // state decides otherwise — 0.32 at that position — and every later position
+            // attends to its changed keys and values (1e-2 to 6e-2 at positions 11-79, the
+            // same at widths 16, 64 and 128). verify's rule reaches 5 positions past a tie,
+            // not through attention; held to 2.5e-2.
             for p in &r.prompts {
                 let bar = if arch == "qwen3_moe" && p.name == "xlong" {
                     2.5e-2
