@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anelm_model::{ExecError, Executor, Logits};
+use anelm_model::{ExecError, Executor, Logits, RouteChoice};
 
 /// max |a - b| and that divided by max |b| (b is the reference).
 pub fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
@@ -59,13 +59,7 @@ pub fn top2_gap(row: &[f32]) -> f32 {
     }
 }
 
-/// A router boundary ([`anelm_cpu::moe::boundary_gap`]) narrower than this is a near-tie: a
-/// whole expert's contribution hangs on rounding — the gap is within the fp16 path's own
-/// relative error (5e-3 .. 1.3e-2 on the tiny mixtures). Measured on their 150-token prompt
-/// and greedy steps in the fused strategy (2026-12-05): of 12 positions where the device's
-/// choice flipped, 10 had reference gaps below this (1.5e-4 .. 7e-3), 2 had 1.1e-2 and
-/// 1.3e-2; 7 to 14 % of tokens fall below it.
-pub const ROUTE_NEAR_TIE: f32 = 1e-2;
+pub use anelm_model::ROUTE_NEAR_TIE;
 /// Positions a flipped expert choice is counted to move the logits at, itself included (it
 /// reaches later tokens through their attention to it and the recurrent states; measured
 /// 2026-12-05: 3e-2 and more up to 4 positions on).
@@ -77,7 +71,9 @@ pub struct Divergence {
     pub step: usize,
     /// [`top2_gap`] of the reference's logits at that step.
     pub reference_gap: f32,
-    /// Whether the step is within [`ROUTE_REACH`] of a router near-tie of the reference.
+    /// Whether the parting follows a router near-tie of the reference: one within
+    /// [`ROUTE_REACH`], or the device agrees further with the reference's near-tied choices
+    /// forced.
     pub after_router_tie: bool,
 }
 
@@ -106,9 +102,16 @@ pub struct PromptComparison {
     /// tokens (after the prompt, then after each agreeing greedy token).
     pub max_rel_err: f32,
     pub max_abs_diff: f32,
-    /// [`Self::max_rel_err`] over the steps no router near-tie of the reference reaches (the
-    /// same for a model without mixtures): the arithmetic's error alone.
+    /// The arithmetic's error alone (the same as [`Self::max_rel_err`] for a model without
+    /// mixtures): where the device can follow them ([`Executor::force_routes`]), of a second
+    /// device run with the reference's near-tied router choices forced, over the steps where
+    /// it agrees with the reference — a flipped choice reaches every later token through
+    /// attention and recurrent states; otherwise over the steps no router near-tie of the
+    /// reference reaches ([`ROUTE_REACH`]).
     pub max_rel_err_clear: f32,
+    /// How many of the reference's near-tied router choices the second device run followed;
+    /// None when there were none or the device cannot follow them.
+    pub forced_routes: Option<usize>,
     /// The first router near-tie of the reference that reaches a compared step.
     pub router_tie: Option<RouterTie>,
     pub greedy_reference: Vec<u32>,
@@ -135,6 +138,7 @@ struct Greedy {
     ids: Vec<u32>,
     logits: Vec<Vec<f32>>,
     gaps: Vec<f32>,
+    ties: Vec<RouteChoice>,
 }
 
 fn greedy(exec: &mut dyn Executor, prompt: &[u32], n: usize) -> Result<Greedy, ExecError> {
@@ -142,6 +146,7 @@ fn greedy(exec: &mut dyn Executor, prompt: &[u32], n: usize) -> Result<Greedy, E
     let mut logits = Vec::new();
     exec.forward(state.as_mut(), prompt, Logits::Last, &mut logits)?;
     let mut gaps = exec.route_gaps().to_vec();
+    let mut ties = exec.tied_routes().to_vec();
     let (mut ids, mut all) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
         let next = argmax(&logits);
@@ -150,13 +155,21 @@ fn greedy(exec: &mut dyn Executor, prompt: &[u32], n: usize) -> Result<Greedy, E
         if i + 1 < n {
             exec.forward(state.as_mut(), &[next], Logits::Last, &mut logits)?;
             gaps.extend_from_slice(exec.route_gaps());
+            ties.extend_from_slice(exec.tied_routes());
         }
     }
     Ok(Greedy {
         ids,
         logits: all,
         gaps,
+        ties,
     })
+}
+
+/// How many greedy steps saw the same tokens in both runs: the first, and one more per
+/// agreeing token.
+fn agreeing(a: &[u32], b: &[u32]) -> usize {
+    1 + a.iter().zip(b).take_while(|(a, b)| a == b).count()
 }
 
 /// The first router near-tie in `gaps` (by position) within [`ROUTE_REACH`] of position `at`.
@@ -186,6 +199,7 @@ pub fn compare_greedy(
             ids: ids_ref,
             logits: logits_ref,
             gaps,
+            ties,
         } = greedy(reference, &p.ids, n_greedy)?;
         t_ref += t.elapsed().as_secs_f64();
         let t = Instant::now();
@@ -194,28 +208,28 @@ pub fn compare_greedy(
             logits: logits_dev,
             ..
         } = greedy(device, &p.ids, n_greedy)?;
+        // Again with the reference's near-tied router choices, where the device follows them.
+        let forced = if !ties.is_empty() && device.force_routes(&ties) {
+            let run = greedy(device, &p.ids, n_greedy);
+            device.force_routes(&[]);
+            Some(run?)
+        } else {
+            None
+        };
         t_dev += t.elapsed().as_secs_f64();
         // Step i's logits follow the same tokens in both runs while all earlier ids agree.
-        let agreeing = 1 + ids_ref
-            .iter()
-            .zip(&ids_dev)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let agree = agreeing(&ids_ref, &ids_dev);
         // Step i's logits follow the token at position n_prompt - 1 + i.
         let tie_at = |step: usize| router_tie_near(&gaps, p.ids.len() - 1 + step);
-        let divergence = (agreeing <= ids_ref.len()).then(|| Divergence {
-            step: agreeing - 1,
-            reference_gap: top2_gap(&logits_ref[agreeing - 1]),
-            after_router_tie: tie_at(agreeing - 1).is_some(),
+        let agree_forced = forced.as_ref().map(|f| agreeing(&ids_ref, &f.ids));
+        let divergence = (agree <= ids_ref.len()).then(|| Divergence {
+            step: agree - 1,
+            reference_gap: top2_gap(&logits_ref[agree - 1]),
+            after_router_tie: tie_at(agree - 1).is_some() || agree_forced > Some(agree),
         });
         let (mut max_abs, mut max_rel, mut clear) = (0f32, 0f32, 0f32);
         let mut router_tie = None;
-        for (i, (a, b)) in logits_dev
-            .iter()
-            .zip(&logits_ref)
-            .take(agreeing)
-            .enumerate()
-        {
+        for (i, (a, b)) in logits_dev.iter().zip(&logits_ref).take(agree).enumerate() {
             let (d, r) = diff(a, b);
             max_abs = max_abs.max(d);
             max_rel = max_rel.max(r);
@@ -226,12 +240,18 @@ pub fn compare_greedy(
                 None => clear = clear.max(r),
             }
         }
+        if let (Some(f), Some(n)) = (&forced, agree_forced) {
+            clear = (f.logits.iter().zip(&logits_ref).take(n))
+                .map(|(a, b)| diff(a, b).1)
+                .fold(0f32, f32::max);
+        }
         out.push(PromptComparison {
             name: p.name.clone(),
             n_prompt: p.ids.len(),
             max_rel_err: max_rel,
             max_abs_diff: max_abs,
             max_rel_err_clear: clear,
+            forced_routes: forced.as_ref().map(|_| ties.len()),
             router_tie,
             greedy_reference: ids_ref,
             greedy_device: ids_dev,

@@ -177,6 +177,10 @@ impl<D: Device> Executor for AneExecutor<D> {
         self.inner().forward_batch(states, tokens, out)
     }
 
+    fn force_routes(&mut self, routes: &[anelm_model::RouteChoice]) -> bool {
+        self.inner().force_routes(routes)
+    }
+
     fn vocab_size(&self) -> usize {
         match self {
             AneExecutor::Projection(e) => e.vocab_size(),

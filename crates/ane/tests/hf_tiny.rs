@@ -184,20 +184,20 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
                 r.same_but_near_ties(),
                 cases[0].ids.len()
             );
-            // qwen3_moe's 80-token prompt: 2.27e-2 at the compared steps. Cause (found
-            // 2026-12-05, per-position logits of the prompt): the reference's router at
-            // position 10 is a near-tie (top-k boundary gap 4.3e-4) that the device's hidden
-            // state decides otherwise — 0.32 at that position — and every later position
-            // attends to its changed keys and values (1e-2 to 6e-2 at positions 11-79, the
-            // same at widths 16, 64 and 128). verify's rule reaches 5 positions past a tie,
-            // not through attention; held to 2.5e-2.
+            // qwen3_moe's 80-token prompt: 2.27e-2 at the compared steps, because the
+            // reference's router at position 10 is a near-tie (gap 4.3e-4) that the device's
+            // hidden state decides otherwise and every later position attends to that token;
+            // with the reference's near-tied choices forced on the device, 1.9e-3 (2026-12-05).
             for p in &r.prompts {
-                let bar = if arch == "qwen3_moe" && p.name == "xlong" {
-                    2.5e-2
-                } else {
-                    2e-2
-                };
-                within_bar(&format!("{arch} projection"), p, bar);
+                within_bar(&format!("{arch} projection"), p, 2e-2);
+                if arch == "qwen3_moe" && p.name == "xlong" {
+                    assert!(
+                        p.max_rel_err > 2e-2,
+                        "{arch}: the flip at position 10 is seen"
+                    );
+                    assert!(p.forced_routes.is_some_and(|n| n > 0));
+                    assert!(p.max_rel_err_clear < 5e-3, "{}", p.max_rel_err_clear);
+                }
             }
             assert!(r.same_but_near_ties(), "{arch}: greedy differs");
             let m_layers = m.layers.len() as u64;
@@ -300,12 +300,11 @@ fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_
     }
 }
 
-/// verify's bar: within `bar` (2e-2) of the f32 reference on every step no router near-tie of the
-/// reference reaches ([`anelm_ane::compare::ROUTE_NEAR_TIE`], within
-/// [`anelm_ane::compare::ROUTE_REACH`] positions); a step one reaches may carry a whole
-/// expert's difference (either choice is right there) and is only held to stay finite and
-/// below 1 (measured 2026-12-05: up to 0.72 at a prompt position of the tiny Qwen2-MoE, 8.8e-2
-/// at the steps verify compares).
+/// verify's bar: within `bar` (2e-2) of the f32 reference with the reference's near-tied router
+/// choices ([`anelm_ane::compare::ROUTE_NEAR_TIE`]) forced on the device (every executor here
+/// follows them); the device's own choices there may carry a whole expert's difference (either
+/// choice is right) and are only held to stay finite and below 1 (measured 2026-12-05: up to
+/// 0.72 at a prompt position of the tiny Qwen2-MoE, 9.8e-2 at the steps verify compares).
 fn within_bar(what: &str, p: &anelm_ane::compare::PromptComparison, bar: f32) {
     assert!(
         p.max_rel_err_clear <= bar,
@@ -313,8 +312,9 @@ fn within_bar(what: &str, p: &anelm_ane::compare::PromptComparison, bar: f32) {
         p.name,
         p.max_rel_err_clear
     );
-    if p.router_tie.is_none() {
-        assert_eq!(p.max_rel_err, p.max_rel_err_clear, "{what} {}", p.name);
+    match p.forced_routes {
+        None => assert_eq!(p.max_rel_err, p.max_rel_err_clear, "{what} {}", p.name),
+        Some(n) => assert!(n > 0, "{what} {}", p.name),
     }
     assert!(p.max_rel_err < 1.0, "{what} {}: {}", p.name, p.max_rel_err);
 }

@@ -9,11 +9,7 @@ pub fn route(
     probs: &mut Vec<f32>,
     out: &mut Vec<(usize, f32)>,
 ) {
-    probs.clear();
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    probs.extend(logits.iter().map(|l| (l - max).exp()));
-    let sum: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= sum);
+    softmax(logits, probs);
     out.clear();
     for _ in 0..top_k.min(probs.len()) {
         let mut best = None;
@@ -28,9 +24,42 @@ pub fn route(
         out.extend(best);
     }
     if normalise {
-        let s: f32 = out.iter().map(|(_, w)| w).sum();
-        out.iter_mut().for_each(|(_, w)| *w /= s);
+        renormalise(out);
     }
+}
+
+/// A choice made elsewhere: `experts` with their probabilities under `logits`, renormalised
+/// when the model says so (a forced route, [`anelm_model::RouteChoice`]).
+pub fn route_forced(
+    logits: &[f32],
+    experts: &[usize],
+    normalise: bool,
+    probs: &mut Vec<f32>,
+    out: &mut Vec<(usize, f32)>,
+) {
+    softmax(logits, probs);
+    out.clear();
+    out.extend(
+        experts
+            .iter()
+            .filter_map(|&e| probs.get(e).map(|&p| (e, p))),
+    );
+    if normalise {
+        renormalise(out);
+    }
+}
+
+fn softmax(logits: &[f32], probs: &mut Vec<f32>) {
+    probs.clear();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    probs.extend(logits.iter().map(|l| (l - max).exp()));
+    let sum: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= sum);
+}
+
+fn renormalise(out: &mut [(usize, f32)]) {
+    let s: f32 = out.iter().map(|(_, w)| w).sum();
+    out.iter_mut().for_each(|(_, w)| *w /= s);
 }
 
 /// How near a router's `top_k` choice is to another: the gap between the k-th and the
@@ -57,6 +86,23 @@ pub fn boundary_gap(logits: &[f32], top_k: usize) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forced_choice_keeps_the_routers_weights() {
+        let logits = [0.0, 2.0, 1.0, -1.0];
+        let (mut probs, mut own, mut forced) = (Vec::new(), Vec::new(), Vec::new());
+        route(&logits, 2, true, &mut probs, &mut own);
+        assert_eq!(own.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 2]);
+        route_forced(&logits, &[1, 3], true, &mut probs, &mut forced);
+        assert_eq!(forced.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 3]);
+        let want = probs[1] / (probs[1] + probs[3]);
+        assert!((forced[0].1 - want).abs() < 1e-6, "{forced:?}");
+        route_forced(&logits, &[1, 3], false, &mut probs, &mut forced);
+        assert_eq!(
+            forced[1].1, probs[3],
+            "raw probabilities without renormalising"
+        );
+    }
 
     #[test]
     fn boundary_gaps() {

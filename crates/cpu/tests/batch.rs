@@ -304,6 +304,27 @@ fn router_gaps_are_per_token_and_the_same_however_batched() {
             alone.extend_from_slice(exec.route_gaps());
         }
         assert_eq!(alone, whole[..10], "token by token");
+        // The choices at near-ties: at the positions whose gap is below the bar, top-k
+        // experts each, ascending; the same positions token by token.
+        let ties = exec_ties(&mut exec, &ids);
+        let tied: std::collections::BTreeSet<usize> = ties.iter().map(|c| c.position).collect();
+        let narrow: std::collections::BTreeSet<usize> = (whole.iter().enumerate())
+            .filter(|(_, &g)| g < anelm_model::ROUTE_NEAR_TIE)
+            .map(|(p, _)| p)
+            .collect();
+        assert!(!tied.is_empty(), "{whole:?}");
+        assert_eq!(tied, narrow);
+        assert!(ties
+            .iter()
+            .all(|c| c.experts.len() == 2 && c.experts.windows(2).all(|w| w[0] < w[1])));
+        let mut stepwise = Vec::new();
+        let mut s = exec.new_state(64).unwrap();
+        for &t in &ids {
+            exec.forward(s.as_mut(), &[t], Logits::Last, &mut out)
+                .unwrap();
+            stepwise.extend_from_slice(exec.tied_routes());
+        }
+        assert_eq!(stepwise, ties, "positions are the sequence's");
         exec.forward(other.as_mut(), &ids[..9], Logits::None, &mut out)
             .unwrap();
         exec.forward_batch(
@@ -321,4 +342,14 @@ fn router_gaps_are_per_token_and_the_same_however_batched() {
         .forward(state.as_mut(), &[1, 2, 3], Logits::Last, &mut out)
         .unwrap();
     assert!(dense.route_gaps().is_empty());
+    assert!(dense.tied_routes().is_empty());
+}
+
+/// The tied router choices of `ids` as one prompt.
+fn exec_ties(exec: &mut CpuExecutor, ids: &[u32]) -> Vec<anelm_model::RouteChoice> {
+    let mut state = exec.new_state(64).unwrap();
+    let mut out = Vec::new();
+    exec.forward(state.as_mut(), ids, Logits::Last, &mut out)
+        .unwrap();
+    exec.tied_routes().to_vec()
 }

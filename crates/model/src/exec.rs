@@ -92,6 +92,24 @@ pub fn checked_state<'s, S: OwnedState>(
     Ok(state)
 }
 
+/// A router's top-k boundary narrower than this (the gap between the k-th and the (k+1)-th
+/// logit over the largest |logit|, at least 1) is a near-tie: a whole expert's contribution
+/// hangs on rounding, and either choice is right — the fp16 path's own relative error is 5e-3
+/// to 1.3e-2 on the tiny mixtures (measured on their 150-token prompt and greedy steps in the
+/// fused strategy, 2026-12-05: of 12 positions where the device's choice flipped, 10 had
+/// reference gaps below this, 2 had 1.1e-2 and 1.3e-2; 7 to 14 % of tokens fall below it).
+pub const ROUTE_NEAR_TIE: f32 = 1e-2;
+
+/// The experts one mixture chose for one token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteChoice {
+    /// The token's position in its sequence.
+    pub position: usize,
+    pub layer: usize,
+    /// Ascending.
+    pub experts: Vec<usize>,
+}
+
 /// Runs a model forward over tokens appended to a state.
 pub trait Executor: Send {
     /// A fresh state for up to `capacity` positions.
@@ -144,6 +162,23 @@ pub trait Executor: Send {
     /// arithmetic treat a small gap as a near-tie: a choice rounding elsewhere may flip.
     fn route_gaps(&self) -> &[f32] {
         &[]
+    }
+
+    /// The expert choices at router near-ties ([`ROUTE_NEAR_TIE`]) of the tokens the last call
+    /// ran, by position in their sequence then layer (a single sequence's call; empty for a
+    /// batch step, without mixtures, or where the executor does not record them).
+    fn tied_routes(&self) -> &[RouteChoice] {
+        &[]
+    }
+
+    /// From now on, wherever `routes` names a position and layer this executor runs, choose
+    /// those experts instead of its own (their weights its own router's): verify's teacher
+    /// forcing of the reference's near-tied choices, so that the comparison measures
+    /// arithmetic rather than which of two right choices rounding fell on. An empty list ends
+    /// it. False (and nothing changes) where the executor cannot follow them.
+    fn force_routes(&mut self, routes: &[RouteChoice]) -> bool {
+        let _ = routes;
+        false
     }
 
     /// Vocabulary size (length of one logits row).

@@ -181,6 +181,11 @@ impl Executor for FallbackExecutor {
         anelm_model::forward_each(self, states, tokens, out)
     }
 
+    /// The device follows them while it runs; the CPU engine that replaces it cannot.
+    fn force_routes(&mut self, routes: &[anelm_model::RouteChoice]) -> bool {
+        (self.device.as_mut()).is_some_and(|d| d.force_routes(routes))
+    }
+
     fn vocab_size(&self) -> usize {
         self.vocab
     }

@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anelm_cpu::ops::softcap;
-use anelm_model::plan::Mixer;
-use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, OwnedState};
+use anelm_model::plan::{Ffn, Mixer};
+use anelm_model::{
+    checked_state, ExecError, Executor, KvState, Logits, Model, OwnedState, RouteChoice,
+};
 use half::f16;
 
 use super::{embed, settle_near_ties};
@@ -110,6 +112,8 @@ pub struct FusedExecutor<D: Device> {
     settle_ties: bool,
     /// Evaluations repeated to force a router choice settled in f32.
     route_redos: u64,
+    /// Expert choices to follow ([`Executor::force_routes`]).
+    forced: Vec<RouteChoice>,
 }
 
 fn io_error(chunk: &str, what: &str) -> AneError {
@@ -172,6 +176,7 @@ impl<D: Device> FusedExecutor<D> {
             cache,
             settle_ties: true,
             route_redos: 0,
+            forced: Vec::new(),
         })
     }
 
@@ -268,6 +273,37 @@ impl<D: Device> FusedExecutor<D> {
         m
     }
 
+    /// The forced choices ([`Executor::force_routes`]) of the `n` tokens at `p0..` as the
+    /// `route{l}` inputs take them: `-E` for an expert forced in, `+E` for one forced out.
+    fn forced_tables(&self, p0: usize, n: usize) -> super::routes::Settled {
+        let mut tables: super::routes::Settled = Vec::new();
+        for c in &self.forced {
+            let Ffn::Moe(moe) = &self.model.layers[c.layer].ffn else {
+                continue;
+            };
+            if !(p0..p0 + n).contains(&c.position) {
+                continue;
+            }
+            let ne = moe.experts.len();
+            let at = match tables.iter().position(|(l, _)| *l == c.layer) {
+                Some(i) => i,
+                None => {
+                    tables.push((c.layer, vec![0.0; n * ne]));
+                    tables.len() - 1
+                }
+            };
+            let t = c.position - p0;
+            for (e, v) in tables[at].1[t * ne..(t + 1) * ne].iter_mut().enumerate() {
+                *v = if c.experts.contains(&e) {
+                    -(ne as f32)
+                } else {
+                    ne as f32
+                };
+            }
+        }
+        tables
+    }
+
     /// Runs `tokens` (at most the prefill width) through every chunk; `on_chunk(c, hidden)`
     /// sees the hidden state (token-major, unscaled) each chunk but the last hands on at a
     /// layer boundary (not the partial sum of a mixture split across chunks).
@@ -315,14 +351,15 @@ impl<D: Device> FusedExecutor<D> {
         // A mixture's forced router choices: none until the host settles a near-tie.
         let most_experts = (m.layers.iter())
             .map(|l| match &l.ffn {
-                anelm_model::plan::Ffn::Moe(moe) => moe.experts.len(),
+                Ffn::Moe(moe) => moe.experts.len(),
                 _ => 0,
             })
             .max()
             .unwrap_or(0);
         let unforced = vec![0f32; n * most_experts];
-        // Choices the host forced in a chunk, for the later parts of a split mixture.
-        let mut settled: super::routes::Settled = Vec::new();
+        // Choices forced: given ([`Executor::force_routes`]), and those the host settles in a
+        // chunk, for the later parts of a split mixture.
+        let mut settled = self.forced_tables(p0, n);
         // A split mixture's pre-FFN residual, from the chunk that began it to the next.
         let mut hm = vec![0f32; n * h];
         // Which columns hold tokens (a DeltaNet's padding columns leave its state alone).
@@ -385,16 +422,23 @@ impl<D: Device> FusedExecutor<D> {
             self.device.evaluate(&chunk.kernel, &mut b.binding, n)?;
             self.dispatches += 1;
             if self.settle_ties {
+                let evaluated = super::routes::Evaluated {
+                    device: &mut self.device,
+                    kernel: &chunk.kernel,
+                    binding: &mut b.binding,
+                    io: &b.io,
+                };
                 let (again, forced) = super::routes::settle_routes(
-                    &mut self.device,
-                    &chunk.kernel,
-                    &mut b.binding,
-                    &b.io,
+                    evaluated,
                     &m,
                     chunk.spec.layers.clone(),
                     n,
+                    &settled,
                 )?;
-                settled.extend(forced);
+                for (layer, table) in forced {
+                    settled.retain(|(l, _)| *l != layer);
+                    settled.push((layer, table));
+                }
                 self.dispatches += again as u64;
                 self.route_redos += again as u64;
             }
@@ -571,6 +615,11 @@ impl<D: Device> Executor for FusedExecutor<D> {
         out: &mut Vec<f32>,
     ) -> std::result::Result<(), ExecError> {
         self.forward_traced(state, tokens, logits, out, &mut |_, _| {})
+    }
+
+    fn force_routes(&mut self, routes: &[RouteChoice]) -> bool {
+        self.forced = routes.to_vec();
+        true
     }
 
     fn vocab_size(&self) -> usize {

@@ -20,10 +20,10 @@ pub use reference::{activation, ReferenceProjections};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use anelm_cpu::moe::route;
+use anelm_cpu::moe::{route, route_forced};
 use anelm_cpu::ops::{norm_row, softcap};
 use anelm_model::plan::{Ffn, Moe, Norm};
-use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model};
+use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, RouteChoice};
 
 use crate::compare::NEAR_TIE;
 use crate::device::Device;
@@ -101,6 +101,8 @@ pub struct ProjectionExecutor<P> {
     id: usize,
     /// Whether near-tied top logits are recomputed in f32 ([`settle_near_ties`]).
     settle_ties: bool,
+    /// Expert choices to follow ([`Executor::force_routes`]).
+    forced: Vec<RouteChoice>,
 }
 
 fn norm_rows(norm: &Norm, x: &mut [f32], width: usize) {
@@ -114,6 +116,7 @@ impl<P: Projections> ProjectionExecutor<P> {
             proj,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             settle_ties: true,
+            forced: Vec::new(),
         }
     }
 
@@ -219,7 +222,11 @@ impl<P: Projections> ProjectionExecutor<P> {
             xn.copy_from_slice(&x);
             norm_rows(&layer.ffn_norm, &mut xn, h);
             match &layer.ffn {
-                Ffn::Moe(moe) => self.routed(li, moe, &xn, n, &mut y)?,
+                Ffn::Moe(moe) => {
+                    // A single sequence's positions, for forced choices.
+                    let first = (segments.len() == 1).then(|| segments[0].kv.len);
+                    self.routed(li, moe, &xn, first, &mut y)?
+                }
                 _ => self.proj.project(Projection::Ffn(li), &xn, n, &mut y)?,
             }
             if let Some(pn) = &layer.post_ffn_norm {
@@ -255,9 +262,18 @@ impl<P: Projections> ProjectionExecutor<P> {
     /// decided — a choice that flips on fp16 rounding changes the output by a whole expert —
     /// and one dispatch fewer per layer), the CPU engine's selection, then each chosen expert's
     /// kernel once over the tokens routed to it, and the shared expert's kernel over all of
-    /// them, scaled by its gate.
-    fn routed(&mut self, li: usize, m: &Moe, xn: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
+    /// them, scaled by its gate. Rows at positions `first..` (a single sequence) follow the
+    /// forced choices ([`Executor::force_routes`]) that name them.
+    fn routed(
+        &mut self,
+        li: usize,
+        m: &Moe,
+        xn: &[f32],
+        first: Option<usize>,
+        y: &mut [f32],
+    ) -> Result<()> {
         let h = self.model.config.hidden_size;
+        let n = xn.len() / h;
         let ne = m.experts.len();
         let (mut logits, mut probs, mut picked) = (vec![0f32; ne], Vec::new(), Vec::new());
         let mut row = vec![0f32; h];
@@ -267,7 +283,13 @@ impl<P: Projections> ProjectionExecutor<P> {
                 m.router.dequantize_row(e, &mut row)?;
                 *l = dot(&row, x);
             }
-            route(&logits, m.top_k, m.norm_top_k, &mut probs, &mut picked);
+            let forced = first.and_then(|p0| {
+                (self.forced.iter()).find(|c| c.position == p0 + t && c.layer == li)
+            });
+            match forced {
+                Some(c) => route_forced(&logits, &c.experts, m.norm_top_k, &mut probs, &mut picked),
+                None => route(&logits, m.top_k, m.norm_top_k, &mut probs, &mut picked),
+            }
             for &(e, w) in &picked {
                 per_expert[e].push((t, w));
             }
@@ -345,6 +367,11 @@ impl<P: Projections> Executor for ProjectionExecutor<P> {
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError> {
         self.forward_traced(state, tokens, logits, out, &mut |_, _| {})
+    }
+
+    fn force_routes(&mut self, routes: &[RouteChoice]) -> bool {
+        self.forced = routes.to_vec();
+        true
     }
 
     /// N sequences' decode tokens in one pass: each projection is one dispatch over the N

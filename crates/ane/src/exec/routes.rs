@@ -54,29 +54,51 @@ struct Forced {
     set: Vec<bool>,
 }
 
+/// A chunk just evaluated: its device, kernel, bound buffers and their layout.
+pub struct Evaluated<'a, D: Device> {
+    pub device: &'a mut D,
+    pub kernel: &'a D::Kernel,
+    pub binding: &'a mut D::Binding,
+    pub io: &'a KernelIo,
+}
+
 /// The forced choices a chunk settled, per layer: `[n][E]` as `route{l}` takes them (the later
 /// parts of a mixture split across chunks take the same).
 pub type Settled = Vec<(usize, Vec<f32>)>;
 
-/// Settles the router near-ties of the chunk holding `layers` just evaluated over `n` columns:
-/// returns how many times it evaluated the chunk again, and the choices it forced.
+/// Settles the router near-ties of the chunk holding `layers` just evaluated over `n` columns
+/// (the choices in `given` already forced): returns how many times it evaluated the chunk
+/// again, and the choices forced.
 pub fn settle_routes<D: Device>(
-    device: &mut D,
-    kernel: &D::Kernel,
-    binding: &mut D::Binding,
-    io: &KernelIo,
+    chunk: Evaluated<'_, D>,
     model: &Model,
     layers: std::ops::Range<usize>,
     n: usize,
+    given: &Settled,
 ) -> Result<(usize, Settled)> {
+    let Evaluated {
+        device,
+        kernel,
+        binding,
+        io,
+    } = chunk;
     let mut forced: Vec<Forced> = layers
         .filter_map(|li| match &model.layers[li].ffn {
-            Ffn::Moe(m) => Some(Forced {
-                layer: li,
-                experts: m.experts.len(),
-                table: vec![0.0; n * m.experts.len()],
-                set: vec![false; n],
-            }),
+            Ffn::Moe(m) => {
+                let ne = m.experts.len();
+                // Choices forced before this evaluation (the executor's forced routes) stand.
+                let table = (given.iter().find(|(l, _)| *l == li))
+                    .map_or_else(|| vec![0.0; n * ne], |(_, t)| t.clone());
+                let set = (0..n)
+                    .map(|t| table[t * ne..(t + 1) * ne].iter().any(|&v| v != 0.0))
+                    .collect();
+                Some(Forced {
+                    layer: li,
+                    experts: ne,
+                    table,
+                    set,
+                })
+            }
             _ => None,
         })
         .collect();

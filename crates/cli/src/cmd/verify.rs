@@ -209,16 +209,20 @@ pub fn run(a: Args) -> Result<()> {
     let refused = report
         .uncompressed_rel_err()
         .filter(|&e| e > a.max_compression_error && !a.force);
-    let tokens: usize = cases
-        .iter()
-        .map(|c| c.ids.len() + a.greedy.saturating_sub(1))
+    // Tokens the device ran: twice for a prompt whose reference routers had near-ties it was
+    // run again with.
+    let tokens: usize = (cases.iter().zip(&report.prompts))
+        .map(|(c, p)| {
+            let runs = 1 + usize::from(p.forced_routes.is_some());
+            runs * (c.ids.len() + a.greedy.saturating_sub(1))
+        })
         .sum();
     let dispatches = exec.dispatches();
     if a.json {
         let prompts: Vec<_> = report
             .prompts
             .iter()
-            .map(|p| json!({"name": p.name, "n_prompt": p.n_prompt, "rel_err": p.max_rel_err, "max_abs_diff": p.max_abs_diff, "rel_err_clear_of_router_ties": p.max_rel_err_clear, "router_tie": p.router_tie.map(|t| json!({"position": t.position, "gap": t.gap})), "greedy_same": p.greedy_same(), "first_difference": p.divergence.map(|d| json!({"step": d.step, "reference_gap": d.reference_gap, "after_router_tie": d.after_router_tie})), "greedy_reference": p.greedy_reference, "greedy_device": p.greedy_device}))
+            .map(|p| json!({"name": p.name, "n_prompt": p.n_prompt, "rel_err": p.max_rel_err, "max_abs_diff": p.max_abs_diff, "rel_err_clear_of_router_ties": p.max_rel_err_clear, "router_choices_forced": p.forced_routes, "router_tie": p.router_tie.map(|t| json!({"position": t.position, "gap": t.gap})), "greedy_same": p.greedy_same(), "first_difference": p.divergence.map(|d| json!({"step": d.step, "reference_gap": d.reference_gap, "after_router_tie": d.after_router_tie})), "greedy_reference": p.greedy_reference, "greedy_device": p.greedy_device}))
             .collect();
         let out = json!({
             "model": loaded.model.config.name,
@@ -276,11 +280,19 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
         for p in &report.prompts {
-            if let Some(t) = p.router_tie.filter(|_| p.max_rel_err > p.max_rel_err_clear) {
-                println!(
+            if p.max_rel_err <= p.max_rel_err_clear {
+                continue;
+            }
+            match (p.forced_routes, p.router_tie) {
+                (Some(n), _) => println!(
+                    "{}: the reference's routers have {n} near-tied choices (gap < {:.0e}; either choice is right there); with them forced on the device, rel err {:.2e}",
+                    p.name, ROUTE_NEAR_TIE, p.max_rel_err_clear
+                ),
+                (None, Some(t)) => println!(
                     "{}: the reference's expert choice at position {} is a near-tie (router gap {:.1e} < {:.0e}): either choice is right; the steps it reaches are judged apart, away from them rel err {:.2e}",
                     p.name, t.position, t.gap, ROUTE_NEAR_TIE, p.max_rel_err_clear
-                );
+                ),
+                (None, None) => {}
             }
         }
         if a.model.no_settle_ties {

@@ -131,6 +131,9 @@ pub(super) struct Private {
     /// Per row of the chunk, the narrowest top-k boundary of any router it met
     /// ([`crate::moe::boundary_gap`]; infinite without a mixture).
     pub(super) route_gap: Vec<f32>,
+    /// Per router near-tie ([`anelm_model::ROUTE_NEAR_TIE`]) met in the chunk: the row, the
+    /// layer and the experts chosen.
+    pub(super) route_ties: Vec<(usize, usize, Vec<usize>)>,
     /// Decode attention: where each row's work items begin.
     pub(super) items: Vec<usize>,
 }
@@ -192,6 +195,7 @@ impl Buffers {
                         probs: Vec::new(),
                         picked: Vec::new(),
                         route_gap: Vec::new(),
+                        route_ties: Vec::new(),
                         items: Vec::new(),
                     })
                 })

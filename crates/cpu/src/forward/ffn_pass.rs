@@ -4,6 +4,7 @@
 use std::ops::Range;
 
 use anelm_model::plan::{Activation, Ffn, GatedMlp, Layer, Linear, Moe};
+use anelm_model::ROUTE_NEAR_TIE;
 
 use super::layer::{Forward, Src};
 use crate::moe::{boundary_gap, route};
@@ -13,7 +14,7 @@ use crate::vecmath::{gate, Gate};
 impl Forward<'_> {
     /// A mixture of experts: route every token, run each chosen expert over the tokens routed
     /// to it, sum the weighted outputs (and the gated shared expert) into `moe_acc`.
-    pub(super) unsafe fn moe(&mut self, layer: &Layer, moe: &Moe) {
+    pub(super) unsafe fn moe(&mut self, layer: &Layer, moe: &Moe, li: usize) {
         let (ctx, v, n) = (self.ctx, self.v, self.n);
         let h = self.m.config.hidden_size;
         let n_exp = moe.router.rows;
@@ -39,6 +40,11 @@ impl Forward<'_> {
                 }
                 let gap = boundary_gap(v.r.range(t * n_exp..(t + 1) * n_exp), moe.top_k);
                 p.route_gap[t] = p.route_gap[t].min(gap);
+                if gap < ROUTE_NEAR_TIE {
+                    let mut experts: Vec<usize> = p.picked.iter().map(|&(e, _)| e).collect();
+                    experts.sort_unstable();
+                    p.route_ties.push((t, li, experts));
+                }
             }
         }
         for (e, expert) in moe.experts.iter().enumerate() {
@@ -104,7 +110,7 @@ impl Forward<'_> {
         }
     }
 
-    pub(super) unsafe fn ffn(&mut self, layer: &Layer) {
+    pub(super) unsafe fn ffn(&mut self, layer: &Layer, li: usize) {
         match &layer.ffn {
             Ffn::Gated {
                 act,
@@ -113,7 +119,7 @@ impl Forward<'_> {
                 down,
             } => self.dense_ffn(layer, *act, Some(gate), up, down),
             Ffn::Plain { act, up, down } => self.dense_ffn(layer, *act, None, up, down),
-            Ffn::Moe(moe) => self.moe(layer, moe),
+            Ffn::Moe(moe) => self.moe(layer, moe, li),
         }
     }
 

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use anelm_model::plan::{Ffn, GatedMlp, Layer, Linear, Mixer};
 use anelm_model::{
-    check_batch, checked_state, ExecError, Executor, KvState, Logits, Model, Weight,
+    check_batch, checked_state, ExecError, Executor, KvState, Logits, Model, RouteChoice, Weight,
 };
 
 use crate::adaptive::Adaptive;
@@ -108,6 +108,8 @@ pub struct CpuExecutor {
     /// Per row of the last call, the narrowest router boundary it met
     /// ([`Executor::route_gaps`]).
     route_gaps: Vec<f32>,
+    /// The choices at router near-ties of the last call ([`Executor::tied_routes`]).
+    route_ties: Vec<RouteChoice>,
 }
 
 impl CpuExecutor {
@@ -148,6 +150,7 @@ impl CpuExecutor {
             resident,
             adaptive: Vec::new(),
             route_gaps: Vec::new(),
+            route_ties: Vec::new(),
         }
     }
 
@@ -272,6 +275,7 @@ impl Executor for CpuExecutor {
         let kv: &mut CpuKv = checked_state(state, self.id, tokens, vocab)?;
         out.clear();
         self.route_gaps.clear();
+        self.route_ties.clear();
         if tokens.is_empty() {
             return Ok(());
         }
@@ -306,6 +310,10 @@ impl Executor for CpuExecutor {
         &self.route_gaps
     }
 
+    fn tied_routes(&self) -> &[RouteChoice] {
+        &self.route_ties
+    }
+
     /// The sequences' tokens go through the layers as the rows of one chunk: each product
     /// reads its weight once for all of them, with each row's arithmetic what it is alone (its
     /// own activation quantisation, the kernels' per-row accumulation), and attention and the
@@ -324,6 +332,7 @@ impl Executor for CpuExecutor {
         }
         out.clear();
         self.route_gaps.clear();
+        self.route_ties.clear();
         out.resize(tokens.len() * vocab, 0.0);
         self.reserve(tokens.len().min(MAX_BATCH));
         let per = self.bufs.cap;
@@ -354,6 +363,7 @@ impl Executor for CpuExecutor {
         let kv: &mut CpuKv = checked_state(state, self.id, tokens, vocab)?;
         out.clear();
         self.route_gaps.clear();
+        self.route_ties.clear();
         out.resize(tokens.len() * h, 0.0);
         self.reserve(tokens.len().clamp(1, MAX_BATCH));
         let mut done = 0;
@@ -452,6 +462,17 @@ impl CpuExecutor {
         {
             let p = self.bufs.own[0].lock().unwrap_or_else(|e| e.into_inner());
             self.route_gaps.extend_from_slice(&p.route_gap);
+            // Positions in the sequence: a single sequence's pass only.
+            if let [kv] = &kvs[..] {
+                let ties = p.route_ties.iter().map(|(t, layer, experts)| RouteChoice {
+                    position: kv.len + t,
+                    layer: *layer,
+                    experts: experts.clone(),
+                });
+                let from = self.route_ties.len();
+                self.route_ties.extend(ties);
+                self.route_ties[from..].sort_by_key(|c| (c.position, c.layer));
+            }
         }
         kvs.iter_mut().for_each(|kv| kv.len += per);
         if let Some(i) = decode {
@@ -608,6 +629,7 @@ fn run_chunk(
         let mut p = own[ctx.ith].lock().unwrap_or_else(|e| e.into_inner());
         p.route_gap.clear();
         p.route_gap.resize(c.tokens.len(), f32::INFINITY);
+        p.route_ties.clear();
         let mut f = Forward {
             m,
             isa,
@@ -629,7 +651,7 @@ fn run_chunk(
                     Mixer::DeltaNet(d) => f.deltanet(layer, d, li),
                     Mixer::ShortConv(s) => f.short_conv(layer, s, li),
                 }
-                f.ffn(layer);
+                f.ffn(layer, li);
             }
             f.head();
         }
