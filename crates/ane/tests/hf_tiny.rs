@@ -141,13 +141,19 @@ fn compressed_weights_verify_against_the_same_weights() {
 #[test]
 fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
     use anelm_ane::verify::{verify, Reference};
-    // qwen2_moe_swa: sliding-window layers (16) that every prompt crosses; no GGUF (llama.cpp's
-    // qwen2moe keeps no window).
+    // The layouts of scripts/gen-moe-fixtures.py, from safetensors: qwen2_moe_swa's
+    // sliding-window layers (16) that every prompt crosses (llama.cpp's qwen2moe keeps no
+    // window), qwen3_moe_mixed's dense and mixture layers.
     let swa = anelm_testkit::repo_tiny("qwen2_moe_swa");
     let fixtures = [
         ("qwen2_moe", vec![tiny("qwen2_moe"), tiny_gguf("qwen2_moe")]),
         ("qwen3_moe", vec![tiny("qwen3_moe"), tiny_gguf("qwen3_moe")]),
         ("qwen2_moe_swa", vec![swa.clone()]),
+        // Dense and mixture layers interleaved, 6 experts, top-3, not renormalised.
+        (
+            "qwen3_moe_mixed",
+            vec![anelm_testkit::repo_tiny("qwen3_moe_mixed")],
+        ),
     ];
     for (arch, paths) in fixtures {
         let cases = prompt_cases(&paths[0]);
@@ -200,10 +206,16 @@ fn mixtures_verify_on_the_simulator_from_safetensors_and_gguf() {
                 }
             }
             assert!(r.same_but_near_ties(), "{arch}: greedy differs");
-            let m_layers = m.layers.len() as u64;
-            let shared = u64::from(arch != "qwen3_moe");
-            // top-2 of 4 experts: a decoded token dispatches exactly its two experts per layer.
-            assert_eq!(decode, m_layers * (2 + 2 + shared) + 1, "{arch}");
+            // A decoded token dispatches per layer qkv and o, then its top-k experts (and the
+            // shared expert) or the dense FFN; then the head.
+            let per_layer = |l: &anelm_model::plan::Layer| match &l.ffn {
+                anelm_model::plan::Ffn::Moe(moe) => {
+                    2 + moe.top_k + usize::from(moe.shared.is_some())
+                }
+                _ => 3,
+            };
+            let want: usize = m.layers.iter().map(per_layer).sum::<usize>() + 1;
+            assert_eq!(decode as usize, want, "{arch}");
         }
     }
 }
@@ -234,6 +246,11 @@ fn mixtures_hybrids_and_lfm2_verify_fused_on_the_simulator_from_safetensors_and_
         (
             "qwen2_moe_swa".to_string(),
             vec![anelm_testkit::repo_tiny("qwen2_moe_swa")],
+        ),
+        // Dense and mixture layers interleaved, 6 experts, top-3; no GGUF.
+        (
+            "qwen3_moe_mixed".to_string(),
+            vec![anelm_testkit::repo_tiny("qwen3_moe_mixed")],
         ),
     ];
     for (arch, paths) in fixtures {

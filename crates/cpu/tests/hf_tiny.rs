@@ -211,19 +211,33 @@ fn lfm2_safetensors_and_gguf_match_transformers() {
     println!("lfm2     max |logit diff| vs transformers: safetensors {d:.2e}, gguf {g:.2e}; gguf vs safetensors {worst:.2e}");
 }
 
-/// Qwen2-MoE with sliding-window layers (scripts/gen-moe-swa-fixture.py: a window of 16 on
-/// layers 0 and 2, every prompt past it): transformers' rule read from the config, the window
-/// kept in prefill and through the cached greedy steps.
+/// Mixture layouts the shared fixtures do not cover (scripts/gen-moe-fixtures.py): Qwen2-MoE
+/// with sliding-window layers (a window of 16 on layers 0 and 2, every prompt past it), and
+/// Qwen3-MoE with dense and mixture layers interleaved (6 experts, top-3, weights not
+/// renormalised) — each layout read from the config as transformers reads it, the logits in
+/// prefill and through the cached greedy steps.
 #[test]
-fn moe_with_sliding_windows_matches_transformers() {
-    let dir = repo_tiny("qwen2_moe_swa");
-    let model = anelm_model::load(&dir).unwrap();
-    let windows: Vec<_> = (model.layers.iter())
+fn moe_layouts_match_transformers() {
+    use anelm_model::plan::Ffn;
+    let swa = anelm_model::load(&repo_tiny("qwen2_moe_swa")).unwrap();
+    let windows: Vec<_> = (swa.layers.iter())
         .map(|l| l.attention().unwrap().window)
         .collect();
     assert_eq!(windows, [Some(16), None, Some(16), None]);
-    let d = check_against(&dir.join("reference.json"), "qwen2_moe_swa", &dir);
-    println!("qwen2_moe_swa max |logit diff| vs transformers: {d:.2e}");
+    let mixed = anelm_model::load(&repo_tiny("qwen3_moe_mixed")).unwrap();
+    let ffns: Vec<_> = (mixed.layers.iter())
+        .map(|l| match &l.ffn {
+            Ffn::Moe(m) => Some((m.experts.len(), m.top_k, m.norm_top_k)),
+            _ => None,
+        })
+        .collect();
+    let moe = Some((6, 3, false));
+    assert_eq!(ffns, [None, moe, None, moe]);
+    for name in ["qwen2_moe_swa", "qwen3_moe_mixed"] {
+        let dir = repo_tiny(name);
+        let d = check_against(&dir.join("reference.json"), name, &dir);
+        println!("{name:16} max |logit diff| vs transformers: {d:.2e}");
+    }
 }
 
 /// The CPU engine against llama.cpp running the same converted GGUF files
