@@ -173,6 +173,11 @@ fn blocks<B: KvBlock>(values: std::ops::Range<usize>) -> std::ops::Range<usize> 
 }
 
 impl SharedRows<'_> {
+    /// Whether values are held in quantised blocks.
+    pub(crate) fn quantized(&self) -> bool {
+        matches!(self, SharedRows::Q8_0(_) | SharedRows::Q4_0(_))
+    }
+
     /// The values `at` (whole blocks).
     ///
     /// # Safety

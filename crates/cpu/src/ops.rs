@@ -60,6 +60,45 @@ pub fn rope_head(rope: &Rope, head: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// The orthonormal Walsh–Hadamard transform of `x` in place (Sylvester order, `H / sqrt(n)`,
+/// its own inverse), `x.len()` a power of two: spreads a few large values over all of them.
+pub fn hadamard(x: &mut [f32]) {
+    let n = x.len();
+    debug_assert!(n.is_power_of_two());
+    let mut h = 1;
+    while h < n {
+        for block in x.chunks_exact_mut(2 * h) {
+            let (a, b) = block.split_at_mut(h);
+            for (u, v) in a.iter_mut().zip(b) {
+                (*u, *v) = (*u + *v, *u - *v);
+            }
+        }
+        h *= 2;
+    }
+    let scale = (n as f32).sqrt().recip();
+    x.iter_mut().for_each(|v| *v *= scale);
+}
+
+/// Rotations of attention for a quantised KV cache (llama.cpp's attention rotation, its PR
+/// 21038): keys and queries by the Hadamard transform over blocks of `k` values (the largest
+/// power of two from 64 on dividing the head), values over blocks of 64 and the output back —
+/// scores and outputs unchanged, but an outlier channel no longer sets a block's scale alone.
+/// None where the cache is not quantised or the head is not a multiple of 64.
+pub fn attention_rotations(
+    head_dim: usize,
+    k_quantized: bool,
+    v_quantized: bool,
+) -> (Option<usize>, Option<usize>) {
+    if !head_dim.is_multiple_of(64) {
+        return (None, None);
+    }
+    let mut k = 64;
+    while head_dim.is_multiple_of(2 * k) {
+        k *= 2;
+    }
+    (k_quantized.then_some(k), v_quantized.then_some(64))
+}
+
 /// `out *= sigmoid(z)`: the attention output gate (one gate value per element of a head).
 pub fn output_gate(out: &mut [f32], z: &[f32]) {
     out.iter_mut()
@@ -74,6 +113,36 @@ pub fn softcap(x: &mut [f32], cap: f32) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hadamard_is_an_orthonormal_involution_that_spreads_a_spike() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3)
+            .collect();
+        let mut y = x.clone();
+        hadamard(&mut y);
+        let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>().sqrt();
+        assert!((norm(&x) - norm(&y)).abs() < 1e-4);
+        hadamard(&mut y);
+        assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 1e-5));
+        let mut spike = vec![0f32; 64];
+        spike[5] = 8.0;
+        hadamard(&mut spike);
+        assert!(
+            spike.iter().all(|v| (v.abs() - 1.0).abs() < 1e-6),
+            "{spike:?}"
+        );
+    }
+
+    #[test]
+    fn rotations_only_for_quantised_caches_of_whole_blocks() {
+        assert_eq!(attention_rotations(64, true, true), (Some(64), Some(64)));
+        assert_eq!(attention_rotations(128, true, false), (Some(128), None));
+        assert_eq!(attention_rotations(192, false, true), (None, Some(64)));
+        assert_eq!(attention_rotations(256, true, true), (Some(256), Some(64)));
+        assert_eq!(attention_rotations(80, true, true), (None, None));
+        assert_eq!(attention_rotations(64, false, false), (None, None));
+    }
+
     use super::*;
 
     #[test]

@@ -9,7 +9,7 @@ use anelm_model::Weight;
 use super::layer::{Forward, Src};
 use super::ATTN_BLOCK;
 use crate::attention::{attend, attend_block, combine, parts, positions, MAX_PARTS};
-use crate::ops::{norm_row, output_gate, rope_head};
+use crate::ops::{attention_rotations, hadamard, norm_row, output_gate, rope_head};
 use crate::shared::SharedSlice;
 
 impl Forward<'_> {
@@ -61,6 +61,20 @@ impl Forward<'_> {
                 }
             }
         };
+        // A quantised cache holds keys and queries, and values, rotated (undone on the output).
+        let (rot_k, rot_v) =
+            attention_rotations(hd, c.seqs[0].kc.quantized(), c.seqs[0].vc.quantized());
+        let rotate = |buf: &SharedSlice<'_, f32>,
+                      width: usize,
+                      rows: Range<usize>,
+                      tokens: Range<usize>,
+                      block: Option<usize>| {
+            let Some(block) = block else { return };
+            for t in tokens {
+                let heads = buf.range_mut(t * width + rows.start..t * width + rows.end);
+                heads.chunks_exact_mut(block).for_each(hadamard);
+            }
+        };
         // Each row's keys or values (`values`) into its sequence's cache.
         let store =
             |buf: &SharedSlice<'_, f32>, values: bool, rows: Range<usize>, tokens: Range<usize>| {
@@ -73,13 +87,16 @@ impl Forward<'_> {
                 }
             };
         self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {
-            rope_heads(&v.q, qd, r, t, a.q_norm.as_ref())
+            rope_heads(&v.q, qd, r.clone(), t.clone(), a.q_norm.as_ref());
+            rotate(&v.q, qd, r, t, rot_k);
         });
         self.product(&a.k.weight, a.k.bias.as_deref(), &v.k, hd, |r, t| {
             rope_heads(&v.k, kvd, r.clone(), t.clone(), a.k_norm.as_ref());
+            rotate(&v.k, kvd, r.clone(), t.clone(), rot_k);
             store(&v.k, false, r, t);
         });
         self.product(&a.v.weight, a.v.bias.as_deref(), &v.v, hd, |r, t| {
+            rotate(&v.v, kvd, r.clone(), t.clone(), rot_v);
             store(&v.v, true, r, t)
         });
         if let Some(g) = &a.output_gate {
@@ -89,7 +106,7 @@ impl Forward<'_> {
         ctx.barrier();
 
         if c.decode() {
-            self.decode_attention(a, li);
+            self.decode_attention(a, li, rot_v);
             self.prepare(Src::Xn, qd, 0..n, &[&a.o.weight]);
         } else {
             // One sequence, several tokens (a prefill).
@@ -122,6 +139,11 @@ impl Forward<'_> {
                 let nb = rows.len();
                 let (queries, outs) = (&queries[..nb], &mut outs[..nb]);
                 attend_block(isa, a, kvh, queries, &cache, scores, acc, run, outs);
+                if let Some(block) = rot_v {
+                    for out in outs.iter_mut() {
+                        out.chunks_exact_mut(block).for_each(hadamard);
+                    }
+                }
                 if a.output_gate.is_some() {
                     for (b, out) in outs.iter_mut().enumerate() {
                         output_gate(out, v.z.range(at(rows.start + b)));
@@ -142,7 +164,13 @@ impl Forward<'_> {
     /// not change a head's result; how the positions are split does, and [`parts`] splits them
     /// by their number only, so a row's result does not depend on the others). After the
     /// barrier every thread combines the parts for itself (no barrier of its own).
-    pub(super) unsafe fn decode_attention(&mut self, a: &Attention, li: usize) {
+    /// Values held rotated over blocks of `rot_v` are rotated back on the output.
+    pub(super) unsafe fn decode_attention(
+        &mut self,
+        a: &Attention,
+        li: usize,
+        rot_v: Option<usize>,
+    ) {
         let (ctx, v, isa, c, n) = (self.ctx, self.v, self.isa, self.c, self.n);
         let (hd, nh, g) = (a.head_dim, a.n_heads, a.n_heads / a.n_kv_heads);
         let (qd, kvd) = (nh * hd, a.n_kv_heads * hd);
@@ -194,6 +222,9 @@ impl Forward<'_> {
                 let at = t * qd + j * hd..t * qd + (j + 1) * hd;
                 let out = &mut self.p.xn[at.clone()];
                 combine(pieces, out);
+                if let Some(block) = rot_v {
+                    out.chunks_exact_mut(block).for_each(hadamard);
+                }
                 if a.output_gate.is_some() {
                     output_gate(out, v.z.range(at));
                 }
