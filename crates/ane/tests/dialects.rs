@@ -235,13 +235,17 @@ fn hybrid_projection_kernels_lint_and_validate_in_both_dialects() {
 /// A mixture's fused chunks (every expert dense, the top-k choice in the graph), LFM2's
 /// (short convs, their history an input) and Qwen3-Next's (DeltaNet state and conv history
 /// inputs, output-gated attention) in dialect B: one package per function, the KV cache
-/// as inputs and outputs, valid at specification 7 (dialect A's stateful packages:
-/// tests/fused.rs).
+/// as inputs and outputs (and the batch function of 3 sequences, each over its own), valid at
+/// specification 7 (dialect A's stateful packages: tests/fused.rs).
 #[test]
 fn fused_mixture_short_conv_and_deltanet_chunks_validate_in_dialect_b() {
     let dir = tempfile::tempdir().unwrap();
     let lfm2 = Arc::new(anelm_model::load(&anelm_testkit::repo_tiny("lfm2")).unwrap());
-    let b = opts(MilDialect::B);
+    // With batch functions of 3 sequences: per-slot caches, histories and states.
+    let b = LoweringOptions {
+        decode_batch: 3,
+        ..opts(MilDialect::B)
+    };
     // A ceiling under a tiny Qwen2-MoE layer (98944 bytes): each mixture split by experts,
     // the later part taking the pre-FFN residual `hm` and the partial sum.
     let split = LoweringOptions {
@@ -270,8 +274,8 @@ fn fused_mixture_short_conv_and_deltanet_chunks_validate_in_dialect_b() {
         }
         assert_eq!(
             n,
-            2 * plan.chunks.len(),
-            "{family}: prefill and decode of every chunk"
+            3 * plan.chunks.len(),
+            "{family}: prefill, decode and batch of every chunk"
         );
     }
 }

@@ -560,3 +560,58 @@ fn fused_verify_with_mixtures_split_across_programs() {
         "{err}"
     );
 }
+
+/// `bench --batch` on the simulator in the fused strategy: the batch functions come with it
+/// (as many slots as the largest batch) and every batched run reports its rate; a batch
+/// function asked of the projection strategy is a one-line error.
+#[test]
+fn fused_bench_batches_through_the_batch_functions() {
+    let dir = tiny("llama");
+    let m = dir.to_str().unwrap();
+    let j = anelm_json(&[
+        "bench",
+        "--model",
+        m,
+        "--device",
+        "sim",
+        "--strategy",
+        "fused",
+        "-p",
+        "0",
+        "-n",
+        "6",
+        "-r",
+        "1",
+        "--batch",
+        "2,3",
+        "--stream-reads",
+        "0",
+        "--json",
+    ]);
+    let batch = j["batch"].as_array().unwrap();
+    assert_eq!(batch.len(), 2, "{j}");
+    for (b, n) in batch.iter().zip([2, 3]) {
+        assert_eq!(b["n"], n);
+        assert!(b["tok_s"].as_f64().unwrap() > 0.0, "{j}");
+    }
+    let (ok, _, err) = anelm(&[
+        "bench",
+        "--model",
+        m,
+        "--device",
+        "sim",
+        "--strategy",
+        "projection",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "--decode-batch",
+        "4",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--decode-batch applies to --strategy fused"),
+        "{err}"
+    );
+}

@@ -61,6 +61,10 @@ pub struct LoweringOptions {
     /// Fused strategy: most fp16 weight bytes per program (~1.5 GB is the largest reported
     /// compiling, ANEForge PR #45; FACTS §4).
     pub chunk_bytes: u64,
+    /// Fused strategy: columns of the batch function, one sequence per column over its own KV
+    /// cache and recurrent state (a decode step of that many conversations in one dispatch
+    /// per chunk); 1: no batch function.
+    pub decode_batch: usize,
     /// Fused strategy: tokens per sub-chunk of a gated DeltaNet's chunked prefill (its
     /// forward substitution is this many steps; transformers uses 64).
     pub delta_chunk: usize,
@@ -100,6 +104,7 @@ impl Default for LoweringOptions {
             chunk_layers: 24,
             chunk_bytes: 1_600_000_000,
             delta_chunk: 64,
+            decode_batch: 1,
             residual_shift: 4,
             cache_dir: None,
             weights: WeightPolicy::Auto,

@@ -215,7 +215,7 @@ fn stats(v: &[f64]) -> Option<Stats> {
     })
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
     if a.repetitions == 0 {
         bail!("-r must be at least 1");
     }
@@ -275,6 +275,8 @@ pub fn run(a: Args) -> Result<()> {
     check_fit(max, a.depth, a.prompt, a.gen)
         .with_context(|| model.source.path().display().to_string())?;
     let longest = a.prompt.max(a.gen).max(1);
+    a.model
+        .default_decode_batch(a.batch.iter().copied().max().unwrap_or(1));
     let mut exec = a.model.executor(&loaded, a.depth + longest)?;
     // The KV cache's formats (the CPU engine's; the device path keeps its own f16 cache).
     let (cache_k, cache_v) = match a.model.device {

@@ -54,6 +54,11 @@ pub struct ModelArgs {
     /// transformers' size; its triangular solve is this many steps).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub delta_chunk: Option<u16>,
+    /// Fused strategy: sequences per batch function — a decode step of that many
+    /// conversations is one evaluation per program, each over its own KV cache (default:
+    /// serve's --parallel and bench's largest --batch, at most 8; else 1, no batch function).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub decode_batch: Option<u16>,
     /// The MIL dialect of the ANE programs: a (`program(1.3)`/ios18, Core ML spec 9), b
     /// (`program(1.0)`/ios16, spec 7), or auto: what this machine accepted when probed
     /// (`$ANELM_PROGRAMS/probe.json`), else b below macOS 15 and a otherwise.
@@ -392,9 +397,13 @@ impl ModelArgs {
         if self.delta_chunk.is_some() && !fused {
             bail!("--delta-chunk applies to --strategy fused")
         }
+        if self.decode_batch.is_some() && !fused {
+            bail!("--decode-batch applies to --strategy fused (the projection strategy's kernels take a batch as they are)")
+        }
         Ok(LoweringOptions {
             chunk_layers: self.layers_per_chunk.map_or(opts.chunk_layers, usize::from),
             delta_chunk: self.delta_chunk.map_or(opts.delta_chunk, usize::from),
+            decode_batch: self.decode_batch.map_or(opts.decode_batch, usize::from),
             chunk_bytes: self
                 .mb_per_chunk
                 .map_or(opts.chunk_bytes, |mb| (mb * 1e6) as u64),
@@ -409,6 +418,15 @@ impl ModelArgs {
             (Device::Sim, _) => "sim",
             (Device::Ane, Driver::Private) => "ane-private",
             (Device::Ane, Driver::Coreml) => "ane-coreml",
+        }
+    }
+
+    /// For the fused strategy on a device without `--decode-batch`: batch functions for
+    /// `sequences` decoded together (at most 8; none for one).
+    pub fn default_decode_batch(&mut self, sequences: usize) {
+        let fused = self.strategy == super::compile::Strategy::Fused;
+        if fused && self.device != Device::Cpu && self.decode_batch.is_none() && sequences > 1 {
+            self.decode_batch = Some(sequences.min(8) as u16);
         }
     }
 

@@ -121,7 +121,7 @@ fn reference_name(model: Option<&str>) -> Option<String> {
     }
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
     if a.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
@@ -136,6 +136,7 @@ pub fn run(a: Args) -> Result<()> {
     let max = loaded.model.max_positions();
     let ctx = anelm_server::context_size(a.ctx, max).min(max);
     let fallback = a.fallback.resolve(a.model.device);
+    a.model.default_decode_batch(a.parallel);
     let exec = a.model.executor_with_fallback(&loaded, ctx, fallback)?.0;
     let draft = a.speculate.draft_maker(&a.model, &loaded, ctx)?;
     let config = ServerConfig {

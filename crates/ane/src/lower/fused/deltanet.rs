@@ -82,30 +82,8 @@ impl ChunkGraph<'_> {
             &[ch, vd, nv, nv],
         )?;
         let (mixed, z, b, a) = (parts[0], parts[1], parts[2], parts[3]);
-        self.f.rename(mixed, &format!("conv{li}_new"))?;
-        self.f.output(mixed)?;
         // The causal conv over the history and the token, then SiLU.
-        let hist = self.input(&format!("conv{li}"))?;
-        let all = alts.concat(&mut self.f, &format!("{p}_hist_qkv"), &[hist, mixed], 3)?;
-        let mut acc: Option<ValueId> = None;
-        for (j, tap) in d.taps.iter().enumerate() {
-            let at = self.f.name_next(&format!("{p}_at{j}")).slice_by_size(
-                all,
-                &[0, 0, 0, j as i32],
-                &[1, ch as i32, 1, w as i32],
-            )?;
-            let t = (self.f).weight(
-                &format!("{p}_tap{j}"),
-                TensorType::fp16([1, ch, 1, 1]),
-                tap.clone(),
-            )?;
-            let term = self.f.name_next(&format!("{p}_term{j}")).mul(at, t)?;
-            acc = Some(match acc {
-                Some(s) => self.f.name_next(&format!("{p}_acc{j}")).add(s, term)?,
-                None => term,
-            });
-        }
-        let conv = acc.ok_or_else(|| AneError::Unsupported(format!("layer {li}: no conv taps")))?;
+        let conv = self.conv_history(&p, li, mixed, ch, &d.taps)?;
         let sig = self.f.name_next(&format!("{p}_conv_sig")).sigmoid(conv)?;
         let u = self.f.name_next(&format!("{p}_u")).mul(conv, sig)?;
         let qkv = alts.split(&mut self.f, &format!("{p}_u_qkv"), u, 1, &[kd, kd, vd])?;
@@ -114,17 +92,49 @@ impl ChunkGraph<'_> {
         // Each value head's key head: [n_v, dk, w].
         let q = self.per_value_head(&format!("{p}_qv"), q, &d.key_head, dk)?;
         let k = self.per_value_head(&format!("{p}_kv"), k, &d.key_head, dk)?;
-        let s_in = self.input(&format!("s{li}"))?;
-        let (o, s) = if w == 1 {
-            self.delta_step(&p, d, (q, k), qkv[2], (b, a), s_in)?
+        let o = if self.slots == 0 {
+            let s_in = self.input(&format!("s{li}"))?;
+            let (o, s) = if w == 1 {
+                self.delta_step(&p, d, (q, k), qkv[2], (b, a), s_in)?
+            } else {
+                self.delta_many(&p, d, (q, k), qkv[2], (b, a), s_in)?
+            };
+            self.state_out(&format!("s{li}_new"), s, d)?;
+            o
         } else {
-            self.delta_many(&p, d, (q, k), qkv[2], (b, a), s_in)?
+            // The batch function: each column steps its own slot's state, as decode does.
+            let mut outs = Vec::new();
+            for j in 0..self.slots {
+                let (pj, ji) = (format!("{p}_s{j}"), j as i32);
+                let f = &mut self.f;
+                let (nvi, dki) = (nv as i32, dk as i32);
+                let col = |f: &mut anelm_mil::FunctionBuilder, what: &str, x, c: i32| {
+                    f.name_next(&format!("{pj}_{what}")).slice_by_size(
+                        x,
+                        &[0, 0, 0, ji],
+                        &[1, c, 1, 1],
+                    )
+                };
+                let qj = f.name_next(&format!("{pj}_qj")).slice_by_size(
+                    q,
+                    &[0, 0, ji],
+                    &[nvi, dki, 1],
+                )?;
+                let kj = f.name_next(&format!("{pj}_kj")).slice_by_size(
+                    k,
+                    &[0, 0, ji],
+                    &[nvi, dki, 1],
+                )?;
+                let vj = col(f, "vj", qkv[2], vd as i32)?;
+                let bj = col(f, "bj", b, nvi)?;
+                let aj = col(f, "aj", a, nvi)?;
+                let s_in = self.input(&format!("s{li}_s{j}"))?;
+                let (o, s) = self.delta_step(&pj, d, (qj, kj), vj, (bj, aj), s_in)?;
+                self.state_out(&format!("s{li}_s{j}_new"), s, d)?;
+                outs.push(o);
+            }
+            alts.concat(&mut self.f, &format!("{p}_o_slots"), &outs, 3)?
         };
-        let f = &mut self.f;
-        let s_out = f
-            .name_next(&format!("s{li}_new"))
-            .reshape(s, &[1, (nv * dk * dv) as i32, 1, 1])?;
-        f.output(s_out)?;
         // Gated RMSNorm per value head, then out.
         let on = self.norm(&format!("{p}_gnorm"), o, 2, dv, vec![1, 1, dv, 1], &d.norm)?;
         let f = &mut self.f;
@@ -147,6 +157,13 @@ impl ChunkGraph<'_> {
             y = self.norm(&format!("{p}_post_attn"), y, 1, h, vec![1, h, 1, 1], n)?;
         }
         Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
+    }
+
+    /// A new recurrent state `[n_v, dk, dv]` out as `name` (`[1, n_v·dk·dv, 1, 1]`).
+    fn state_out(&mut self, name: &str, s: ValueId, d: &DeltaNetConsts) -> Result<()> {
+        let size = (d.n_v * d.dk * d.dv) as i32;
+        let out = self.f.name_next(name).reshape(s, &[1, size, 1, 1])?;
+        Ok(self.f.output(out)?)
     }
 
     /// The gates of `b` and `a` (`[1, n_v, 1, w]`): `β = sigmoid(b)` and the log-decay

@@ -20,6 +20,10 @@ pub(super) struct ChunkGraph<'a> {
     pub(super) plan: &'a FusedPlan,
     /// Columns of this function.
     pub(super) w: usize,
+    /// The batch function's columns, each a sequence over its own cache and recurrent state
+    /// (inputs `k{l}_s{j}`, `conv{l}_s{j}`, `s{l}_s{j}` of slot `j`); 0: the columns are one
+    /// sequence's consecutive tokens.
+    pub(super) slots: usize,
     pub(super) form: KvForm,
     /// Inputs created on first use: (name, value).
     pub(super) inputs: Vec<(String, ValueId)>,
@@ -179,6 +183,7 @@ impl ChunkGraph<'_> {
     /// share one state shape and a write near the end stays inside it (states form).
     pub(super) fn kv_len(&self) -> usize {
         match self.form {
+            KvForm::Inputs if self.slots > 0 => self.plan.context + 1,
             KvForm::Inputs => self.plan.context + self.w,
             KvForm::States => self.plan.context + self.plan.width,
         }
@@ -247,7 +252,7 @@ impl ChunkGraph<'_> {
         let a = attention(&m.layers[li], li)?;
         let (h, w) = (m.config.hidden_size, self.w);
         let (nh, nkv, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
-        let (qd, kvd, g) = (nh * hd, nkv * hd, nh / nkv);
+        let (qd, kvd) = (nh * hd, nkv * hd);
         let p = format!("l{li}");
         let xn = self.norm(
             &format!("{p}_attn_norm"),
@@ -287,7 +292,50 @@ impl ChunkGraph<'_> {
             q = self.rope(&format!("{p}_qr"), q, nh, hd, r)?;
             k = self.rope(&format!("{p}_kr"), k, nkv, hd, r)?;
         }
-        let (kk, vv) = self.keys_values(li, a, k, v)?;
+        let total = self.kv_len() as i32;
+        let mask = self.input(&format!("mask{}", self.plan.layer_window[li]))?;
+        let mut o = if self.slots == 0 {
+            let (kk, vv) = self.keys_values(li, a, k, v)?;
+            let mask = self
+                .f
+                .name_next(&format!("{p}_mask"))
+                .reshape(mask, &[1, 1, wi, total])?;
+            self.attend(&p, a, q, (kk, vv), mask, w)?
+        } else {
+            self.attend_per_slot(li, a, q, (k, v), mask)?
+        };
+        if a.output_gate.is_some() {
+            let f = &mut self.f;
+            let g = f.name_next(&format!("{p}_ogate")).sigmoid(parts[3])?;
+            o = f.name_next(&format!("{p}_gated")).mul(o, g)?;
+        }
+        let shift = if c.post_attn_norm.is_some() {
+            1.0
+        } else {
+            self.shift()
+        };
+        let mut y = self.linear(&format!("{p}_o"), o, &c.o, shift)?;
+        if let Some(n) = &c.post_attn_norm {
+            y = self.norm(&format!("{p}_post_attn"), y, 1, h, vec![1, h, 1, 1], n)?;
+        }
+        Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
+    }
+
+    /// Grouped-query attention of `q` (`[1, nh, hd, w]`, roped) over `kk`/`vv`
+    /// (`[nkv, hd, total]`, the cached positions and the new ones) under `mask`
+    /// (`[1, 1, w, total]`): `[1, nh·hd, 1, w]`.
+    fn attend(
+        &mut self,
+        p: &str,
+        a: &Attention,
+        q: ValueId,
+        (kk, vv): (ValueId, ValueId),
+        mask: ValueId,
+        w: usize,
+    ) -> Result<ValueId> {
+        let (nh, nkv, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
+        let (qd, g) = (nh * hd, nh / nkv);
+        let (wi, hdi) = (w as i32, hd as i32);
         let total = self.kv_len();
         let f = &mut self.f;
         let q = f
@@ -317,12 +365,6 @@ impl ChunkGraph<'_> {
         let s = f
             .name_next(&format!("{p}_s4"))
             .reshape(s, &[nkv as i32, g as i32, wi, total as i32])?;
-        let mask_name = format!("mask{}", self.plan.layer_window[li]);
-        let mask = self.input(&mask_name)?;
-        let f = &mut self.f;
-        let mask = f
-            .name_next(&format!("{p}_mask"))
-            .reshape(mask, &[1, 1, wi, total as i32])?;
         let s = f.name_next(&format!("{p}_masked")).add(s, mask)?;
         let mx = f
             .name_next(&format!("{p}_smax"))
@@ -357,23 +399,78 @@ impl ChunkGraph<'_> {
         let o = f
             .name_next(&format!("{p}_ot"))
             .transpose(o, &[0, 1, 3, 2])?;
-        let mut o = f
-            .name_next(&format!("{p}_att"))
-            .reshape(o, &[1, qd as i32, 1, wi])?;
-        if a.output_gate.is_some() {
-            let g = f.name_next(&format!("{p}_ogate")).sigmoid(parts[3])?;
-            o = f.name_next(&format!("{p}_gated")).mul(o, g)?;
+        Ok(f.name_next(&format!("{p}_att"))
+            .reshape(o, &[1, qd as i32, 1, wi])?)
+    }
+
+    /// The batch function's attention: the new keys and values of all columns go out as
+    /// `k{l}_new`/`v{l}_new` (column `j` is slot `j`'s), and column `j`'s query attends over
+    /// slot `j`'s cache and its own key — op for op the decode function's attention, so each
+    /// column gives the bits of its token decoded alone.
+    fn attend_per_slot(
+        &mut self,
+        li: usize,
+        a: &Attention,
+        q: ValueId,
+        (k4, v4): (ValueId, ValueId),
+        mask: ValueId,
+    ) -> Result<ValueId> {
+        let (w, kvd) = (self.w as i32, (a.n_kv_heads * a.head_dim) as i32);
+        let (nh, nkv, hd) = (a.n_heads as i32, a.n_kv_heads as i32, a.head_dim as i32);
+        let total = self.kv_len() as i32;
+        let mut flats = Vec::new();
+        for (kind, new) in [("k", k4), ("v", v4)] {
+            let name = format!("{kind}{li}");
+            let flat = self
+                .f
+                .name_next(&format!("{name}_flat"))
+                .reshape(new, &[1, kvd, 1, w])?;
+            self.f.rename(flat, &format!("{name}_new"))?;
+            self.f.output(flat)?;
+            flats.push(flat);
         }
-        let shift = if c.post_attn_norm.is_some() {
-            1.0
-        } else {
-            self.shift()
-        };
-        let mut y = self.linear(&format!("{p}_o"), o, &c.o, shift)?;
-        if let Some(n) = &c.post_attn_norm {
-            y = self.norm(&format!("{p}_post_attn"), y, 1, h, vec![1, h, 1, 1], n)?;
+        let mut outs = Vec::new();
+        for j in 0..self.slots {
+            let (p, ji) = (format!("l{li}_s{j}"), j as i32);
+            let qj = self.f.name_next(&format!("{p}_q")).slice_by_size(
+                q,
+                &[0, 0, 0, ji],
+                &[1, nh, hd, 1],
+            )?;
+            let mut kv = Vec::new();
+            for (kind, flat) in ["k", "v"].into_iter().zip(&flats) {
+                let name = format!("{kind}{li}_s{j}");
+                let new = self.f.name_next(&format!("{name}_col")).slice_by_size(
+                    *flat,
+                    &[0, 0, 0, ji],
+                    &[1, kvd, 1, 1],
+                )?;
+                let cache = self.input(&name)?;
+                let all = (self.plan.alternatives).concat(
+                    &mut self.f,
+                    &format!("{name}_all"),
+                    &[cache, new],
+                    3,
+                )?;
+                kv.push(
+                    self.f
+                        .name_next(&format!("{name}_heads"))
+                        .reshape(all, &[nkv, hd, total])?,
+                );
+            }
+            let mj = self.f.name_next(&format!("{p}_maskj")).slice_by_size(
+                mask,
+                &[0, ji, 0, 0],
+                &[1, 1, 1, total],
+            )?;
+            let mj = self
+                .f
+                .name_next(&format!("{p}_mask"))
+                .reshape(mj, &[1, 1, 1, total])?;
+            outs.push(self.attend(&p, a, qj, (kv[0], kv[1]), mj, 1)?);
         }
-        Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
+        let p = format!("l{li}_att_slots");
+        (self.plan.alternatives).concat(&mut self.f, &p, &outs, 3)
     }
 
     pub(super) fn shift(&self) -> f32 {

@@ -4,7 +4,11 @@
 //! expert dense: [`moe`]), residuals — or LFM2's short conv in place of attention
 //! ([`shortconv`]) — with the final norm and the tiled lm_head in the last chunk; a mixture
 //! over the per-program ceiling is split by experts across chunks ([`segment`]). Each chunk has
-//! two functions sharing its weights: [`PREFILL`] (`width` columns) and [`DECODE`] (one column).
+//! two functions sharing its weights: [`PREFILL`] (`width` columns) and [`DECODE`] (one column),
+//! and with [`LoweringOptions::decode_batch`] > 1 a third, [`BATCH`]: one decode step of that
+//! many sequences, column `j` over slot `j`'s own cache inputs (`k{l}_s{j}`, `conv{l}_s{j}`,
+//! `s{l}_s{j}`), op for op what [`DECODE`] does for each — so every weight is read once for
+//! all of them.
 //!
 //! The KV cache enters a chunk as inputs `k{l}`/`v{l}` (`[1, kv_dim, 1, context]`, positions
 //! as columns) that the engine keeps bound between steps; the new tokens' keys and values come
@@ -50,6 +54,8 @@ use graph::ChunkGraph;
 pub const PREFILL: &str = "prefill";
 /// The function of a chunk that processes one token.
 pub const DECODE: &str = "decode";
+/// The function of a chunk that processes one token of each of several sequences.
+pub const BATCH: &str = "batch";
 /// A masked-out attention score (finite in fp16; `exp` of it is 0).
 pub const MASKED: f32 = -30000.0;
 
@@ -78,6 +84,8 @@ pub struct FusedPlan {
     pub width: usize,
     /// Tokens per sub-chunk of a DeltaNet's chunked form in the prefill functions.
     pub delta_chunk: usize,
+    /// Columns (sequences) of the [`BATCH`] functions; ≤ 1: none.
+    pub decode_batch: usize,
     /// The residual stream is held times `2^-residual_shift`.
     pub residual_shift: i32,
     /// Vocabulary tiles of the head: (first row, rows).
@@ -157,6 +165,7 @@ pub fn fused_plan(model: &Model, opts: &LoweringOptions) -> Result<FusedPlan> {
         context: opts.context,
         width: opts.width,
         delta_chunk: opts.delta_chunk.max(1),
+        decode_batch: opts.decode_batch,
         residual_shift: opts.residual_shift,
         head_tiles,
         weights: opts.weights,
@@ -189,12 +198,13 @@ impl ChunkConsts {
     }
 }
 
+/// Builds function `name` of `w` columns; `slots` > 0: the [`BATCH`] function (`w == slots`).
 fn build_function(
     model: &Model,
     plan: &FusedPlan,
     consts: &ChunkConsts,
     name: &str,
-    w: usize,
+    (w, slots): (usize, usize),
     form: KvForm,
 ) -> Result<anelm_mil::Function> {
     let h = model.config.hidden_size;
@@ -203,8 +213,17 @@ fn build_function(
         model,
         plan,
         w,
+        slots,
         form,
         inputs: Vec::new(),
+    };
+    // Per-sequence inputs: `name`, or one per slot in the batch function.
+    let per_seq = |name: String| -> Vec<String> {
+        if slots == 0 {
+            vec![name]
+        } else {
+            (0..slots).map(|j| format!("{name}_s{j}")).collect()
+        }
     };
     // Inputs first (MIL declares them before any op): the hidden state, tables, masks, caches.
     g.declare("x", TensorType::fp16([1, h, 1, w]), false)?;
@@ -212,22 +231,20 @@ fn build_function(
         match &model.layers[*li].mixer {
             Mixer::ShortConv(c) => {
                 let hist = c.kernel - 1;
-                g.declare(
-                    &format!("conv{li}"),
-                    TensorType::fp16([1, h, 1, hist]),
-                    false,
-                )?;
+                for n in per_seq(format!("conv{li}")) {
+                    g.declare(&n, TensorType::fp16([1, h, 1, hist]), false)?;
+                }
                 continue;
             }
             Mixer::DeltaNet(d) => {
                 let (ch, hist) = (d.conv_channels(), d.conv_kernel - 1);
                 let s = d.n_v_heads * d.k_dim * d.v_dim;
-                g.declare(
-                    &format!("conv{li}"),
-                    TensorType::fp16([1, ch, 1, hist]),
-                    false,
-                )?;
-                g.declare(&format!("s{li}"), TensorType::fp16([1, s, 1, 1]), false)?;
+                for n in per_seq(format!("conv{li}")) {
+                    g.declare(&n, TensorType::fp16([1, ch, 1, hist]), false)?;
+                }
+                for n in per_seq(format!("s{li}")) {
+                    g.declare(&n, TensorType::fp16([1, s, 1, 1]), false)?;
+                }
                 continue;
             }
             Mixer::Attention(_) => {}
@@ -251,11 +268,11 @@ fn build_function(
         let kvd = a.n_kv_heads * a.head_dim;
         for kind in ["k", "v"] {
             match form {
-                KvForm::Inputs => g.declare(
-                    &format!("{kind}{li}"),
-                    TensorType::fp16([1, kvd, 1, plan.context]),
-                    false,
-                )?,
+                KvForm::Inputs => {
+                    for n in per_seq(format!("{kind}{li}")) {
+                        g.declare(&n, TensorType::fp16([1, kvd, 1, plan.context]), false)?;
+                    }
+                }
                 KvForm::States => g.declare(
                     &format!("{kind}{li}"),
                     TensorType::fp16([1, kvd, 1, plan.context + plan.width]),
@@ -280,7 +297,7 @@ fn build_function(
     // its state alone.
     let recurrent =
         (consts.layers.iter()).any(|(li, _)| matches!(model.layers[*li].mixer, Mixer::DeltaNet(_)));
-    if recurrent && w > 1 {
+    if recurrent && w > 1 && slots == 0 {
         g.declare("live", TensorType::fp16([1, 1, 1, w]), false)?;
     }
     let attends = (consts.layers.iter()).any(|(li, _)| model.layers[*li].attention().is_some());
@@ -388,8 +405,19 @@ pub fn build_chunk(
         head,
     };
     let mut program = Program::new(plan.dialect.mil());
-    for (name, w) in [(PREFILL, plan.width), (DECODE, 1)] {
-        program.add_function(build_function(model, plan, &consts, name, w, form)?)?;
+    let mut functions = vec![(PREFILL, (plan.width, 0)), (DECODE, (1, 0))];
+    if plan.decode_batch > 1 {
+        if form == KvForm::States {
+            return Err(AneError::Unsupported(format!(
+                "{}: a batch function needs the KV cache as inputs (the private path); Core ML \
+                 states hold one sequence",
+                spec.name
+            )));
+        }
+        functions.push((BATCH, (plan.decode_batch, plan.decode_batch)));
+    }
+    for (name, shape) in functions {
+        program.add_function(build_function(model, plan, &consts, name, shape, form)?)?;
     }
     Ok(CompileUnit::new(&spec.name, program)?.with_weight_reports(consts.reports()))
 }

@@ -4,7 +4,9 @@
 //! chunk outputs `B · x` of its columns as `conv{l}_new`; the engine keeps the history (its
 //! last `kernel - 1` values) beside the KV cache and writes it into the input every step.
 
-use anelm_mil::{TensorType, ValueId};
+use std::sync::Arc;
+
+use anelm_mil::{TensorType, ValueId, WeightData};
 
 use super::consts::LayerConsts;
 use super::graph::ChunkGraph;
@@ -16,7 +18,7 @@ impl ChunkGraph<'_> {
             .short_conv
             .as_ref()
             .ok_or_else(|| AneError::Unsupported(format!("layer {li}: no short-conv constants")))?;
-        let (h, w) = (self.model.config.hidden_size, self.w);
+        let h = self.model.config.hidden_size;
         let p = format!("l{li}");
         let alts = self.plan.alternatives.clone();
         let xn = self.norm(
@@ -33,31 +35,7 @@ impl ChunkGraph<'_> {
             .f
             .name_next(&format!("{p}_bx"))
             .mul(parts[0], parts[2])?;
-        self.f.rename(bx, &format!("conv{li}_new"))?;
-        self.f.output(bx)?;
-        let hist = self.input(&format!("conv{li}"))?;
-        let all = alts.concat(&mut self.f, &format!("{p}_hist_bx"), &[hist, bx], 3)?;
-        let mut acc: Option<ValueId> = None;
-        for (j, tap) in sc.taps.iter().enumerate() {
-            let at = self.f.name_next(&format!("{p}_at{j}")).slice_by_size(
-                all,
-                &[0, 0, 0, j as i32],
-                &[1, h as i32, 1, w as i32],
-            )?;
-            let t = (self.f).weight(
-                &format!("{p}_tap{j}"),
-                TensorType::fp16([1, h, 1, 1]),
-                tap.clone(),
-            )?;
-            let term = self.f.name_next(&format!("{p}_term{j}")).mul(at, t)?;
-            acc = Some(match acc {
-                Some(a) => self.f.name_next(&format!("{p}_acc{j}")).add(a, term)?,
-                None => term,
-            });
-        }
-        let mut conv = acc.ok_or_else(|| {
-            AneError::Unsupported(format!("layer {li}: a short conv without taps"))
-        })?;
+        let mut conv = self.conv_history(&p, li, bx, h, &sc.taps)?;
         if let Some(b) = &sc.bias {
             let bt = (self.f).weight(
                 &format!("{p}_conv_b"),
@@ -83,5 +61,71 @@ impl ChunkGraph<'_> {
             y = self.norm(&format!("{p}_post_attn"), y, 1, h, vec![1, h, 1, 1], n)?;
         }
         Ok(self.f.name_next(&format!("{p}_h")).add(x, y)?)
+    }
+    /// The causal depthwise conv of `new` (`[1, ch, 1, w]`, the function's columns, out as
+    /// `conv{li}_new`) over the history input `conv{li}` (`[1, ch, 1, taps - 1]`, oldest first)
+    /// and the columns themselves, tap by tap. In the batch function each column runs over its
+    /// own slot's history (`conv{li}_s{j}`), op for op as the decode function runs its one.
+    pub(super) fn conv_history(
+        &mut self,
+        p: &str,
+        li: usize,
+        new: ValueId,
+        ch: usize,
+        taps: &[Arc<WeightData>],
+    ) -> Result<ValueId> {
+        if taps.is_empty() {
+            return Err(AneError::Unsupported(format!(
+                "layer {li}: a causal conv without taps"
+            )));
+        }
+        self.f.rename(new, &format!("conv{li}_new"))?;
+        self.f.output(new)?;
+        let alts = self.plan.alternatives.clone();
+        let taps = (taps.iter().enumerate())
+            .map(|(j, tap)| {
+                let ty = TensorType::fp16([1, ch, 1, 1]);
+                Ok(self.f.weight(&format!("{p}_tap{j}"), ty, tap.clone())?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // (column prefix, history input, the columns it convolves)
+        let runs: Vec<(String, String, ValueId, usize)> = if self.slots == 0 {
+            vec![(p.to_string(), format!("conv{li}"), new, self.w)]
+        } else {
+            (0..self.slots)
+                .map(|j| -> Result<_> {
+                    let pj = format!("{p}_s{j}");
+                    let col = self.f.name_next(&format!("{pj}_new")).slice_by_size(
+                        new,
+                        &[0, 0, 0, j as i32],
+                        &[1, ch as i32, 1, 1],
+                    )?;
+                    Ok((pj, format!("conv{li}_s{j}"), col, 1))
+                })
+                .collect::<Result<_>>()?
+        };
+        let mut outs = Vec::new();
+        for (pj, hist, cols, w) in runs {
+            let hist = self.input(&hist)?;
+            let all = alts.concat(&mut self.f, &format!("{pj}_hist_new"), &[hist, cols], 3)?;
+            let mut acc: Option<ValueId> = None;
+            for (j, &t) in taps.iter().enumerate() {
+                let at = self.f.name_next(&format!("{pj}_at{j}")).slice_by_size(
+                    all,
+                    &[0, 0, 0, j as i32],
+                    &[1, ch as i32, 1, w as i32],
+                )?;
+                let term = self.f.name_next(&format!("{pj}_term{j}")).mul(at, t)?;
+                acc = Some(match acc {
+                    Some(a) => self.f.name_next(&format!("{pj}_acc{j}")).add(a, term)?,
+                    None => term,
+                });
+            }
+            outs.extend(acc);
+        }
+        if outs.len() == 1 {
+            return Ok(outs[0]);
+        }
+        alts.concat(&mut self.f, &format!("{p}_conv_slots"), &outs, 3)
     }
 }

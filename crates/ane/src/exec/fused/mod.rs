@@ -4,28 +4,29 @@
 //! attention masks, copies the new keys and values into the cache buffers, chains the hidden
 //! state chunk to chunk and settles near-ties of the logits.
 
-use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anelm_cpu::ops::softcap;
 use anelm_model::plan::{Ffn, Mixer};
-use anelm_model::{
-    checked_state, ExecError, Executor, KvState, Logits, Model, OwnedState, RouteChoice,
-};
+use anelm_model::{checked_state, ExecError, Executor, KvState, Logits, Model, RouteChoice};
 use half::f16;
 
-use super::{embed, settle_near_ties};
+use super::settle_near_ties;
 use crate::cache::CacheReport;
 use crate::device::{Device, IoLayout, KernelIo};
 use crate::error::{AneError, Result};
 use crate::lower::fused::{
-    build_chunk, fused_plan, ChunkSpec, FusedPlan, KvForm, DECODE, MASKED, PREFILL,
+    build_chunk, fused_plan, ChunkSpec, FusedPlan, KvForm, BATCH, DECODE, PREFILL,
 };
 use crate::lower::LoweringOptions;
 use crate::planar::{gather, scatter};
+use columns::{layer_input, Col, Columns};
+pub use state::FusedKv;
 
-static NEXT_STATE: AtomicUsize = AtomicUsize::new(1);
+mod columns;
+mod state;
+
 static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(1);
 
 /// One function of a chunk, bound.
@@ -40,56 +41,15 @@ struct Chunk<D: Device> {
     kernel: D::Kernel,
     prefill: Bound<D>,
     decode: Bound<D>,
+    /// The batch function ([`LoweringOptions::decode_batch`] > 1).
+    batch: Option<Bound<D>>,
 }
 
-/// A sequence's KV cache, kept on the CPU (fp16, `[kv_dim][context]` per layer) and uploaded
-/// into the chunks' buffers when the sequence becomes the resident one.
-pub struct FusedKv {
-    owner: usize,
-    uid: usize,
-    len: usize,
-    capacity: usize,
-    context: usize,
-    /// Per layer: keys and values.
-    cache: Vec<[Vec<f16>; 2]>,
-    /// Per layer: a short conv's history, `[kernel - 1][hidden]` oldest first (f32, as the
-    /// CPU engine keeps it; empty for attention layers).
-    conv: Vec<Vec<f32>>,
-    /// Per layer: a DeltaNet's state `[n_v][dk][dv]` (f32 between steps, fp16 in the program).
-    s: Vec<Vec<f32>>,
-}
-
-impl OwnedState for FusedKv {
-    fn owner(&self) -> usize {
-        self.owner
-    }
-}
-
-impl KvState for FusedKv {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-    /// Positions from `len` on are masked out; their stale values need no clearing. A conv
-    /// history cannot go back: a model with one starts over (len 0), as the CPU engine's does.
-    fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
-        }
-        if self.conv.iter().any(|c| !c.is_empty()) {
-            self.conv
-                .iter_mut()
-                .chain(&mut self.s)
-                .for_each(|c| c.fill(0.0));
-            self.len = 0;
-        } else {
-            self.len = len;
-        }
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
+impl<D: Device> Chunk<D> {
+    fn bound_mut(&mut self) -> impl Iterator<Item = &mut Bound<D>> {
+        [&mut self.prefill, &mut self.decode]
+            .into_iter()
+            .chain(self.batch.as_mut())
     }
 }
 
@@ -101,8 +61,10 @@ pub struct FusedExecutor<D: Device> {
     /// Channels of each layer's K (and V) cache.
     kv_dims: Vec<usize>,
     id: usize,
-    /// The sequence whose cache the bound buffers hold.
+    /// The sequence whose cache the bound buffers of the prefill and decode functions hold.
     resident: Option<usize>,
+    /// The sequence whose cache each slot of the batch functions holds.
+    slots: Vec<Option<usize>>,
     dispatches: u64,
     /// What the lowering made of each weight tensor.
     weight_reports: Vec<crate::lower::TensorReport>,
@@ -156,13 +118,18 @@ impl<D: Device> FusedExecutor<D> {
                 })
             };
             let (prefill, decode) = (bind(PREFILL, plan.width)?, bind(DECODE, 1)?);
+            let batch = (plan.decode_batch > 1)
+                .then(|| bind(BATCH, plan.decode_batch))
+                .transpose()?;
             chunks.push(Chunk {
                 spec: spec.clone(),
                 kernel,
                 prefill,
                 decode,
+                batch,
             });
         }
+        let slots = vec![None; plan.decode_batch.max(1)];
         Ok(FusedExecutor {
             model,
             device,
@@ -171,6 +138,7 @@ impl<D: Device> FusedExecutor<D> {
             kv_dims,
             id: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
             resident: None,
+            slots,
             dispatches: 0,
             weight_reports,
             cache,
@@ -220,7 +188,7 @@ impl<D: Device> FusedExecutor<D> {
         value: impl Fn(usize, usize) -> f16,
     ) {
         for c in &mut self.chunks {
-            for b in [&mut c.prefill, &mut c.decode] {
+            for b in c.bound_mut() {
                 if let Some(i) = b.io.input(name) {
                     let l = &b.io.inputs[i];
                     self.device.write_input(&mut b.binding, i, |bytes| {
@@ -236,41 +204,52 @@ impl<D: Device> FusedExecutor<D> {
         }
     }
 
-    /// Makes `kv` the sequence the bound cache buffers hold.
+    /// Makes `kv` the sequence the prefill and decode functions' cache buffers hold.
     fn make_resident(&mut self, kv: &FusedKv) {
-        if self.resident == Some(kv.uid) {
-            return;
+        if self.resident != Some(kv.uid) {
+            self.upload(kv, "");
+            self.resident = Some(kv.uid);
         }
+    }
+
+    /// Writes `kv`'s whole cache into the inputs `k{l}{suffix}`, `v{l}{suffix}`.
+    fn upload(&mut self, kv: &FusedKv, suffix: &str) {
         let s = kv.context;
         for (l, caches) in kv.cache.iter().enumerate() {
             for (kind, cache) in ["k", "v"].iter().zip(caches) {
-                self.write_cache(&format!("{kind}{l}"), 0..s, |c, t| cache[c * s + t]);
+                self.write_cache(&format!("{kind}{l}{suffix}"), 0..s, |c, t| cache[c * s + t]);
             }
         }
-        self.resident = Some(kv.uid);
     }
 
-    /// The attention mask of `window` for `n` tokens at `p0` (function width `w`): column-major
-    /// rows of `w` values over the `context` cached positions then the `w` new ones; rows past
-    /// `n` repeat row `n - 1`.
-    fn mask(&self, window: Option<usize>, p0: usize, n: usize, w: usize) -> Vec<f32> {
-        let s = self.plan.context;
-        let mut m = vec![MASKED; (s + w) * w];
-        for t in 0..w {
-            let q = p0 + t.min(n - 1);
-            let sees = |pos: usize| pos <= q && window.is_none_or(|win| q - pos < win);
-            for j in 0..p0.min(s) {
-                if sees(j) {
-                    m[j * w + t] = 0.0;
-                }
+    /// The slot of the batch functions each of `kvs` steps in: the one holding its cache
+    /// already, else one that no other of them holds, its cache uploaded there.
+    fn place(&mut self, kvs: &[&mut FusedKv]) -> Vec<usize> {
+        let mut at: Vec<Option<usize>> = (kvs.iter())
+            .map(|kv| self.slots.iter().position(|s| *s == Some(kv.uid)))
+            .collect();
+        for i in 0..kvs.len() {
+            if at[i].is_some() {
+                continue;
             }
-            for u in 0..n.min(w) {
-                if sees(p0 + u) {
-                    m[(s + u) * w + t] = 0.0;
-                }
-            }
+            let free = (0..self.slots.len())
+                .find(|j| !at.contains(&Some(*j)))
+                .expect("a group is no wider than the slots");
+            self.upload(kvs[i], &format!("_s{free}"));
+            self.slots[free] = Some(kvs[i].uid);
+            at[i] = Some(free);
         }
-        m
+        at.into_iter().flatten().collect()
+    }
+
+    /// The suffixes of the cache inputs that hold sequence `uid`: "" if it is the resident
+    /// one, `_s{j}` for the slot it holds.
+    fn holders(&self, uid: usize) -> Vec<String> {
+        let resident = (self.resident == Some(uid)).then(String::new);
+        let slots = (self.slots.iter().enumerate())
+            .filter(|(_, s)| **s == Some(uid))
+            .map(|(j, _)| format!("_s{j}"));
+        resident.into_iter().chain(slots).collect()
     }
 
     /// The forced choices ([`Executor::force_routes`]) of the `n` tokens at `p0..` as the
@@ -304,49 +283,32 @@ impl<D: Device> FusedExecutor<D> {
         tables
     }
 
-    /// Runs `tokens` (at most the prefill width) through every chunk; `on_chunk(c, hidden)`
-    /// sees the hidden state (token-major, unscaled) each chunk but the last hands on at a
-    /// layer boundary (not the partial sum of a mixture split across chunks).
+    /// Runs one evaluation of every chunk over `cols` (one sequence's tokens, at most the
+    /// prefill width, or the batch function's slots) and advances each of `kvs` by its
+    /// columns. `want` are the columns whose logits go to `out`, in order; `on_chunk(c,
+    /// hidden)` sees the hidden state (token-major, unscaled) each chunk but the last hands on
+    /// at a layer boundary (not the partial sum of a mixture split across chunks).
     fn step(
         &mut self,
-        kv: &mut FusedKv,
-        tokens: &[u32],
-        rows: std::ops::Range<usize>,
+        kvs: &mut [&mut FusedKv],
+        cols: &Columns,
+        want: &[usize],
         out: &mut [f32],
         on_chunk: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
         let m = Arc::clone(&self.model);
-        let (n, h, p0) = (tokens.len(), m.config.hidden_size, kv.len);
-        let mut x = vec![0f32; n * h];
-        embed(&m, tokens, p0, &mut x)?;
+        let h = m.config.hidden_size;
         let shift = 2f32.powi(-self.plan.residual_shift);
-        x.iter_mut().for_each(|v| *v *= shift);
-        let decode = n == 1;
-        let w = if decode { 1 } else { self.plan.width };
-        // Tables this batch needs: RoPE cos/sin per distinct rope (token-major), masks.
-        let ropes: Vec<(Vec<f32>, Vec<f32>)> = self
-            .plan
-            .ropes
-            .iter()
-            .map(|r| {
-                let d2 = r.dims / 2;
-                let (mut cos, mut sin) = (vec![0f32; n * d2], vec![0f32; n * d2]);
-                for t in 0..n {
-                    r.angles(
-                        p0 + t,
-                        &mut cos[t * d2..(t + 1) * d2],
-                        &mut sin[t * d2..(t + 1) * d2],
-                    );
-                }
-                (cos, sin)
-            })
-            .collect();
-        let masks: Vec<Vec<f32>> = self
-            .plan
-            .windows
-            .iter()
-            .map(|&win| self.mask(win, p0, n, w))
-            .collect();
+        let mut x = cols.embeddings(&m, shift)?;
+        let n = cols.cols.len();
+        let live_n = cols.live().count();
+        let w = match (cols.batch, n) {
+            (true, _) => self.plan.decode_batch,
+            (false, 1) => 1,
+            (false, _) => self.plan.width,
+        };
+        let ropes = cols.ropes(&self.plan);
+        let masks = cols.masks(&self.plan, w);
         let ones = vec![1f32; (self.plan.context + w).max(n)];
         // A mixture's forced router choices: none until the host settles a near-tie.
         let most_experts = (m.layers.iter())
@@ -357,59 +319,69 @@ impl<D: Device> FusedExecutor<D> {
             .max()
             .unwrap_or(0);
         let unforced = vec![0f32; n * most_experts];
-        // Choices forced: given ([`Executor::force_routes`]), and those the host settles in a
-        // chunk, for the later parts of a split mixture.
-        let mut settled = self.forced_tables(p0, n);
+        // Choices forced: given ([`Executor::force_routes`], one sequence's), and those the
+        // host settles in a chunk, for the later parts of a split mixture.
+        let mut settled = match cols.live().next() {
+            Some((_, c)) if !cols.batch => self.forced_tables(c.pos, n),
+            _ => Vec::new(),
+        };
         // A split mixture's pre-FFN residual, from the chunk that began it to the next.
         let mut hm = vec![0f32; n * h];
         // Which columns hold tokens (a DeltaNet's padding columns leave its state alone).
-        let live: Vec<f32> = (0..w).map(|t| if t < n { 1.0 } else { 0.0 }).collect();
+        let live: Vec<f32> = (0..w).map(|t| if t < live_n { 1.0 } else { 0.0 }).collect();
+        // The sequence behind an input of a layer's state: one's own, or a slot's.
+        let seq_of = |slot: Option<usize>| match slot {
+            None => Some(0),
+            Some(j) => cols.cols.get(j).copied().flatten().map(|c| c.seq),
+        };
         for ci in 0..self.chunks.len() {
             let chunk = &mut self.chunks[ci];
-            let b = if decode {
-                &mut chunk.decode
-            } else {
-                &mut chunk.prefill
+            let b = match (cols.batch, n) {
+                (true, _) => chunk
+                    .batch
+                    .as_mut()
+                    .ok_or_else(|| io_error(&chunk.spec.name, "batch function"))?,
+                (false, 1) => &mut chunk.decode,
+                (false, _) => &mut chunk.prefill,
             };
             let width = b.width;
             for (i, l) in b.io.inputs.clone().iter().enumerate() {
                 let name = l.name.as_str();
+                let zeros;
                 let table: Option<(&[f32], usize)> = if name == "x" {
                     Some((&x, n))
                 } else if name == "live" {
                     Some((&live, width))
                 } else if name == "hm" {
                     Some((&hm, n))
-                } else if let Some(li) = name
-                    .strip_prefix("route")
-                    .and_then(|r| r.parse::<usize>().ok())
-                {
+                } else if let Some((li, _)) = layer_input(name, "route") {
                     let forced = settled.iter().find(|(l, _)| *l == li);
                     Some((forced.map_or(&unforced[..], |(_, t)| &t[..]), n))
-                } else if let Some(r) = name
-                    .strip_prefix("cos")
-                    .and_then(|r| r.parse::<usize>().ok())
-                {
+                } else if let Some((r, _)) = layer_input(name, "cos") {
                     Some((&ropes[r].0, n))
-                } else if let Some(r) = name
-                    .strip_prefix("sin")
-                    .and_then(|r| r.parse::<usize>().ok())
-                {
+                } else if let Some((r, _)) = layer_input(name, "sin") {
                     Some((&ropes[r].1, n))
-                } else if let Some(mi) = name
-                    .strip_prefix("mask")
-                    .and_then(|r| r.parse::<usize>().ok())
-                {
-                    Some((&masks[mi], self.plan.context + width))
-                } else if let Some(li) = name
-                    .strip_prefix("conv")
-                    .and_then(|r| r.parse::<usize>().ok())
-                {
-                    Some((&kv.conv[li], l.width))
-                } else if let Some(li) =
-                    name.strip_prefix('s').and_then(|r| r.parse::<usize>().ok())
-                {
-                    Some((&kv.s[li], 1))
+                } else if let Some((mi, _)) = layer_input(name, "mask") {
+                    Some((
+                        &masks[mi],
+                        self.plan.context + if cols.batch { 1 } else { width },
+                    ))
+                } else if let Some((li, slot)) = layer_input(name, "conv") {
+                    match seq_of(slot) {
+                        Some(q) => Some((&kvs[q].conv[li][..], l.width)),
+                        None => {
+                            zeros = vec![0f32; l.channels * l.width];
+                            Some((&zeros[..], l.width))
+                        }
+                    }
+                } else if let Some((li, slot)) = layer_input(name, "s") {
+                    match seq_of(slot) {
+                        Some(q) => Some((&kvs[q].s[li][..], 1)),
+                        None => {
+                            zeros = vec![0f32; l.channels];
+                            Some((&zeros[..], 1))
+                        }
+                    }
                 } else {
                     None
                 };
@@ -446,7 +418,7 @@ impl<D: Device> FusedExecutor<D> {
             let read = |device: &D,
                         binding: &D::Binding,
                         name: &str,
-                        cols: std::ops::Range<usize>,
+                        range: std::ops::Range<usize>,
                         out: &mut [f32],
                         ld: usize,
                         first: usize|
@@ -455,7 +427,7 @@ impl<D: Device> FusedExecutor<D> {
                     .output(name)
                     .ok_or_else(|| io_error(&chunk.spec.name, name))?;
                 let l: &IoLayout = &io.outputs[i];
-                device.read_output(binding, i, |bytes| gather(l, bytes, cols, out, ld, first));
+                device.read_output(binding, i, |bytes| gather(l, bytes, range, out, ld, first));
                 Ok(())
             };
             let mut new_kv = Vec::new();
@@ -464,72 +436,72 @@ impl<D: Device> FusedExecutor<D> {
                 if kvd == 0 {
                     // A short conv or DeltaNet: its conv history moves on by the new tokens'
                     // pre-conv values, and a DeltaNet's state is the chunk's new one.
-                    let (width, state) = match &m.layers[li].mixer {
+                    let (ch, state) = match &m.layers[li].mixer {
                         Mixer::DeltaNet(d) => (d.conv_channels(), true),
                         _ => (h, false),
                     };
                     if state {
-                        let s = &mut kv.s[li];
-                        let len = s.len();
-                        read(
-                            &self.device,
-                            &b.binding,
-                            &format!("s{li}_new"),
-                            0..1,
-                            s,
-                            len,
-                            0,
-                        )?;
+                        for (q, kv) in kvs.iter_mut().enumerate() {
+                            let name = match cols.batch {
+                                false => format!("s{li}_new"),
+                                true => match cols.of(q).next() {
+                                    Some((j, _)) => format!("s{li}_s{j}_new"),
+                                    None => continue,
+                                },
+                            };
+                            let s = &mut kv.s[li];
+                            let len = s.len();
+                            read(&self.device, &b.binding, &name, 0..1, s, len, 0)?;
+                        }
                     }
-                    let hist = &mut kv.conv[li];
-                    let mut bx = vec![0f32; n * width];
-                    read(
-                        &self.device,
-                        &b.binding,
-                        &format!("conv{li}_new"),
-                        0..n,
-                        &mut bx,
-                        width,
-                        0,
-                    )?;
-                    let mut all = std::mem::take(hist);
-                    let keep = all.len();
-                    all.extend_from_slice(&bx);
-                    *hist = all.split_off(all.len() - keep);
+                    let mut bx = vec![0f32; n * ch];
+                    let name = format!("conv{li}_new");
+                    read(&self.device, &b.binding, &name, 0..n, &mut bx, ch, 0)?;
+                    for (q, kv) in kvs.iter_mut().enumerate() {
+                        let rows: Vec<f32> = (cols.of(q))
+                            .flat_map(|(c, _)| bx[c * ch..(c + 1) * ch].iter().copied())
+                            .collect();
+                        kv.push_history(li, &rows);
+                    }
                     continue;
                 }
                 for kind in ["k", "v"] {
                     let mut vals = vec![0f32; n * kvd];
-                    read(
-                        &self.device,
-                        &b.binding,
-                        &format!("{kind}{li}_new"),
-                        0..n,
-                        &mut vals,
-                        kvd,
-                        0,
-                    )?;
+                    let name = format!("{kind}{li}_new");
+                    read(&self.device, &b.binding, &name, 0..n, &mut vals, kvd, 0)?;
                     new_kv.push((li, kind, vals));
                 }
             }
             if chunk.spec.head {
-                if !rows.is_empty() {
+                if !want.is_empty() {
                     let vocab = m.config.vocab_size;
-                    let mut xf = vec![0f32; rows.len() * h];
-                    read(&self.device, &b.binding, "xf", rows.clone(), &mut xf, h, 0)?;
-                    if xf.iter().any(|v| !v.is_finite()) {
-                        return Err(AneError::Unsupported(format!("{}: the final hidden state left the fp16 range; lower with a larger residual_shift", chunk.spec.name)));
-                    }
-                    for (t, &(first, _)) in self.plan.head_tiles.iter().enumerate() {
+                    let mut xf = vec![0f32; want.len() * h];
+                    for (r, &c) in want.iter().enumerate() {
                         read(
                             &self.device,
                             &b.binding,
-                            &format!("logits{t}"),
-                            rows.clone(),
-                            out,
-                            vocab,
-                            first,
+                            "xf",
+                            c..c + 1,
+                            &mut xf[r * h..],
+                            h,
+                            0,
                         )?;
+                    }
+                    if xf.iter().any(|v| !v.is_finite()) {
+                        return Err(AneError::Unsupported(format!("{}: the final hidden state left the fp16 range; lower with a larger residual_shift", chunk.spec.name)));
+                    }
+                    for (r, &c) in want.iter().enumerate() {
+                        for (t, &(first, _)) in self.plan.head_tiles.iter().enumerate() {
+                            read(
+                                &self.device,
+                                &b.binding,
+                                &format!("logits{t}"),
+                                c..c + 1,
+                                &mut out[r * vocab..(r + 1) * vocab],
+                                vocab,
+                                first,
+                            )?;
+                        }
                     }
                     if self.settle_ties {
                         for (logits, x) in out.chunks_exact_mut(vocab).zip(xf.chunks_exact(h)) {
@@ -545,25 +517,42 @@ impl<D: Device> FusedExecutor<D> {
                     on_chunk(ci, &x.iter().map(|v| v / shift).collect::<Vec<f32>>());
                 }
             }
-            if x.iter().any(|v| !v.is_finite()) {
+            let mut live_x = cols.live().flat_map(|(c, _)| &x[c * h..(c + 1) * h]);
+            if live_x.any(|v| !v.is_finite()) {
                 return Err(AneError::Unsupported(format!("{}: the residual stream left the fp16 range; lower with a larger residual_shift", chunk.spec.name)));
             }
-            // The new keys and values: into the sequence's cache and the bound buffers.
+            // The new keys and values: into each sequence's cache and the buffers holding it.
             let s = self.plan.context;
             for (li, kind, vals) in new_kv {
                 let kvd = vals.len() / n;
-                let cache = &mut kv.cache[li][if kind == "k" { 0 } else { 1 }];
-                for t in 0..n {
-                    for c in 0..kvd {
-                        cache[c * s + p0 + t] = f16::from_f32(vals[t * kvd + c]);
+                let which = if kind == "k" { 0 } else { 1 };
+                for (q, kv) in kvs.iter_mut().enumerate() {
+                    let mine: Vec<(usize, Col)> = cols.of(q).collect();
+                    let Some(&(_, first)) = mine.first() else {
+                        continue;
+                    };
+                    let cache = &mut kv.cache[li][which];
+                    for &(c, col) in &mine {
+                        for ch in 0..kvd {
+                            cache[ch * s + col.pos] = f16::from_f32(vals[c * kvd + ch]);
+                        }
+                    }
+                    // Positions ascend with the columns, one per column.
+                    let positions = first.pos..first.pos + mine.len();
+                    let cache = &kv.cache[li][which];
+                    for suffix in self.holders(kv.uid) {
+                        self.write_cache(
+                            &format!("{kind}{li}{suffix}"),
+                            positions.clone(),
+                            |ch, t| cache[ch * s + t],
+                        );
                     }
                 }
-                self.write_cache(&format!("{kind}{li}"), p0..p0 + n, |c, t| {
-                    f16::from_f32(vals[(t - p0) * kvd + c])
-                });
             }
         }
-        kv.len += n;
+        for (q, kv) in kvs.iter_mut().enumerate() {
+            kv.len += cols.of(q).count();
+        }
         Ok(())
     }
 }
@@ -577,34 +566,8 @@ impl<D: Device> Executor for FusedExecutor<D> {
                 capacity: max,
             });
         }
-        let context = self.plan.context;
-        let cache = (self.kv_dims.iter())
-            .map(|d| [vec![f16::ZERO; d * context], vec![f16::ZERO; d * context]])
-            .collect();
-        let h = self.model.config.hidden_size;
-        let conv = (self.model.layers.iter())
-            .map(|l| match &l.mixer {
-                Mixer::ShortConv(c) => vec![0f32; (c.kernel - 1) * h],
-                Mixer::DeltaNet(d) => vec![0f32; (d.conv_kernel - 1) * d.conv_channels()],
-                Mixer::Attention(_) => Vec::new(),
-            })
-            .collect();
-        let s = (self.model.layers.iter())
-            .map(|l| match &l.mixer {
-                Mixer::DeltaNet(d) => vec![0f32; d.n_v_heads * d.k_dim * d.v_dim],
-                _ => Vec::new(),
-            })
-            .collect();
-        Ok(Box::new(FusedKv {
-            owner: self.id,
-            uid: NEXT_STATE.fetch_add(1, Ordering::Relaxed),
-            len: 0,
-            capacity,
-            context,
-            cache,
-            conv,
-            s,
-        }))
+        let kv = FusedKv::new(&self.model, self.id, capacity, self.plan.context);
+        Ok(Box::new(kv))
     }
 
     fn forward(
@@ -620,6 +583,48 @@ impl<D: Device> Executor for FusedExecutor<D> {
     fn force_routes(&mut self, routes: &[RouteChoice]) -> bool {
         self.forced = routes.to_vec();
         true
+    }
+
+    /// With batch functions ([`LoweringOptions::decode_batch`]): one evaluation of each chunk
+    /// per group of as many sequences, each in the slot that holds its cache (uploaded when it
+    /// takes one). Without: one sequence after the other.
+    fn forward_batch(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> std::result::Result<(), ExecError> {
+        let vocab = self.model.config.vocab_size;
+        anelm_model::check_batch(states, tokens, vocab)?;
+        let slots = self.plan.decode_batch;
+        if slots <= 1 || tokens.len() <= 1 {
+            return anelm_model::forward_each(self, states, tokens, out);
+        }
+        out.clear();
+        out.resize(tokens.len() * vocab, 0.0);
+        for ((states, tokens), out) in (states.chunks_mut(slots))
+            .zip(tokens.chunks(slots))
+            .zip(out.chunks_mut(slots * vocab))
+        {
+            let mut kvs = Vec::with_capacity(states.len());
+            for (state, token) in states.iter_mut().zip(tokens) {
+                let kv: &mut FusedKv =
+                    checked_state(&mut **state, self.id, std::slice::from_ref(token), vocab)?;
+                kvs.push(kv);
+            }
+            let at = self.place(&kvs);
+            let mut cols = vec![None; slots];
+            for (q, (&j, &token)) in at.iter().zip(tokens).enumerate() {
+                let pos = kvs[q].len;
+                cols[j] = Some(Col { seq: q, pos, token });
+            }
+            let cols = Columns { cols, batch: true };
+            self.step(&mut kvs, &cols, &at, out, &mut |_, _| {})?;
+        }
+        if let Some(cap) = self.model.final_softcap {
+            softcap(out, cap);
+        }
+        Ok(())
     }
 
     fn vocab_size(&self) -> usize {
@@ -655,7 +660,9 @@ impl<D: Device> FusedExecutor<D> {
             } else {
                 &mut [][..]
             };
-            self.step(kv, &tokens[done..done + len], rows, dst, on_chunk)?;
+            let cols = Columns::run(&tokens[done..done + len], kv.len);
+            let want: Vec<usize> = rows.collect();
+            self.step(&mut [&mut *kv], &cols, &want, dst, on_chunk)?;
             done += len;
         }
         if let Some(cap) = self.model.final_softcap {
