@@ -383,35 +383,58 @@ impl<P: Projections> Executor for ProjectionExecutor<P> {
         tokens: &[u32],
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError> {
-        let vocab = self.model.config.vocab_size;
-        anelm_model::check_batch(states, tokens, vocab)?;
-        out.clear();
-        out.resize(tokens.len() * vocab, 0.0);
+        let (model, id) = (Arc::clone(&self.model), self.id);
         let width = self.proj.max_tokens().max(1);
-        for ((states, tokens), out) in states
-            .chunks_mut(width)
-            .zip(tokens.chunks(width))
-            .zip(out.chunks_mut(width * vocab))
-        {
-            let mut segments = Vec::with_capacity(states.len());
-            for (state, token) in states.iter_mut().zip(tokens) {
-                let kv: &mut ProjectionKv =
-                    checked_state(&mut **state, self.id, std::slice::from_ref(token), vocab)?;
-                segments.push(Segment { kv, rows: 1 });
-            }
+        let group = |kvs: Vec<&mut ProjectionKv>, tokens: &[u32], out: &mut [f32]| {
+            let mut segments: Vec<Segment> =
+                kvs.into_iter().map(|kv| Segment { kv, rows: 1 }).collect();
             let n = tokens.len();
             self.step(&mut segments, tokens, 0..n, out, &mut |_, _| {})?;
             segments.iter_mut().for_each(|s| s.kv.len += 1);
-        }
-        if let Some(cap) = self.model.final_softcap {
-            softcap(out, cap);
-        }
-        Ok(())
+            Ok(())
+        };
+        batch_in_groups(&model, id, (states, tokens), width, out, group)
     }
 
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
     }
+}
+
+/// A batch step ([`Executor::forward_batch`]) in groups of at most `width` sequences:
+/// `group(states, tokens, rows)` once per group, each state checked to be this executor's `S`
+/// with room for its token, `rows` the group's logits in `out`; the final softcap after.
+pub(crate) fn batch_in_groups<S: anelm_model::OwnedState>(
+    model: &Model,
+    owner: usize,
+    (states, tokens): (&mut [&mut dyn KvState], &[u32]),
+    width: usize,
+    out: &mut Vec<f32>,
+    mut group: impl FnMut(Vec<&mut S>, &[u32], &mut [f32]) -> Result<()>,
+) -> std::result::Result<(), ExecError> {
+    let vocab = model.config.vocab_size;
+    anelm_model::check_batch(states, tokens, vocab)?;
+    out.clear();
+    out.resize(tokens.len() * vocab, 0.0);
+    for ((states, tokens), out) in (states.chunks_mut(width))
+        .zip(tokens.chunks(width))
+        .zip(out.chunks_mut(width * vocab))
+    {
+        let mut kvs = Vec::with_capacity(states.len());
+        for (state, token) in states.iter_mut().zip(tokens) {
+            kvs.push(checked_state::<S>(
+                &mut **state,
+                owner,
+                std::slice::from_ref(token),
+                vocab,
+            )?);
+        }
+        group(kvs, tokens, out)?;
+    }
+    if let Some(cap) = model.final_softcap {
+        softcap(out, cap);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

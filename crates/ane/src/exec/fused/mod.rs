@@ -600,18 +600,8 @@ impl<D: Device> Executor for FusedExecutor<D> {
         if slots <= 1 || tokens.len() <= 1 {
             return anelm_model::forward_each(self, states, tokens, out);
         }
-        out.clear();
-        out.resize(tokens.len() * vocab, 0.0);
-        for ((states, tokens), out) in (states.chunks_mut(slots))
-            .zip(tokens.chunks(slots))
-            .zip(out.chunks_mut(slots * vocab))
-        {
-            let mut kvs = Vec::with_capacity(states.len());
-            for (state, token) in states.iter_mut().zip(tokens) {
-                let kv: &mut FusedKv =
-                    checked_state(&mut **state, self.id, std::slice::from_ref(token), vocab)?;
-                kvs.push(kv);
-            }
+        let (model, id) = (Arc::clone(&self.model), self.id);
+        let group = |mut kvs: Vec<&mut FusedKv>, tokens: &[u32], out: &mut [f32]| {
             let at = self.place(&kvs);
             let mut cols = vec![None; slots];
             for (q, (&j, &token)) in at.iter().zip(tokens).enumerate() {
@@ -619,12 +609,9 @@ impl<D: Device> Executor for FusedExecutor<D> {
                 cols[j] = Some(Col { seq: q, pos, token });
             }
             let cols = Columns { cols, batch: true };
-            self.step(&mut kvs, &cols, &at, out, &mut |_, _| {})?;
-        }
-        if let Some(cap) = self.model.final_softcap {
-            softcap(out, cap);
-        }
-        Ok(())
+            self.step(&mut kvs, &cols, &at, out, &mut |_, _| {})
+        };
+        super::batch_in_groups(&model, id, (states, tokens), slots, out, group)
     }
 
     fn vocab_size(&self) -> usize {
