@@ -1,5 +1,6 @@
 //! Smoke tests of commands with no other test of their own output: `serve` answering over
-//! HTTP with its limits taken from flags (and listed in `serve --help`), `mil print|check`,
+//! HTTP with its limits taken from flags (and listed in `serve --help`), `serve --models` with a
+//! directory of models loaded in turn under `--max-loaded` and `--memory`, `mil print|check`,
 //! `verify --reference cpu` on the simulator, and `verify --no-settle-ties` parting from the
 //! reference at a near-tie that the f32 recheck otherwise settles.
 
@@ -105,6 +106,74 @@ fn serve_answers_with_the_limits_its_flags_set() {
     assert!(v["error"]["message"].as_str().unwrap().contains("--max-n"));
     let (status, v) = chat(json!({"stop": ["a", "b"]}));
     assert_eq!((status, &v["error"]["param"]), (400, &json!("stop")), "{v}");
+}
+
+/// The states /v1/models reports, by model.
+fn states(addr: &str) -> Vec<(String, String)> {
+    let (status, v) = request(addr, "GET", "/v1/models", None);
+    assert_eq!(status, 200, "{v}");
+    (v["data"].as_array().unwrap().iter())
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().unwrap().to_string();
+            (s("id"), s("state"))
+        })
+        .collect()
+}
+
+#[test]
+fn serve_models_from_a_directory_take_turns_under_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let gemma = model(anelm_testkit::GEMMA3);
+    std::os::unix::fs::symlink(&gemma, dir.path().join("gemma-3-270m-q4_k_m.gguf")).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a model").unwrap();
+    let listed = dir.path().to_str().unwrap();
+    let s = serve(&["--models", listed, "--max-loaded", "1", "-t", "2"]);
+    let (smol, gemma) = ("SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m");
+    let pair = |a: &str, b: &str| {
+        vec![
+            (smol.to_string(), a.to_string()),
+            (gemma.to_string(), b.to_string()),
+        ]
+    };
+    assert_eq!(states(&s.addr), pair("loaded", "unloaded"));
+    let chat = |addr: &str, model: &str| {
+        let body = json!({"model": model, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hello"}]});
+        request(addr, "POST", "/v1/chat/completions", Some(&body))
+    };
+    let (status, v) = chat(&s.addr, gemma);
+    assert_eq!((status, &v["model"]), (200, &json!(gemma)), "{v}");
+    assert_eq!(states(&s.addr), pair("unloaded", "loaded"));
+    let (status, v) = chat(&s.addr, smol);
+    assert_eq!((status, &v["model"]), (200, &json!(smol)), "{v}");
+    assert_eq!(states(&s.addr), pair("loaded", "unloaded"));
+    drop(s);
+    // A budget no model fits: the default model still serves (it was asked for by name at
+    // start), Gemma is refused in one line.
+    let s = serve(&["--models", listed, "--memory", "64M"]);
+    let (status, v) = chat(&s.addr, gemma);
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("model_too_large")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("--memory"),
+        "{v}"
+    );
+    assert_eq!(chat(&s.addr, smol).0, 200);
+    // Bad flags: one line each.
+    for (args, says) in [
+        (vec!["--memory", "lots"], "not a size"),
+        (vec!["--max-loaded", "0"], "--max-loaded"),
+        (vec!["--models", "/nonexistent-dir/"], "nonexistent"),
+    ] {
+        let m = model(SMOLLM2);
+        let mut all = vec!["serve", "--model", m.to_str().unwrap(), "--port", "0"];
+        all.extend(args.iter().copied());
+        let (ok, _, err) = anelm(&all);
+        assert!(!ok && err.contains(says), "{args:?}: {err}");
+    }
 }
 
 #[test]

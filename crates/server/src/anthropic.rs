@@ -18,6 +18,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::ids::new_id;
+use crate::models::Models;
 use crate::params::{max_tokens, Sampling};
 use crate::reasoning;
 use crate::scheduler::Job;
@@ -176,11 +177,11 @@ impl Conversation {
 
 /// `POST /v1/messages/count_tokens`.
 pub async fn count_tokens(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<CountRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let count = async {
-        app.model.check_name(&req.model)?;
+        let app = models.get(&req.model).await?;
         let conversation = Conversation {
             messages: req.messages,
             system: req.system,
@@ -197,14 +198,14 @@ pub async fn count_tokens(
 
 /// `POST /v1/messages`.
 pub async fn messages(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<MessagesRequest>,
 ) -> Result<Response, ApiError> {
-    respond(app, req).await.map_err(ApiError::anthropic)
+    respond(models, req).await.map_err(ApiError::anthropic)
 }
 
-async fn respond(app: Arc<App>, req: MessagesRequest) -> Result<Response, ApiError> {
-    app.model.check_name(&req.model)?;
+async fn respond(models: Arc<Models>, req: MessagesRequest) -> Result<Response, ApiError> {
+    let app = models.get(&req.model).await?;
     let stop_count = req.stop_sequences.as_ref().map_or(0, Vec::len);
     app.limits.stop("stop_sequences", stop_count)?;
     let sampling = Sampling {

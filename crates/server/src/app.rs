@@ -1,9 +1,8 @@
-//! The application: the served model, the scheduler, and the routes.
+//! The application: one loaded model with its scheduler ([`App`]), what all models share, and
+//! the routes, which find the model a request names in [`Models`].
 
 use std::sync::Arc;
 
-use anelm_engine::LoadedModel;
-use anelm_model::Executor;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::routing::{get, post};
@@ -16,48 +15,86 @@ use crate::error::{ApiError, Flavour};
 use crate::limits::Limits;
 use crate::metrics::{self, Metrics};
 use crate::model::ServedModel;
+use crate::models::{LoadedParts, Models};
 use crate::openai::responses_store::{self, ResponseStore};
-use crate::scheduler::{Job, Scheduler, Update};
-use crate::{anthropic, auth, openai, tokens, webui, ServerConfig, ServerError};
+use crate::scheduler::{Job, Scheduler, SchedulerConfig, Update};
+use crate::{anthropic, auth, openai, tokens, webui, ServerConfig};
 
+/// What every model shares: the limits on a request, the metrics, the stored responses and
+/// how embeddings pool.
+#[derive(Clone)]
+pub struct Shared {
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
+    pub responses: Arc<ResponseStore>,
+    /// How embeddings pool ([`crate::embeddings`]).
+    pub pooling: crate::embeddings::Pooling,
+}
+
+impl Shared {
+    pub fn new(config: &ServerConfig) -> Shared {
+        Shared {
+            limits: config.limits.clone(),
+            metrics: Arc::new(Metrics::new()),
+            responses: Arc::new(ResponseStore::new(
+                responses_store::KEPT,
+                responses_store::KEPT_BYTES,
+            )),
+            pooling: config.pooling,
+        }
+    }
+}
+
+/// One loaded model as the handlers see it: the model, its scheduler, and the shared parts.
 pub struct App {
     pub model: Arc<ServedModel>,
     pub scheduler: Scheduler,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
-    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
-    pub responses: ResponseStore,
-    /// How embeddings pool ([`crate::embeddings`]).
+    pub responses: Arc<ResponseStore>,
     pub pooling: crate::embeddings::Pooling,
 }
 
 impl App {
+    /// The model named `id` (default: its file's name), served as `config` says.
     pub fn new(
         config: &ServerConfig,
-        loaded: LoadedModel,
-        exec: Box<dyn Executor>,
-    ) -> Result<App, ServerError> {
-        let model = Arc::new(ServedModel::new(
-            loaded,
-            config.model_id.clone(),
-            config.ctx,
-        )?);
-        let metrics = Arc::new(Metrics::new());
+        shared: &Shared,
+        parts: LoadedParts,
+        id: Option<String>,
+    ) -> Result<App, String> {
+        let model =
+            Arc::new(ServedModel::new(parts.loaded, id, config.ctx).map_err(|e| e.to_string())?);
         let scheduler = Scheduler::new(
             model.loaded.clone(),
-            exec,
+            parts.exec,
             model.ctx,
-            config.scheduler.clone(),
-            metrics.clone(),
+            SchedulerConfig {
+                draft: parts.draft,
+                ..config.scheduler.clone()
+            },
+            shared.metrics.clone(),
         );
         Ok(App {
             model,
             scheduler,
-            limits: config.limits.clone(),
-            metrics,
-            responses: ResponseStore::new(responses_store::KEPT, responses_store::KEPT_BYTES),
-            pooling: config.pooling,
+            limits: shared.limits.clone(),
+            metrics: shared.metrics.clone(),
+            responses: shared.responses.clone(),
+            pooling: shared.pooling,
         })
+    }
+
+    /// Generation slots of this model.
+    pub fn slots(&self) -> usize {
+        self.scheduler.stats().slots
+    }
+
+    /// Stops the engine and waits for its thread, which frees the model's memory.
+    pub fn shutdown(self) {
+        self.scheduler.close();
+        self.scheduler.join();
     }
 
     /// Builds a prompt off the async threads (tokenizing a long text takes a while).
@@ -81,7 +118,14 @@ impl App {
     }
 }
 
-pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
+impl Drop for App {
+    /// An unloaded model's engine ends after its current step.
+    fn drop(&mut self) {
+        self.scheduler.close();
+    }
+}
+
+pub fn router(models: Arc<Models>, config: &ServerConfig) -> Router {
     let api = Router::new()
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat::handle))
@@ -113,22 +157,30 @@ pub fn router(app: Arc<App>, config: &ServerConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
-            app.clone(),
+            models.clone(),
             metrics::count_requests,
         ))
         .layer(DefaultBodyLimit::max(config.limits.max_body_bytes))
         .layer(cors)
-        .with_state(app)
+        .with_state(models)
 }
 
-/// `GET /health`: answers at once, whatever the slots are doing.
-async fn health(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({
-        "status": "ok",
-        "model": app.model.id,
-        "context": app.model.ctx,
-        "scheduler": app.scheduler.stats(),
-    }))
+/// `GET /health`: answers at once, whatever the slots are doing: the default model (its
+/// context and scheduler when loaded) and every model's state.
+async fn health(State(models): State<Arc<Models>>) -> Json<Value> {
+    let listing = models.listing();
+    let mut body = json!({
+        "status": if models.any_loading() { "loading" } else { "ok" },
+        "models": listing,
+    });
+    if let Some(first) = listing.first() {
+        body["model"] = first["id"].clone();
+        if let Some(ctx) = first.get("context_length") {
+            body["context"] = ctx.clone();
+            body["scheduler"] = first["scheduler"].clone();
+        }
+    }
+    Json(body)
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -12,9 +12,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::models::Models;
 use anelm_model::Executor;
 
 /// How the hidden states of an input's tokens become one vector.
@@ -141,10 +141,10 @@ pub(crate) fn inputs(input: Value) -> Result<Vec<Result<String, Vec<u32>>>, ApiE
 
 /// `POST /v1/embeddings`.
 pub async fn handle(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<EmbeddingsRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    app.model.check_name(&req.model)?;
+    let app = models.get(&req.model).await?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,

@@ -9,19 +9,19 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
-use crate::app::App;
 use crate::error::{ApiError, Flavour};
+use crate::models::Models;
 
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<Arc<App>> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<Models>> for JsonBody<T> {
     type Rejection = ApiError;
 
     /// The body within the server's size and time limits, parsed.
-    async fn from_request(req: Request, app: &Arc<App>) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, models: &Arc<Models>) -> Result<Self, ApiError> {
         let flavour = Flavour::of_path(req.uri().path());
-        let limits = &app.limits;
-        let read = tokio::time::timeout(limits.body_timeout, Bytes::from_request(req, app));
+        let limits = &models.shared.limits;
+        let read = tokio::time::timeout(limits.body_timeout, Bytes::from_request(req, models));
         let bytes = read
             .await
             .map_err(|_| {

@@ -1,7 +1,8 @@
 //! anelm's HTTP server: the OpenAI API (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`, `/v1/responses`), the Anthropic API (`/v1/messages`, `/v1/messages/count_tokens`), llama-server's
 //! `/tokenize` and `/detokenize`, `/health`, Prometheus `/metrics` and a web chat at `/`, over
-//! one model and one executor.
+//! one model or several, each loaded on first use and unloaded least recently used under a
+//! budget ([`models`]).
 //!
 //! HTTP runs on tokio; generation runs on the [`scheduler`]'s engine thread, which advances
 //! every request in progress together, one batched step per token. Requests wait in a bounded
@@ -30,6 +31,7 @@ mod limits;
 mod listen;
 mod metrics;
 mod model;
+pub mod models;
 mod openai;
 mod params;
 mod reasoning;
@@ -53,6 +55,7 @@ pub use drafts::{DraftConfig, MakeDrafter};
 pub use embeddings::Pooling;
 pub use limits::Limits;
 pub use model::context_size;
+pub use models::{Budget, LoadFn, LoadedParts, ModelSpec};
 pub use scheduler::{LookupConfig, SchedulerConfig, Stats};
 
 /// How to serve.
@@ -74,6 +77,8 @@ pub struct ServerConfig {
     pub scheduler: SchedulerConfig,
     /// How `/v1/embeddings` pools an input's hidden states.
     pub pooling: Pooling,
+    /// How many models, and how much of them, may be loaded at once.
+    pub budget: Budget,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +92,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             scheduler: SchedulerConfig::default(),
             pooling: Pooling::default(),
+            budget: Budget::default(),
         }
     }
 }
@@ -107,19 +113,50 @@ pub enum ServerError {
 /// A running server; dropping it stops it.
 pub struct Server {
     addr: SocketAddr,
-    app: Arc<app::App>,
+    models: Arc<models::Models>,
     shutdown: Option<oneshot::Sender<()>>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Server {
-    /// Binds, starts the generation slots and serves in the background.
+    /// Binds, starts the generation slots and serves one model in the background.
     pub fn start(
         config: ServerConfig,
         loaded: LoadedModel,
         exec: Box<dyn Executor>,
     ) -> Result<Server, ServerError> {
-        let app = Arc::new(app::App::new(&config, loaded, exec)?);
+        let models = models::Models::new(config.clone());
+        let parts = LoadedParts {
+            loaded,
+            exec,
+            draft: config.scheduler.draft.clone(),
+        };
+        models
+            .add_loaded(parts, config.model_id.clone(), None)
+            .map_err(ServerError::Model)?;
+        Server::serve(config, models)
+    }
+
+    /// Serves several models: the first, given loaded, is the default; the others load when
+    /// a request first names them.
+    pub fn start_many(
+        config: ServerConfig,
+        first: (ModelSpec, LoadedParts),
+        others: Vec<ModelSpec>,
+    ) -> Result<Server, ServerError> {
+        let models = models::Models::new(config.clone());
+        let (spec, parts) = first;
+        models
+            .add_loaded(parts, Some(spec.id), Some(spec.load))
+            .map_err(ServerError::Model)?;
+        for spec in others {
+            models.add(spec).map_err(ServerError::Model)?;
+        }
+        Server::serve(config, models)
+    }
+
+    fn serve(config: ServerConfig, models: models::Models) -> Result<Server, ServerError> {
+        let models = Arc::new(models);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("anelm-http")
@@ -137,7 +174,7 @@ impl Server {
             })?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let router = app::router(app.clone(), &config);
+        let router = app::router(models.clone(), &config);
         let (shutdown, stopped) = oneshot::channel::<()>();
         let limits = config.limits.clone();
         runtime.spawn(async move {
@@ -149,10 +186,13 @@ impl Server {
                 tracing::error!("server stopped: {e}");
             }
         });
-        tracing::info!("serving {} on http://{addr}", app.model.id);
+        tracing::info!(
+            "serving {} on http://{addr}",
+            models.default_id().unwrap_or_default()
+        );
         Ok(Server {
             addr,
-            app,
+            models,
             shutdown: Some(shutdown),
             runtime: Some(runtime),
         })
@@ -162,13 +202,17 @@ impl Server {
         self.addr
     }
 
-    /// The id clients name the model by.
-    pub fn model_id(&self) -> &str {
-        &self.app.model.id
+    /// The id clients name the default model by.
+    pub fn model_id(&self) -> String {
+        self.models.default_id().unwrap_or_default()
     }
 
+    /// The scheduler of the default model (zeros while it is not loaded).
     pub fn stats(&self) -> Stats {
-        self.app.scheduler.stats()
+        let id = self.model_id();
+        (self.models.loaded().into_iter())
+            .find(|a| a.model.id == id)
+            .map_or_else(Stats::default, |a| a.scheduler.stats())
     }
 
     /// Serves until Ctrl-C (or SIGINT).
@@ -185,7 +229,7 @@ impl Drop for Server {
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
         }
-        self.app.scheduler.close();
+        self.models.close();
         // Open streams would hold a graceful shutdown forever; the engine ends after its step.
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();

@@ -19,8 +19,8 @@ use prometheus_client::registry::Registry;
 
 use anelm_engine::Finish;
 
-use crate::app::App;
 use crate::error::ApiError;
+use crate::models::Models;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -214,24 +214,31 @@ impl Metrics {
 }
 
 /// Counts every answered request by its route (`other` for paths no route matched).
-pub async fn count_requests(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+pub async fn count_requests(
+    State(models): State<Arc<Models>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let endpoint = req
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "other".to_string(), |p| p.as_str().to_string());
     let response = next.run(req).await;
-    app.metrics.request(endpoint, response.status().as_u16());
+    (models.shared.metrics).request(endpoint, response.status().as_u16());
     response
 }
 
 /// `GET /metrics`.
-pub async fn handle(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
-    let m = &app.metrics;
-    let stats = app.scheduler.stats();
-    m.queue_length.set(stats.waiting as i64);
-    m.slots.set(stats.slots as i64);
-    m.slots_busy.set(stats.busy as i64);
-    m.models_loaded.set(1);
+pub async fn handle(State(models): State<Arc<Models>>) -> Result<Response, ApiError> {
+    let m = &models.shared.metrics;
+    let loaded = models.loaded();
+    let stats: Vec<_> = loaded.iter().map(|a| a.scheduler.stats()).collect();
+    m.queue_length
+        .set(stats.iter().map(|s| s.waiting as i64).sum());
+    m.slots.set(stats.iter().map(|s| s.slots as i64).sum());
+    m.slots_busy.set(stats.iter().map(|s| s.busy as i64).sum());
+    m.models_loaded.set(loaded.len() as i64);
+    drop(loaded);
     let mut body = String::new();
     prometheus_client::encoding::text::encode(&mut body, &m.registry)
         .map_err(|e| ApiError::internal(format!("encoding the metrics failed: {e}")))?;

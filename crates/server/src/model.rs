@@ -83,15 +83,6 @@ impl ServedModel {
         })
     }
 
-    /// Checks the `model` field of a request.
-    pub fn check_name(&self, asked: &str) -> Result<(), ApiError> {
-        if asked == self.id {
-            Ok(())
-        } else {
-            Err(ApiError::unknown_model(asked, &self.id))
-        }
-    }
-
     /// A conversation's prompt: the chat template's text ending with the assistant's header,
     /// its special-token text read as special tokens, nothing added (templates write their own
     /// BOS) — as the engine renders `Input::Messages`, with the tools and the request's template

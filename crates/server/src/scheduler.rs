@@ -104,7 +104,7 @@ pub enum Update {
 pub struct Busy;
 
 /// A snapshot of the scheduler, for `/health` and the tests.
-#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct Stats {
     pub slots: usize,
     /// Slots running a job.
@@ -158,7 +158,8 @@ struct Shared {
 pub struct Scheduler {
     shared: Arc<Shared>,
     slots: usize,
-    _engine: JoinHandle<()>,
+    /// Taken by [`Scheduler::join`].
+    engine: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Scheduler {
@@ -200,7 +201,7 @@ impl Scheduler {
         Scheduler {
             shared,
             slots: config.parallel.max(1),
-            _engine: engine,
+            engine: Mutex::new(Some(engine)),
         }
     }
 
@@ -257,6 +258,15 @@ impl Scheduler {
     pub fn close(&self) {
         lock(&self.shared.queue).closed = true;
         self.shared.ready.notify_all();
+    }
+
+    /// Waits for the engine thread to end (after [`Scheduler::close`]); its executor and model
+    /// are dropped by then.
+    pub fn join(&self) {
+        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(engine) = engine {
+            let _ = engine.join();
+        }
     }
 }
 

@@ -9,10 +9,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::model::ServedModel;
+use crate::models::Models;
 
 /// Text, or an array of texts and token ids (llama-server's "mixed" prompt).
 #[derive(Deserialize)]
@@ -41,6 +41,9 @@ pub struct TokenizeRequest {
     /// Return `{id, piece}` objects instead of bare ids.
     #[serde(default)]
     with_pieces: bool,
+    /// Whose tokenizer (default: the server's first model).
+    #[serde(default)]
+    model: Option<String>,
 }
 
 fn yes() -> bool {
@@ -50,12 +53,15 @@ fn yes() -> bool {
 #[derive(Deserialize)]
 pub struct DetokenizeRequest {
     tokens: Vec<u32>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 pub async fn tokenize(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
+    let app = models.get_or_default(req.model.as_deref()).await?;
     let with_pieces = req.with_pieces;
     let ids = app.tokenize(move |m| ids_of(m, &req)).await?;
     let tokens: Vec<Value> = if with_pieces {
@@ -69,9 +75,10 @@ pub async fn tokenize(
 }
 
 pub async fn detokenize(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
+    let app = models.get_or_default(req.model.as_deref()).await?;
     let m = &app.model;
     check_ids(m, &req.tokens, "tokens")?;
     let bytes: Vec<u8> = (req.tokens.iter())

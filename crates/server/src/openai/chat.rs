@@ -15,6 +15,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
+use crate::models::Models;
 use crate::params::{choices, max_tokens, Sampling, Stop};
 use crate::reasoning;
 use crate::scheduler::Job;
@@ -81,10 +82,10 @@ struct Part {
 const MAX_TOP_LOGPROBS: i64 = 20;
 
 pub async fn handle(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
-    app.model.check_name(&req.model)?;
+    let app = models.get(&req.model).await?;
     let limits = &app.limits;
     limits.stop("stop", Stop::count(&req.stop))?;
     limits.tools(req.tools.as_ref().map_or(0, Vec::len))?;

@@ -15,6 +15,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
+use crate::models::Models;
 use crate::params::{choices, max_tokens, Sampling, Stop};
 use crate::scheduler::Job;
 use crate::stream::{self, json_event, Emit, Piece, Translator};
@@ -57,10 +58,10 @@ const DEFAULT_MAX_TOKENS: i64 = 16;
 const MAX_LOGPROBS: i64 = 5;
 
 pub async fn handle(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    app.model.check_name(&req.model)?;
+    let app = models.get(&req.model).await?;
     app.limits.stop("stop", Stop::count(&req.stop))?;
     app.limits.choices(req.n)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {

@@ -16,23 +16,29 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::App;
 use crate::model::ServedModel;
+use crate::models::Models;
 use crate::stream::{json_event, timings, total_usage};
 
-/// `GET /v1/models`.
-pub async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    let m = &app.model;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": m.id,
-            "object": "model",
-            "created": m.created,
-            "owned_by": "anelm",
-            "context_length": m.ctx,
-        }],
-    }))
+/// `GET /v1/models`: every model served, with its state (loaded, loading, unloaded, failed);
+/// a loaded one also with its context.
+pub async fn models(State(models): State<Arc<Models>>) -> Json<Value> {
+    let data: Vec<Value> = (models.listing().into_iter())
+        .map(|e| {
+            let mut m = json!({
+                "id": e["id"],
+                "object": "model",
+                "created": e.get("created").cloned().unwrap_or(json!(models.started)),
+                "owned_by": "anelm",
+                "state": e["state"],
+            });
+            if let Some(ctx) = e.get("context_length") {
+                m["context_length"] = ctx.clone();
+            }
+            m
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 #[derive(Debug, Default, Deserialize)]

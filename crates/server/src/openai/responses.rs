@@ -20,6 +20,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
 use crate::ids::{new_id, unix_seconds};
+use crate::models::Models;
 use crate::params::{max_tokens, Sampling};
 use crate::reasoning;
 use crate::scheduler::Job;
@@ -64,10 +65,10 @@ struct TextConfig {
 
 /// `POST /v1/responses`.
 pub async fn create(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<CreateRequest>,
 ) -> Result<Response, ApiError> {
-    app.model.check_name(&req.model)?;
+    let app = models.get(&req.model).await?;
     let limits = &app.limits;
     limits.tools(req.tools.as_ref().map_or(0, Vec::len))?;
     let previous = match &req.previous_response_id {
@@ -193,10 +194,10 @@ pub async fn create(
 
 /// `GET /v1/responses/{id}`.
 pub async fn retrieve(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    app.responses
+    (models.shared.responses)
         .get(&id)
         .map(|s| Json(s.response))
         .ok_or_else(|| not_found(&id))
@@ -204,10 +205,10 @@ pub async fn retrieve(
 
 /// `DELETE /v1/responses/{id}`.
 pub async fn delete(
-    State(app): State<Arc<App>>,
+    State(models): State<Arc<Models>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if app.responses.remove(&id) {
+    if models.shared.responses.remove(&id) {
         Ok(Json(
             json!({"id": id, "object": "response", "deleted": true}),
         ))

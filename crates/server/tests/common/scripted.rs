@@ -36,7 +36,7 @@ pub fn next(last: u32) -> u32 {
     }
 }
 
-fn model_dir() -> tempfile::TempDir {
+pub fn model_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let tiny = anelm_testkit::tiny("llama");
     for f in ["config.json", "model.safetensors"] {
