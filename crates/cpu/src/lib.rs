@@ -4,6 +4,7 @@
 mod adaptive;
 mod attention;
 pub mod deltanet;
+pub mod encoder;
 mod forward;
 pub mod kernels;
 mod kv;

@@ -3,6 +3,7 @@
 //! its mixer, FFN, norms and RoPE with the weights they use. Executors dispatch on the plan.
 
 mod decoder;
+pub mod encoder;
 pub mod error;
 pub mod exec;
 mod families;

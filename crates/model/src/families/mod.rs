@@ -155,6 +155,15 @@ pub(crate) fn from_hf(
 }
 
 fn unsupported(path: &Path, arch: &str, supported: &str) -> ModelError {
+    if crate::encoder::is_encoder_arch(arch) {
+        return ModelError::invalid(
+            path,
+            format!(
+                "'{arch}' is an embedding (encoder) model: it does not generate text; \
+                 `anelm embed` and `anelm serve` (/v1/embeddings) run it"
+            ),
+        );
+    }
     ModelError::UnsupportedArch {
         path: path.to_path_buf(),
         arch: arch.to_string(),
