@@ -39,6 +39,9 @@ enum Command {
     Template(cmd::template::Args),
     /// Evaluate a prompt: argmax at every position, the last logits, greedy tokens (JSON).
     Eval(cmd::eval::Args),
+    /// Embed texts: an embedding model (BERT) as its configuration pools, or a chat model's
+    /// pooled hidden states; one JSON array per text.
+    Embed(cmd::embed::Args),
     /// Tokenize text with the model's tokenizer.
     Tokenize(cmd::tokenize::Args),
     /// Perplexity of a text file, computed as llama.cpp's llama-perplexity does.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::List(a) => cmd::list::run(a),
         Command::Rm(a) => cmd::rm::run(a),
         Command::Template(a) => cmd::template::run(a),
+        Command::Embed(a) => cmd::embed::run(a),
         Command::Eval(a) => cmd::eval::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),

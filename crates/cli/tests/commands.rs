@@ -177,6 +177,40 @@ fn serve_models_from_a_directory_take_turns_under_the_budget() {
 }
 
 #[test]
+fn embed_gives_sentence_transformers_embeddings_and_run_refuses_an_encoder() {
+    let dir = anelm_testkit::repo_tiny("bert");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let gguf = anelm_testkit::tiny_gguf("bert");
+    for model in [dir.to_str().unwrap(), gguf.to_str().unwrap()] {
+        let mut args = vec!["embed", "-m", model];
+        args.extend(&texts);
+        let (ok, out, err) = anelm(&args);
+        assert!(ok, "{err}");
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), texts.len());
+        for (got, case) in lines.iter().zip(cases) {
+            let worst = (got.as_array().unwrap().iter())
+                .zip(case["embedding"].as_array().unwrap())
+                .map(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 2e-6, "{model}: off by {worst}");
+        }
+    }
+    let (ok, _, err) = anelm(&["run", "-m", dir.to_str().unwrap(), "-p", "hi"]);
+    assert!(
+        !ok && err.contains("is an embedding (encoder) model"),
+        "{err}"
+    );
+}
+
+#[test]
 fn serve_help_lists_every_limit_with_its_default() {
     let (ok, out, err) = anelm(&["serve", "--help"]);
     assert!(ok, "{err}");

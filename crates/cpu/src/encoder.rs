@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use anelm_model::encoder::{Encoder, Gelu, Pooling};
+use anelm_model::encoder::{pool, Encoder, Gelu};
 use anelm_model::plan::Linear;
 
 use crate::kernels::select_exact;
@@ -164,34 +164,6 @@ fn residual_norm(x: &mut [f32], y: &[f32], h: usize, norm: &anelm_model::plan::N
     }
 }
 
-/// Pools `hidden` (`width` floats per token) into one vector, scaled to unit length when
-/// `normalize` (a zero vector stays zero).
-pub fn pool(hidden: &[f32], width: usize, pooling: Pooling, normalize: bool) -> Vec<f32> {
-    let n = hidden.len() / width.max(1);
-    let mut v = match pooling {
-        Pooling::Cls => hidden[..width].to_vec(),
-        Pooling::Last => hidden[(n - 1) * width..n * width].to_vec(),
-        Pooling::Mean => {
-            let mut acc = vec![0f64; width];
-            for row in hidden.chunks_exact(width) {
-                acc.iter_mut().zip(row).for_each(|(a, &b)| *a += b as f64);
-            }
-            acc.iter().map(|a| (a / n as f64) as f32).collect()
-        }
-    };
-    if normalize {
-        let norm = v
-            .iter()
-            .map(|&a| (a as f64) * (a as f64))
-            .sum::<f64>()
-            .sqrt();
-        if norm > 0.0 {
-            v.iter_mut().for_each(|a| *a = (*a as f64 / norm) as f32);
-        }
-    }
-    v
-}
-
 /// `x Φ(x)` with the exact normal CDF.
 pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2))
@@ -237,16 +209,5 @@ mod tests {
         ] {
             assert!((erf(x) as f64 - want).abs() < 2e-7, "erf({x}) = {}", erf(x));
         }
-    }
-
-    #[test]
-    fn pooling_takes_the_named_rows() {
-        let h = [1.0, 2.0, 3.0, 6.0, 5.0, 10.0];
-        assert_eq!(pool(&h, 2, Pooling::Cls, false), [1.0, 2.0]);
-        assert_eq!(pool(&h, 2, Pooling::Last, false), [5.0, 10.0]);
-        assert_eq!(pool(&h, 2, Pooling::Mean, false), [3.0, 6.0]);
-        let u = pool(&h, 2, Pooling::Mean, true);
-        assert!((u[0] - 0.447_213_6).abs() < 1e-6 && (u[1] - 0.894_427_2).abs() < 1e-6);
-        assert_eq!(pool(&[0.0, 0.0], 2, Pooling::Mean, true), [0.0, 0.0]);
     }
 }

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use anelm_cpu::encoder::{pool, EncoderRunner};
-use anelm_model::encoder::{self, Pooling};
+use anelm_cpu::encoder::EncoderRunner;
+use anelm_model::encoder::{self, pool, Pooling};
 use anelm_testkit::{repo_tiny, tiny_gguf};
 use serde_json::Value;
 

@@ -14,14 +14,56 @@ use crate::plan::{Linear, Norm, NormKind};
 use crate::weight::Weight;
 
 /// How a text's token vectors become one vector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Pooling {
-    /// The average over the tokens (special tokens included, as sentence-transformers does).
+    /// The average over the tokens (special tokens included, as sentence-transformers does;
+    /// llama.cpp's default for a model that names none).
+    #[default]
     Mean,
-    /// The first token's ([CLS]).
+    /// The first token's (BERT's [CLS]).
     Cls,
-    /// The last token's.
+    /// The last token's (decoder embedding models: e5-mistral, Qwen3-Embedding).
     Last,
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Pooling, String> {
+        match s {
+            "mean" => Ok(Pooling::Mean),
+            "last" => Ok(Pooling::Last),
+            "cls" => Ok(Pooling::Cls),
+            other => Err(format!("pooling '{other}': use mean, last or cls")),
+        }
+    }
+}
+
+/// Pools `hidden` (`width` floats per token) into one vector, scaled to unit length when
+/// `normalize` (a zero vector stays zero); sums in f64.
+pub fn pool(hidden: &[f32], width: usize, pooling: Pooling, normalize: bool) -> Vec<f32> {
+    let n = hidden.len() / width.max(1);
+    let mut v = match pooling {
+        Pooling::Cls => hidden[..width].to_vec(),
+        Pooling::Last => hidden[(n - 1) * width..n * width].to_vec(),
+        Pooling::Mean => {
+            let mut acc = vec![0f64; width];
+            for row in hidden.chunks_exact(width) {
+                acc.iter_mut().zip(row).for_each(|(a, &b)| *a += b as f64);
+            }
+            acc.iter().map(|a| (a / n as f64) as f32).collect()
+        }
+    };
+    if normalize {
+        let norm = v
+            .iter()
+            .map(|&a| (a as f64) * (a as f64))
+            .sum::<f64>()
+            .sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|a| *a = (*a as f64 / norm) as f32);
+        }
+    }
+    v
 }
 
 impl Pooling {
@@ -189,9 +231,14 @@ fn load_hf(dir: &Path) -> Result<Encoder> {
 }
 
 fn load_gguf(path: &Path) -> Result<Encoder> {
+    from_gguf(path, Gguf::open(path)?)
+}
+
+/// The encoder of a parsed GGUF file (`path` names it in errors).
+pub fn from_gguf(path: &Path, gguf: Gguf) -> Result<Encoder> {
     let Gguf {
         metadata, tensors, ..
-    } = Gguf::open(path)?;
+    } = gguf;
     let arch = metadata.str("general.architecture")?.to_string();
     if !is_encoder_arch(&arch) {
         return Err(not_encoder(path, &arch));
@@ -261,7 +308,7 @@ fn build(
     arch: String,
 ) -> Result<Encoder> {
     let path = loader.path().to_path_buf();
-    if s.hidden % s.n_heads != 0 {
+    if !s.hidden.is_multiple_of(s.n_heads) {
         return Err(ModelError::invalid(
             &path,
             format!("{} heads do not divide a width of {}", s.n_heads, s.hidden),
@@ -414,4 +461,22 @@ fn not_encoder(path: &Path, arch: &str) -> ModelError {
             ENCODER_ARCHS.join(", ")
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_takes_the_named_rows() {
+        let h = [1.0, 2.0, 3.0, 6.0, 5.0, 10.0];
+        assert_eq!(pool(&h, 2, Pooling::Cls, false), [1.0, 2.0]);
+        assert_eq!(pool(&h, 2, Pooling::Last, false), [5.0, 10.0]);
+        assert_eq!(pool(&h, 2, Pooling::Mean, false), [3.0, 6.0]);
+        let u = pool(&h, 2, Pooling::Mean, true);
+        assert!((u[0] - 0.447_213_6).abs() < 1e-6 && (u[1] - 0.894_427_2).abs() < 1e-6);
+        assert_eq!(pool(&[0.0, 0.0], 2, Pooling::Mean, true), [0.0, 0.0]);
+        assert_eq!("cls".parse::<Pooling>(), Ok(Pooling::Cls));
+        assert!("max".parse::<Pooling>().is_err());
+    }
 }

@@ -7,11 +7,16 @@ use anelm_formats::{safetensors, Gguf, HfConfig};
 
 use crate::families;
 
-/// A GGUF file held in memory, loaded as a model.
+/// A GGUF file held in memory, loaded as a model (an encoder when its architecture is one).
 pub fn gguf_model(data: &[u8]) {
     let path = Path::new("fuzz.gguf");
     if let Ok(g) = Gguf::from_bytes(path, data) {
-        let _ = families::from_gguf(path, g);
+        let arch = g.metadata.str_opt("general.architecture").ok().flatten();
+        if arch.is_some_and(crate::encoder::is_encoder_arch) {
+            let _ = crate::encoder::from_gguf(path, g);
+        } else {
+            let _ = families::from_gguf(path, g);
+        }
     }
 }
 

@@ -1,7 +1,9 @@
-//! `POST /v1/embeddings` (OpenAI's shape): each input's final-normed hidden states pooled
-//! (mean over its tokens, its last token, or its first — CLS) and scaled to unit length. The
-//! pass runs on the engine thread between decode steps ([`EmbedJob`]), each input on a fresh
-//! state, so embeddings never touch a conversation's cache.
+//! `POST /v1/embeddings` (OpenAI's shape). A chat model's: each input's final-normed hidden
+//! states pooled (mean over its tokens, its last token, or its first — CLS, as `serve
+//! --pooling` says) and scaled to unit length, the pass run on the engine thread between decode
+//! steps ([`EmbedJob`]) on a fresh state, so embeddings never touch a conversation's cache. An
+//! embedding model's ([`crate::embedder`]): its own tokenizer pipeline, pooling and
+//! normalisation.
 
 use std::sync::Arc;
 
@@ -12,54 +14,18 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use crate::app::App;
+use crate::embedder::Embedder;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::models::Models;
+use crate::models::{Models, Served};
 use anelm_model::Executor;
 
-/// How the hidden states of an input's tokens become one vector.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Pooling {
-    /// The mean over every token (llama.cpp's default for a model that names none).
-    #[default]
-    Mean,
-    /// The last token (decoder embedding models: e5-mistral, Qwen3-Embedding).
-    Last,
-    /// The first token (BERT's CLS).
-    Cls,
-}
-
-impl std::str::FromStr for Pooling {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Pooling, String> {
-        match s {
-            "mean" => Ok(Pooling::Mean),
-            "last" => Ok(Pooling::Last),
-            "cls" => Ok(Pooling::Cls),
-            other => Err(format!("pooling '{other}': use mean, last or cls")),
-        }
-    }
-}
+pub use anelm_model::encoder::Pooling;
 
 /// Pools `hidden` (`n` token-major rows of `h`) and scales the result to unit length.
 pub fn pool(hidden: &[f32], h: usize, pooling: Pooling) -> Vec<f32> {
-    let n = hidden.len() / h;
-    let mut v = match pooling {
-        Pooling::Cls => hidden[..h].to_vec(),
-        Pooling::Last => hidden[(n - 1) * h..].to_vec(),
-        Pooling::Mean => {
-            let mut sum = vec![0f64; h];
-            for row in hidden.chunks_exact(h) {
-                sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x as f64);
-            }
-            sum.iter().map(|s| (s / n as f64) as f32).collect()
-        }
-    };
-    let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    if norm > 0.0 {
-        v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
-    }
-    v
+    anelm_model::encoder::pool(hidden, h, pooling, true)
 }
 
 /// Inputs to embed, and where their vectors go.
@@ -144,7 +110,7 @@ pub async fn handle(
     State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<EmbeddingsRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let app = models.get(&req.model).await?;
+    let served = models.get_served(&req.model).await?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -161,40 +127,11 @@ pub async fn handle(
             format!("dimensions {d}: this model's embeddings have a fixed size"),
         ));
     }
-    let mut ids = Vec::new();
-    for (i, item) in inputs(req.input)?.into_iter().enumerate() {
-        let prompt = match item {
-            Ok(text) => app.tokenize_text(text).await?,
-            Err(tokens) => app.model.id_prompt(tokens)?,
-        };
-        if prompt.is_empty() {
-            return Err(ApiError::bad_param(
-                &format!("input[{i}]"),
-                "an input must have at least one token",
-            ));
-        }
-        if prompt.len() > app.model.ctx {
-            return Err(ApiError::context_exceeded(
-                "input",
-                prompt.len(),
-                app.model.ctx,
-            ));
-        }
-        ids.push(prompt);
-    }
-    let tokens: usize = ids.iter().map(Vec::len).sum();
-    let (reply, rx) = oneshot::channel();
-    app.scheduler
-        .embed(EmbedJob {
-            inputs: ids,
-            pooling: app.pooling,
-            reply,
-        })
-        .map_err(|_| ApiError::busy())?;
-    let vectors = rx
-        .await
-        .map_err(|_| ApiError::internal("the engine stopped"))?
-        .map_err(|e| ApiError::bad_request(format!("embeddings: {e}")))?;
+    let items = inputs(req.input)?;
+    let (vectors, tokens) = match &served {
+        Served::Chat(app) => embed_with_decoder(app, items).await?,
+        Served::Embed(m) => embed_with_encoder(m, items).await?,
+    };
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()
@@ -211,9 +148,91 @@ pub async fn handle(
     Ok(Json(json!({
         "object": "list",
         "data": data,
-        "model": app.model.id,
+        "model": served.id(),
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
+}
+
+/// A chat model's embeddings: each input through the engine thread's pass without the head,
+/// pooled as `serve --pooling` says. Returns the vectors and the tokens read.
+async fn embed_with_decoder(
+    app: &Arc<App>,
+    items: Vec<Result<String, Vec<u32>>>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let mut ids = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let prompt = match item {
+            Ok(text) => app.tokenize_text(text).await?,
+            Err(tokens) => app.model.id_prompt(tokens)?,
+        };
+        check_length(i, prompt.len(), app.model.ctx)?;
+        ids.push(prompt);
+    }
+    let tokens: usize = ids.iter().map(Vec::len).sum();
+    let (reply, rx) = oneshot::channel();
+    app.scheduler
+        .embed(EmbedJob {
+            inputs: ids,
+            pooling: app.pooling,
+            reply,
+        })
+        .map_err(|_| ApiError::busy())?;
+    let vectors = rx
+        .await
+        .map_err(|_| ApiError::internal("the engine stopped"))?
+        .map_err(|e| ApiError::bad_request(format!("embeddings: {e}")))?;
+    Ok((vectors, tokens))
+}
+
+/// An embedding model's: its own tokenizer pipeline and pooling, on a blocking thread.
+async fn embed_with_encoder(
+    m: &Arc<Embedder>,
+    items: Vec<Result<String, Vec<u32>>>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    let m = m.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut ids = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let prompt = match item {
+                Ok(text) => m.tokens(&text)?,
+                Err(tokens) => {
+                    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= m.vocab_size) {
+                        return Err(ApiError::bad_param(
+                            "input",
+                            format!(
+                                "token id {bad} is outside the vocabulary (size {})",
+                                m.vocab_size
+                            ),
+                        ));
+                    }
+                    tokens
+                }
+            };
+            check_length(i, prompt.len(), m.max_positions)?;
+            ids.push(prompt);
+        }
+        let tokens = ids.iter().map(Vec::len).sum();
+        let vectors = m
+            .embed(&ids)
+            .map_err(|e| ApiError::bad_request(format!("embeddings: {e}")))?;
+        Ok((vectors, tokens))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("embedding failed: {e}")))?
+}
+
+/// An input has at least one token and fits the model.
+fn check_length(i: usize, n: usize, limit: usize) -> Result<(), ApiError> {
+    if n == 0 {
+        return Err(ApiError::bad_param(
+            &format!("input[{i}]"),
+            "an input must have at least one token",
+        ));
+    }
+    if n > limit {
+        return Err(ApiError::context_exceeded("input", n, limit));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod anthropic_tools;
 mod app;
 mod auth;
 mod drafts;
+mod embedder;
 mod embeddings;
 mod error;
 mod extract;
@@ -52,10 +53,11 @@ use anelm_model::Executor;
 use tokio::sync::oneshot;
 
 pub use drafts::{DraftConfig, MakeDrafter};
+pub use embedder::EncoderParts;
 pub use embeddings::Pooling;
 pub use limits::Limits;
 pub use model::context_size;
-pub use models::{Budget, LoadFn, LoadedParts, ModelSpec};
+pub use models::{Budget, LoadFn, Loaded, LoadedParts, ModelSpec};
 pub use scheduler::{LookupConfig, SchedulerConfig, Stats};
 
 /// How to serve.
@@ -132,7 +134,7 @@ impl Server {
             draft: config.scheduler.draft.clone(),
         };
         models
-            .add_loaded(parts, config.model_id.clone(), None)
+            .add_loaded(parts.into(), config.model_id.clone(), None)
             .map_err(ServerError::Model)?;
         Server::serve(config, models)
     }
@@ -141,7 +143,7 @@ impl Server {
     /// a request first names them.
     pub fn start_many(
         config: ServerConfig,
-        first: (ModelSpec, LoadedParts),
+        first: (ModelSpec, Loaded),
         others: Vec<ModelSpec>,
     ) -> Result<Server, ServerError> {
         let models = models::Models::new(config.clone());

@@ -237,7 +237,7 @@ pub async fn handle(State(models): State<Arc<Models>>) -> Result<Response, ApiEr
         .set(stats.iter().map(|s| s.waiting as i64).sum());
     m.slots.set(stats.iter().map(|s| s.slots as i64).sum());
     m.slots_busy.set(stats.iter().map(|s| s.busy as i64).sum());
-    m.models_loaded.set(loaded.len() as i64);
+    m.models_loaded.set(models.loaded_count() as i64);
     drop(loaded);
     let mut body = String::new();
     prometheus_client::encoding::text::encode(&mut body, &m.registry)

@@ -2,7 +2,9 @@
 //! first request that names it and unloaded, least recently used first, when loading another
 //! would pass the budget (`--max-loaded`, `--memory`) — only while nobody is using it.
 //!
-//! A loaded model is an [`App`]: its tokenizer and template, its scheduler and engine thread.
+//! A loaded model is an [`App`] (a chat model: its tokenizer and template, its scheduler and
+//! engine thread) or an [`Embedder`] (an embedding model, which answers only embeddings and
+//! tokenizing).
 //! Requests for a model that is loading wait for it; when the budget is held by models in use
 //! the answer is 503 with `Retry-After`, and a model that could never fit is a 400.
 
@@ -18,6 +20,7 @@ use tokio::sync::watch;
 
 use crate::app::{App, Shared};
 use crate::drafts::DraftConfig;
+use crate::embedder::{Embedder, EncoderParts};
 use crate::error::ApiError;
 use crate::ServerConfig;
 
@@ -31,7 +34,80 @@ pub struct LoadedParts {
 
 /// Loads a model: resolves its reference, reads it, builds its executor (which may compile).
 /// Runs on a blocking thread; the error is one line for the client.
-pub type LoadFn = Arc<dyn Fn() -> Result<LoadedParts, String> + Send + Sync>;
+pub type LoadFn = Arc<dyn Fn() -> Result<Loaded, String> + Send + Sync>;
+
+/// A loaded model of either kind.
+pub enum Loaded {
+    Chat(LoadedParts),
+    Embed(EncoderParts),
+}
+
+impl From<LoadedParts> for Loaded {
+    fn from(p: LoadedParts) -> Loaded {
+        Loaded::Chat(p)
+    }
+}
+
+impl From<EncoderParts> for Loaded {
+    fn from(p: EncoderParts) -> Loaded {
+        Loaded::Embed(p)
+    }
+}
+
+/// A model being served.
+#[derive(Clone)]
+pub enum Served {
+    Chat(Arc<App>),
+    Embed(Arc<Embedder>),
+}
+
+impl Served {
+    pub fn tokenizer(&self) -> &Arc<anelm_tokenize::Tokenizer> {
+        match self {
+            Served::Chat(a) => &a.model.tokenizer,
+            Served::Embed(e) => &e.tokenizer,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        match self {
+            Served::Chat(a) => &a.model.id,
+            Served::Embed(e) => &e.id,
+        }
+    }
+
+    /// Nobody holds it but the registry, and nothing waits in its scheduler.
+    fn idle(&self) -> bool {
+        match self {
+            Served::Chat(app) => {
+                let s = app.scheduler.stats();
+                Arc::strong_count(app) == 1 && s.busy == 0 && s.waiting == 0
+            }
+            Served::Embed(e) => Arc::strong_count(e) == 1,
+        }
+    }
+
+    /// Ends it, off the async threads: a chat model's engine is stopped and waited for.
+    fn shutdown(self) {
+        match self {
+            Served::Chat(app) => {
+                if let Ok(app) = Arc::try_unwrap(app) {
+                    app.shutdown();
+                }
+            }
+            Served::Embed(e) => drop(e),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            Served::Chat(app) => {
+                estimate_bytes(&app.model.loaded.model, app.model.ctx, app.slots())
+            }
+            Served::Embed(e) => e.bytes,
+        }
+    }
+}
 
 /// A model the server may serve.
 #[derive(Clone)]
@@ -56,7 +132,7 @@ enum State {
     Unloaded,
     /// The receiver turns true when the load has ended, well or not.
     Loading(watch::Receiver<bool>),
-    Loaded(Arc<App>),
+    Loaded(Served),
     Failed(String),
 }
 
@@ -114,24 +190,35 @@ impl Models {
     /// `load` it stays loaded.
     pub fn add_loaded(
         &self,
-        parts: LoadedParts,
+        parts: Loaded,
         id: Option<String>,
         load: Option<LoadFn>,
-    ) -> Result<Arc<App>, String> {
-        let app = Arc::new(App::new(&self.config, &self.shared, parts, id)?);
-        if lock(&self.entries).iter().any(|e| e.id == app.model.id) {
-            return Err(format!("two models are named '{}'", app.model.id));
+    ) -> Result<(), String> {
+        let served = self.serve(parts, id)?;
+        let id = served.id().to_string();
+        if lock(&self.entries).iter().any(|e| e.id == id) {
+            return Err(format!("two models are named '{id}'"));
         }
-        let bytes = estimate_bytes(&app.model.loaded.model, app.model.ctx, app.slots());
         lock(&self.entries).push(Entry {
-            id: app.model.id.clone(),
+            id,
             load,
-            state: State::Loaded(app.clone()),
-            bytes,
+            bytes: served.bytes(),
+            state: State::Loaded(served),
             last_used: Instant::now(),
             loads: 1,
         });
-        Ok(app)
+        Ok(())
+    }
+
+    /// A loaded model made ready to serve, named `id` (default: its file's name).
+    fn serve(&self, parts: Loaded, id: Option<String>) -> Result<Served, String> {
+        Ok(match parts {
+            Loaded::Chat(p) => Served::Chat(Arc::new(App::new(&self.config, &self.shared, p, id)?)),
+            Loaded::Embed(p) => {
+                let id = id.unwrap_or_else(|| p.runner.encoder().name.clone());
+                Served::Embed(Arc::new(Embedder::new(id, p)))
+            }
+        })
     }
 
     /// Adds a model to load when first asked for. Ids must be unique.
@@ -156,10 +243,26 @@ impl Models {
         lock(&self.entries).first().map(|e| e.id.clone())
     }
 
-    /// The loaded model `asked` names, loading it first when it is not (the wait may be long:
-    /// a device's programs compile). Errors: unknown name (404), budget held by models in use
-    /// (503, retry), a model larger than the budget or one that failed to load.
+    /// The chat model `asked` names, loading it first when it is not (the wait may be long:
+    /// a device's programs compile). Errors: unknown name (404), an embedding model (400),
+    /// budget held by models in use (503, retry), a model larger than the budget or one that
+    /// failed to load.
     pub async fn get(self: &Arc<Self>, asked: &str) -> Result<Arc<App>, ApiError> {
+        match self.get_served(asked).await? {
+            Served::Chat(app) => Ok(app),
+            Served::Embed(e) => Err(ApiError::bad_param(
+                "model",
+                format!(
+                    "The model '{}' is an embedding model: it serves /v1/embeddings, /tokenize \
+                     and /detokenize, not generation",
+                    e.id
+                ),
+            )),
+        }
+    }
+
+    /// The model `asked` names, of either kind, loaded as [`Models::get`] loads it.
+    pub async fn get_served(self: &Arc<Self>, asked: &str) -> Result<Served, ApiError> {
         let mut waited = false;
         loop {
             let mut done = match self.step(asked, waited)? {
@@ -173,17 +276,14 @@ impl Models {
     }
 
     /// The model `asked` (or the default, for requests without a `model` field).
-    pub async fn get_or_default(
-        self: &Arc<Self>,
-        asked: Option<&str>,
-    ) -> Result<Arc<App>, ApiError> {
+    pub async fn get_or_default(self: &Arc<Self>, asked: Option<&str>) -> Result<Served, ApiError> {
         match asked {
-            Some(name) => self.get(name).await,
+            Some(name) => self.get_served(name).await,
             None => {
                 let id = self
                     .default_id()
                     .ok_or_else(|| ApiError::internal("no model is served"))?;
-                self.get(&id).await
+                self.get_served(&id).await
             }
         }
     }
@@ -196,9 +296,9 @@ impl Models {
         };
         let e = &mut entries[i];
         match &e.state {
-            State::Loaded(app) => {
+            State::Loaded(served) => {
                 e.last_used = Instant::now();
-                return Ok(Step::Ready(app.clone()));
+                return Ok(Step::Ready(served.clone()));
             }
             State::Loading(rx) => return Ok(Step::Wait(rx.clone())),
             State::Failed(why) if waited => return Err(load_failed(asked, why)),
@@ -218,8 +318,8 @@ impl Models {
         let id = asked.to_string();
         tokio::task::spawn_blocking(move || {
             // The evicted engines end (and free their memory) before the new model is read.
-            for app in evicted {
-                app.shutdown();
+            for served in evicted {
+                served.shutdown();
             }
             models.finish_load(&id, load());
             let _ = tx.send(true);
@@ -229,7 +329,12 @@ impl Models {
 
     /// Unloads idle models, least recently used first, until one of `need` bytes more fits
     /// beside the others; the unloaded ones are returned to be shut down off the lock.
-    fn make_room(&self, entries: &mut [Entry], i: usize, need: u64) -> Result<Vec<App>, ApiError> {
+    fn make_room(
+        &self,
+        entries: &mut [Entry],
+        i: usize,
+        need: u64,
+    ) -> Result<Vec<Served>, ApiError> {
         let id = entries[i].id.clone();
         if let Some(memory) = self.budget.memory {
             if need > memory {
@@ -257,8 +362,8 @@ impl Models {
             let Some(j) = idle else {
                 let busy: Vec<String> = held.iter().map(|&j| entries[j].id.clone()).collect();
                 // Put back what was taken: nothing is lost when the load cannot start.
-                for app in evicted {
-                    restore(entries, app);
+                for served in evicted {
+                    restore(entries, served);
                 }
                 return Err(ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -269,16 +374,12 @@ impl Models {
                     ),
                 ));
             };
-            let State::Loaded(app) = std::mem::replace(&mut entries[j].state, State::Unloaded)
+            let State::Loaded(served) = std::mem::replace(&mut entries[j].state, State::Unloaded)
             else {
                 unreachable!("only loaded models are idle");
             };
             tracing::info!("unloading {} to make room for {id}", entries[j].id);
-            match Arc::try_unwrap(app) {
-                Ok(app) => evicted.push(app),
-                // Taken since the check: leave it loaded.
-                Err(app) => entries[j].state = State::Loaded(app),
-            }
+            evicted.push(served);
         }
     }
 
@@ -291,17 +392,15 @@ impl Models {
         }
     }
 
-    fn finish_load(&self, id: &str, parts: Result<LoadedParts, String>) {
-        let app = parts.and_then(|p| {
-            App::new(&self.config, &self.shared, p, Some(id.to_string())).map(Arc::new)
-        });
+    fn finish_load(&self, id: &str, parts: Result<Loaded, String>) {
+        let app = parts.and_then(|p| self.serve(p, Some(id.to_string())));
         let mut entries = lock(&self.entries);
         let Some(i) = entries.iter().position(|e| e.id == id) else {
             return;
         };
         match app {
             Ok(app) => {
-                let bytes = estimate_bytes(&app.model.loaded.model, app.model.ctx, app.slots());
+                let bytes = app.bytes();
                 entries[i].bytes = bytes;
                 entries[i].loads += 1;
                 entries[i].last_used = Instant::now();
@@ -310,9 +409,7 @@ impl Models {
                     tracing::warn!("{why}");
                     entries[i].state = State::Failed(why);
                     drop(entries);
-                    if let Ok(app) = Arc::try_unwrap(app) {
-                        app.shutdown();
-                    }
+                    app.shutdown();
                     return;
                 }
                 tracing::info!("loaded {id} (about {} MiB)", bytes >> 20);
@@ -338,10 +435,19 @@ impl Models {
                     "loads": e.loads,
                 });
                 match &e.state {
-                    State::Loaded(app) => {
+                    State::Loaded(Served::Chat(app)) => {
+                        v["kind"] = json!("chat");
                         v["context_length"] = json!(app.model.ctx);
                         v["created"] = json!(app.model.created);
                         v["scheduler"] = json!(app.scheduler.stats());
+                    }
+                    State::Loaded(Served::Embed(m)) => {
+                        let (pooling, normalize) = m.pooling();
+                        v["kind"] = json!("embedding");
+                        v["context_length"] = json!(m.max_positions);
+                        v["created"] = json!(m.created);
+                        v["pooling"] = json!(pooling);
+                        v["normalize"] = json!(normalize);
                     }
                     State::Failed(why) => v["error"] = json!(why),
                     _ => {}
@@ -351,15 +457,22 @@ impl Models {
             .collect()
     }
 
-    /// The loaded models.
+    /// The loaded chat models.
     pub fn loaded(&self) -> Vec<Arc<App>> {
         lock(&self.entries)
             .iter()
             .filter_map(|e| match &e.state {
-                State::Loaded(app) => Some(app.clone()),
+                State::Loaded(Served::Chat(app)) => Some(app.clone()),
                 _ => None,
             })
             .collect()
+    }
+
+    /// How many models are loaded, of either kind.
+    pub fn loaded_count(&self) -> usize {
+        (lock(&self.entries).iter())
+            .filter(|e| matches!(e.state, State::Loaded(_)))
+            .count()
     }
 
     /// Whether some model is loading.
@@ -378,25 +491,19 @@ impl Models {
 }
 
 enum Step {
-    Ready(Arc<App>),
+    Ready(Served),
     Wait(watch::Receiver<bool>),
 }
 
 /// Loaded, with nobody holding it (no request in progress, no reply being written) and
 /// nothing in its scheduler.
 fn is_idle(state: &State) -> bool {
-    match state {
-        State::Loaded(app) => {
-            let s = app.scheduler.stats();
-            Arc::strong_count(app) == 1 && s.busy == 0 && s.waiting == 0
-        }
-        _ => false,
-    }
+    matches!(state, State::Loaded(served) if served.idle())
 }
 
-fn restore(entries: &mut [Entry], app: App) {
-    if let Some(e) = entries.iter_mut().find(|e| e.id == app.model.id) {
-        e.state = State::Loaded(Arc::new(app));
+fn restore(entries: &mut [Entry], served: Served) {
+    if let Some(e) = entries.iter_mut().find(|e| e.id == served.id()) {
+        e.state = State::Loaded(served);
     }
 }
 

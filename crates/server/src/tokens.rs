@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::model::ServedModel;
 use crate::models::Models;
+use anelm_tokenize::Tokenizer;
 
 /// Text, or an array of texts and token ids (llama-server's "mixed" prompt).
 #[derive(Deserialize)]
@@ -61,12 +61,20 @@ pub async fn tokenize(
     State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let app = models.get_or_default(req.model.as_deref()).await?;
+    let tok = models
+        .get_or_default(req.model.as_deref())
+        .await?
+        .tokenizer()
+        .clone();
     let with_pieces = req.with_pieces;
-    let ids = app.tokenize(move |m| ids_of(m, &req)).await?;
+    let t = tok.clone();
+    // Tokenizing a long text takes a while: off the async threads.
+    let ids = tokio::task::spawn_blocking(move || ids_of(&t, &req))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))??;
     let tokens: Vec<Value> = if with_pieces {
         ids.iter()
-            .map(|&id| json!({"id": id, "piece": piece_json(&app.model, id)}))
+            .map(|&id| json!({"id": id, "piece": piece_json(&tok, id)}))
             .collect()
     } else {
         ids.iter().map(|&id| json!(id)).collect()
@@ -78,17 +86,16 @@ pub async fn detokenize(
     State(models): State<Arc<Models>>,
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let app = models.get_or_default(req.model.as_deref()).await?;
-    let m = &app.model;
-    check_ids(m, &req.tokens, "tokens")?;
+    let served = models.get_or_default(req.model.as_deref()).await?;
+    let tok = served.tokenizer();
+    check_ids(tok, &req.tokens, "tokens")?;
     let bytes: Vec<u8> = (req.tokens.iter())
-        .flat_map(|&id| m.tokenizer.token_to_piece(id))
+        .flat_map(|&id| tok.token_to_piece(id))
         .collect();
     Ok(Json(json!({ "content": String::from_utf8_lossy(&bytes) })))
 }
 
-fn ids_of(m: &ServedModel, req: &TokenizeRequest) -> Result<Vec<u32>, ApiError> {
-    let tok = &m.tokenizer;
+fn ids_of(tok: &Tokenizer, req: &TokenizeRequest) -> Result<Vec<u32>, ApiError> {
     let encode = |text: &str, add_special: bool| {
         tok.encode(text, add_special, req.parse_special)
             .map_err(|e| ApiError::bad_param("content", e.to_string()))
@@ -103,15 +110,15 @@ fn ids_of(m: &ServedModel, req: &TokenizeRequest) -> Result<Vec<u32>, ApiError> 
                     Part::Id(id) => ids.push(*id),
                 }
             }
-            check_ids(m, &ids, "content")?;
+            check_ids(tok, &ids, "content")?;
             Ok(ids)
         }
     }
 }
 
 /// Every id must be in the vocabulary.
-fn check_ids(m: &ServedModel, ids: &[u32], param: &str) -> Result<(), ApiError> {
-    let n = m.tokenizer.vocab_size();
+fn check_ids(tok: &Tokenizer, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let n = tok.vocab_size();
     match ids.iter().find(|&&id| id as usize >= n) {
         Some(bad) => Err(ApiError::bad_param(
             param,
@@ -122,8 +129,8 @@ fn check_ids(m: &ServedModel, ids: &[u32], param: &str) -> Result<(), ApiError> 
 }
 
 /// A piece as text when it is valid UTF-8, else as its byte values (llama-server's rule).
-fn piece_json(m: &ServedModel, id: u32) -> Value {
-    let bytes = m.tokenizer.token_to_piece(id);
+fn piece_json(tok: &Tokenizer, id: u32) -> Value {
+    let bytes = tok.token_to_piece(id);
     match String::from_utf8(bytes) {
         Ok(text) => json!(text),
         Err(e) => json!(e.into_bytes()),

@@ -41,10 +41,7 @@ fn spec(id: &str, load_time: Duration, endless: bool) -> (ModelSpec, Arc<AtomicU
     let load: LoadFn = Arc::new(move || {
         counter.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(load_time);
-        Ok(scripted(
-            Duration::from_millis(if endless { 20 } else { 0 }),
-            endless,
-        ))
+        Ok(scripted(Duration::from_millis(if endless { 20 } else { 0 }), endless).into())
     });
     let spec = ModelSpec {
         id: id.into(),
@@ -311,6 +308,137 @@ async fn a_model_that_fails_to_load_or_cannot_fit_is_refused_and_the_others_keep
     assert_eq!(list["models"][2]["state"], "unloaded", "{list}");
 }
 
+/// An embedding model beside a chat model: BERT from its directory and from llama.cpp's GGUF
+/// of it, each with its own tokenizer pipeline and pooling, gives sentence-transformers'
+/// embeddings; asked to chat, it says what it is.
+#[tokio::test]
+async fn embedding_models_embed_as_sentence_transformers_does() {
+    use anelm_testkit::{repo_tiny, tiny_gguf};
+    let encoder = |path: std::path::PathBuf| -> LoadFn {
+        Arc::new(move || {
+            let enc = anelm_model::encoder::load(&path).map_err(|e| e.to_string())?;
+            let text = anelm_engine::TextSide::load(&path).map_err(|e| e.to_string())?;
+            let tokenizer = text.tokenizer().map_err(|e| e.to_string())?.clone();
+            let runner = anelm_cpu::encoder::EncoderRunner::new(Arc::new(enc), 1);
+            Ok(anelm_server::EncoderParts { runner, tokenizer }.into())
+        })
+    };
+    let (chat_model, _) = spec("chat", Duration::ZERO, false);
+    let specs = vec![
+        chat_model,
+        ModelSpec {
+            id: "bert-hf".into(),
+            load: encoder(repo_tiny("bert")),
+            bytes_hint: 0,
+        },
+        ModelSpec {
+            id: "bert-gguf".into(),
+            load: encoder(tiny_gguf("bert")),
+            bytes_hint: 0,
+        },
+    ];
+    let server = serve(Budget::default(), specs);
+    let (c, b) = (client(), base(&server));
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_tiny("bert").join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    for model in ["bert-hf", "bert-gguf"] {
+        let (status, v) = post(
+            &c,
+            &format!("{b}/v1/embeddings"),
+            &json!({"model": model, "input": texts}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let mut tokens = 0;
+        for (i, case) in cases.iter().enumerate() {
+            let got = v["data"][i]["embedding"].as_array().unwrap();
+            let want = case["embedding"].as_array().unwrap();
+            assert_eq!(got.len(), want.len());
+            let worst = (got.iter().zip(want))
+                .map(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 2e-6, "{model} '{}': off by {worst}", texts[i]);
+            tokens += case["input_ids"].as_array().unwrap().len();
+            // The model's own tokenizer pipeline: [CLS] … [SEP], lower case, accents off.
+            let (status, t) = post(
+                &c,
+                &format!("{b}/tokenize"),
+                &json!({"model": model, "content": texts[i], "add_special": true}),
+            )
+            .await;
+            assert_eq!(status, 200, "{t}");
+            assert_eq!(t["tokens"], case["input_ids"], "{model} '{}'", texts[i]);
+        }
+        assert_eq!(v["usage"]["prompt_tokens"], tokens, "{v}");
+        assert_eq!(v["model"], model);
+        // Token ids work as input too.
+        let (status, v) = post(
+            &c,
+            &format!("{b}/v1/embeddings"),
+            &json!({"model": model, "input": cases[2]["input_ids"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let got = v["data"][0]["embedding"].as_array().unwrap();
+        let want = cases[2]["embedding"].as_array().unwrap();
+        let worst = (got.iter().zip(want))
+            .map(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 2e-6, "{model} from ids: off by {worst}");
+    }
+    // Asked to generate, an embedding model says what it is; too long an input is a 400.
+    let (status, v) = post(
+        &c,
+        &format!("{b}/v1/chat/completions"),
+        &ask("bert-hf", "hi"),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is an embedding model"),
+        "{v}"
+    );
+    let long = vec!["word"; 80].join(" ");
+    let (status, v) = post(
+        &c,
+        &format!("{b}/v1/embeddings"),
+        &json!({"model": "bert-hf", "input": long}),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("context_length_exceeded")),
+        "{v}"
+    );
+    let list: Value = (c.get(format!("{b}/health")).send().await.unwrap())
+        .json()
+        .await
+        .unwrap();
+    let bert = &list["models"][1];
+    assert_eq!(
+        (
+            &bert["kind"],
+            &bert["pooling"],
+            &bert["normalize"],
+            &bert["context_length"]
+        ),
+        (
+            &json!("embedding"),
+            &json!("mean"),
+            &json!(true),
+            &json!(64)
+        ),
+        "{list}"
+    );
+}
+
 /// SmolLM2 and Gemma 3 in one server with room for one: every switch unloads the other, and
 /// each answers exactly as it did before (greedy) and as SmolLM2 alone does.
 #[tokio::test]
@@ -324,7 +452,8 @@ async fn real_models_take_turns_and_answer_as_alone() {
                 loaded,
                 exec,
                 draft: None,
-            })
+            }
+            .into())
         })
     };
     let specs = vec![

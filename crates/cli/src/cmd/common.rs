@@ -437,6 +437,38 @@ impl ModelArgs {
         Ok(TextSide::load(&path)?)
     }
 
+    /// The path of `--model` when it is an embedding (encoder) model, which does not
+    /// generate and loads with [`ModelArgs::load_encoder`].
+    pub fn encoder_path(&self) -> Result<Option<std::path::PathBuf>> {
+        let path = models::resolve(self.model.as_deref())?;
+        let source = anelm_model::open_source(&path)?;
+        let arch = anelm_model::architecture_of(&source);
+        Ok(arch
+            .filter(|a| anelm_model::encoder::is_encoder_arch(a))
+            .map(|_| path))
+    }
+
+    /// An embedding model and its tokenizer, on the CPU engine (whatever `--device` says: the
+    /// ANE path lowers decoders only).
+    pub fn load_encoder(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<(anelm_cpu::encoder::EncoderRunner, Arc<Tokenizer>)> {
+        let enc = models::with_spinner(&format!("loading {}", path.display()), || {
+            anelm_model::encoder::load(path)
+        })?;
+        if self.device != Device::Cpu {
+            tracing::info!(
+                "{}: an embedding model runs on the CPU engine",
+                path.display()
+            );
+        }
+        let text = TextSide::load(path)?;
+        let tokenizer = text.tokenizer()?.clone();
+        let runner = anelm_cpu::encoder::EncoderRunner::new(Arc::new(enc), self.threads);
+        Ok((runner, tokenizer))
+    }
+
     pub fn load(&self) -> Result<LoadedModel> {
         let path = models::resolve(self.model.as_deref())?;
         let loaded = models::with_spinner(&format!("loading {}", path.display()), || {

@@ -8,6 +8,7 @@ pub mod check;
 pub mod common;
 pub mod compile;
 pub mod constrain;
+pub mod embed;
 pub mod eval;
 pub mod info;
 pub mod layers;

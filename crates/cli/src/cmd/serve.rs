@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anelm_server::{
-    Budget, Limits, LoadFn, LoadedParts, LookupConfig, ModelSpec, SchedulerConfig, Server,
-    ServerConfig,
+    Budget, EncoderParts, Limits, LoadFn, Loaded, LoadedParts, LookupConfig, ModelSpec,
+    SchedulerConfig, Server, ServerConfig,
 };
 use anyhow::{Context, Result};
 
@@ -187,8 +187,13 @@ struct Recipe {
 }
 
 impl Recipe {
-    /// Reads the model and builds its executor (compiling on a device).
-    fn load(&self) -> Result<LoadedParts> {
+    /// Reads the model and builds its executor (compiling on a device); an embedding model
+    /// gets its encoder pass.
+    fn load(&self) -> Result<Loaded> {
+        if let Some(path) = self.model.encoder_path()? {
+            let (runner, tokenizer) = self.model.load_encoder(&path)?;
+            return Ok(EncoderParts { runner, tokenizer }.into());
+        }
         let mut loaded = self.model.load()?;
         self.template_kwargs.apply(&mut loaded);
         // An impossible --ctx is refused when the model is served; the executor never needs more.
@@ -201,7 +206,8 @@ impl Recipe {
             loaded,
             exec,
             draft: None,
-        })
+        }
+        .into())
     }
 
     fn load_fn(self) -> LoadFn {
@@ -275,14 +281,33 @@ pub fn run(mut a: Args) -> Result<()> {
         ctx: a.ctx,
         fallback: a.fallback.resolve(a.model.device),
     };
-    let mut first = recipe.load()?;
-    let max = first.loaded.model.max_positions();
-    let ctx = anelm_server::context_size(a.ctx, max).min(max);
-    first.draft = a.speculate.draft_maker(&a.model, &first.loaded, ctx)?;
-    let first_id = a.alias.clone().unwrap_or_else(|| {
-        let path = first.loaded.model.source.path().to_path_buf();
-        api_name(a.model.model.as_deref().unwrap_or_default(), Some(&path))
-    });
+    let (first, path) = match recipe.load()? {
+        Loaded::Chat(mut p) => {
+            let max = p.loaded.model.max_positions();
+            let ctx = anelm_server::context_size(a.ctx, max).min(max);
+            p.draft = a.speculate.draft_maker(&a.model, &p.loaded, ctx)?;
+            let path = p.loaded.model.source.path().to_path_buf();
+            (Loaded::Chat(p), path)
+        }
+        Loaded::Embed(p) => {
+            if a.speculate.draft.is_some() {
+                anyhow::bail!(
+                    "--draft: the first model is an embedding model, which does not generate"
+                );
+            }
+            let path = p.runner.encoder().source.path().to_path_buf();
+            (Loaded::Embed(p), path)
+        }
+    };
+    let reference = a
+        .model
+        .model
+        .clone()
+        .unwrap_or_else(|| path.to_string_lossy().into_owned());
+    let first_id = a
+        .alias
+        .clone()
+        .unwrap_or_else(|| api_name(&reference, Some(&path)));
     let config = ServerConfig {
         host: a.host,
         port: a.port,
@@ -303,47 +328,29 @@ pub fn run(mut a: Args) -> Result<()> {
             memory: a.memory.or_else(default_memory),
         },
     };
-    let server = if others.is_empty() {
-        let LoadedParts {
-            loaded,
-            exec,
-            draft,
-        } = first;
-        let mut config = config;
-        config.scheduler.draft = draft;
-        Server::start(config, loaded, exec)?
-    } else {
-        let spec = |reference: &str| {
-            let path = Path::new(reference);
-            ModelSpec {
-                id: api_name(reference, None),
-                bytes_hint: anelm_server::models::source_bytes(path),
-                load: Recipe {
-                    model: ModelArgs {
-                        model: Some(reference.to_string()),
-                        ..recipe.model.clone()
-                    },
-                    ..recipe.clone()
-                }
-                .load_fn(),
+    let spec = |reference: &str| {
+        let path = Path::new(reference);
+        ModelSpec {
+            id: api_name(reference, None),
+            bytes_hint: anelm_server::models::source_bytes(path),
+            load: Recipe {
+                model: ModelArgs {
+                    model: Some(reference.to_string()),
+                    ..recipe.model.clone()
+                },
+                ..recipe.clone()
             }
-        };
-        let first_spec = ModelSpec {
-            id: first_id,
-            ..spec(
-                a.model
-                    .model
-                    .as_deref()
-                    .unwrap_or(&first.loaded.model.source.path().to_string_lossy()),
-            )
-        };
-        Server::start_many(
-            config,
-            (first_spec, first),
-            others.iter().map(|r| spec(r)).collect(),
-        )?
+            .load_fn(),
+        }
     };
-    let more = match others.len() {
+    let first_spec = ModelSpec {
+        id: first_id,
+        ..spec(&reference)
+    };
+    let others = others.iter().map(|r| spec(r)).collect::<Vec<_>>();
+    let n_others = others.len();
+    let server = Server::start_many(config, (first_spec, first), others)?;
+    let more = match n_others {
         0 => String::new(),
         n => format!(" and {n} more loaded on first use"),
     };
