@@ -406,9 +406,42 @@ fn build(
 /// sentence-transformers' modules (modules.json): the Pooling module's mode and whether a
 /// Normalize module follows. Without modules.json: mean pooling, unit length.
 fn sentence_transformers_head(dir: &Path) -> Result<(Pooling, bool)> {
+    Ok(configured_pooling_hf(dir)?.unwrap_or((Pooling::Mean, true)))
+}
+
+/// The pooling a model's own configuration names: sentence-transformers' modules.json in a
+/// Hugging Face directory (with whether it normalises), or a GGUF file's `<arch>.pooling_type`
+/// (llama.cpp's: 1 mean, 2 cls, 3 last; unit length). None when it names none.
+pub fn configured_pooling(source: &ModelSource) -> Result<Option<(Pooling, bool)>> {
+    match source {
+        ModelSource::HfDir { dir } => configured_pooling_hf(dir),
+        ModelSource::Gguf { path, metadata } => {
+            let Some(arch) = metadata.str_opt("general.architecture")? else {
+                return Ok(None);
+            };
+            let key = format!("{arch}.pooling_type");
+            Ok(match metadata.usize_opt(&key)? {
+                None | Some(0) => None,
+                Some(1) => Some((Pooling::Mean, true)),
+                Some(2) => Some((Pooling::Cls, true)),
+                Some(3) => Some((Pooling::Last, true)),
+                Some(other) => {
+                    return Err(ModelError::invalid(
+                        path,
+                        format!(
+                            "{key}: pooling type {other} is not supported (1 mean, 2 cls, 3 last)"
+                        ),
+                    ))
+                }
+            })
+        }
+    }
+}
+
+fn configured_pooling_hf(dir: &Path) -> Result<Option<(Pooling, bool)>> {
     let modules_path = dir.join("modules.json");
     let Ok(text) = std::fs::read_to_string(&modules_path) else {
-        return Ok((Pooling::Mean, true));
+        return Ok(None);
     };
     let bad = |msg: String| ModelError::invalid(&modules_path, msg);
     let modules: Vec<serde_json::Value> =
@@ -416,7 +449,7 @@ fn sentence_transformers_head(dir: &Path) -> Result<(Pooling, bool)> {
     let kind = |m: &serde_json::Value| m["type"].as_str().unwrap_or("").to_string();
     let normalize = modules.iter().any(|m| kind(m).ends_with("Normalize"));
     let Some(pool) = modules.iter().find(|m| kind(m).ends_with("Pooling")) else {
-        return Ok((Pooling::Mean, normalize));
+        return Ok(Some((Pooling::Mean, normalize)));
     };
     let pool_dir = dir.join(pool["path"].as_str().unwrap_or(""));
     let config_path = pool_dir.join("config.json");
@@ -450,7 +483,7 @@ fn sentence_transformers_head(dir: &Path) -> Result<(Pooling, bool)> {
             ))
         }
     };
-    Ok((pooling, normalize))
+    Ok(Some((pooling, normalize)))
 }
 
 fn not_encoder(path: &Path, arch: &str) -> ModelError {

@@ -28,8 +28,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
     pub responses: Arc<ResponseStore>,
-    /// How embeddings pool ([`crate::embeddings`]).
-    pub pooling: crate::embeddings::Pooling,
+    /// How embeddings pool when asked ([`crate::embeddings`]); None: as each model says.
+    pub pooling: Option<crate::embeddings::Pooling>,
 }
 
 impl Shared {
@@ -76,13 +76,21 @@ impl App {
             },
             shared.metrics.clone(),
         );
+        // The model's own pooling (decoder embedding models such as Qwen3-Embedding name
+        // last-token pooling), unless the server was told one.
+        let configured = anelm_model::encoder::configured_pooling(&model.loaded.model.source)
+            .map_err(|e| e.to_string())?;
+        let pooling = shared
+            .pooling
+            .or(configured.map(|(p, _)| p))
+            .unwrap_or_default();
         Ok(App {
             model,
             scheduler,
             limits: shared.limits.clone(),
             metrics: shared.metrics.clone(),
             responses: shared.responses.clone(),
-            pooling: shared.pooling,
+            pooling,
         })
     }
 

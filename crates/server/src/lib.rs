@@ -77,8 +77,9 @@ pub struct ServerConfig {
     /// Timeouts, the connection limit and the size limits of a request.
     pub limits: Limits,
     pub scheduler: SchedulerConfig,
-    /// How `/v1/embeddings` pools an input's hidden states.
-    pub pooling: Pooling,
+    /// How `/v1/embeddings` pools a chat model's hidden states (default: as the model's own
+    /// configuration says — sentence-transformers' modules, GGUF `pooling_type` — else mean).
+    pub pooling: Option<Pooling>,
     /// How many models, and how much of them, may be loaded at once.
     pub budget: Budget,
 }
@@ -93,7 +94,7 @@ impl Default for ServerConfig {
             ctx: None,
             limits: Limits::default(),
             scheduler: SchedulerConfig::default(),
-            pooling: Pooling::default(),
+            pooling: None,
             budget: Budget::default(),
         }
     }

@@ -439,6 +439,67 @@ async fn embedding_models_embed_as_sentence_transformers_does() {
     );
 }
 
+/// A chat model whose sentence-transformers configuration names last-token pooling (as decoder
+/// embedding models such as Qwen3-Embedding do) is pooled that way unless the server says
+/// otherwise.
+#[tokio::test]
+async fn a_chat_model_pools_as_its_configuration_says() {
+    let dir = model_dir();
+    std::fs::write(
+        dir.path().join("modules.json"),
+        r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},
+            {"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"}]"#,
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
+    std::fs::write(
+        dir.path().join("1_Pooling/config.json"),
+        r#"{"word_embedding_dimension": 64, "pooling_mode_lasttoken": true}"#,
+    )
+    .unwrap();
+    let ids = [1u32, 8, 6, 3];
+    let loaded = LoadedModel::load(dir.path()).unwrap();
+    let mut exec = anelm_cpu::CpuExecutor::new(loaded.model.clone(), 1);
+    let mut hidden = Vec::new();
+    let mut state = anelm_model::Executor::new_state(&exec, ids.len()).unwrap();
+    anelm_model::Executor::hidden_states(&mut exec, state.as_mut(), &ids, &mut hidden).unwrap();
+    let h = hidden.len() / ids.len();
+    let (last, mean) = (
+        anelm_model::encoder::pool(&hidden, h, anelm_server::Pooling::Last, true),
+        anelm_model::encoder::pool(&hidden, h, anelm_server::Pooling::Mean, true),
+    );
+    assert_ne!(
+        last, mean,
+        "the two poolings must differ for this test to tell them apart"
+    );
+    for (asked, pooling) in [
+        (None, anelm_server::Pooling::Last),
+        (
+            Some(anelm_server::Pooling::Mean),
+            anelm_server::Pooling::Mean,
+        ),
+    ] {
+        let want = anelm_model::encoder::pool(&hidden, h, pooling, true);
+        let loaded = LoadedModel::load(dir.path()).unwrap();
+        let exec = Box::new(anelm_cpu::CpuExecutor::new(loaded.model.clone(), 1));
+        let mut cfg = config(1, 4);
+        cfg.pooling = asked;
+        cfg.model_id = Some("m".into());
+        let server = Server::start(cfg, loaded, exec).unwrap();
+        let (status, v) = post(
+            &client(),
+            &format!("{}/v1/embeddings", base(&server)),
+            &json!({"model": "m", "input": ids}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let got: Vec<f32> = (v["data"][0]["embedding"].as_array().unwrap().iter())
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(got, want, "{asked:?}");
+    }
+}
+
 /// SmolLM2 and Gemma 3 in one server with room for one: every switch unloads the other, and
 /// each answers exactly as it did before (greedy) and as SmolLM2 alone does.
 #[tokio::test]

@@ -15,10 +15,10 @@ pub struct Args {
     pub model: ModelArgs,
     /// The texts; none reads one text per line from standard input.
     pub texts: Vec<String>,
-    /// How a chat model's token vectors are pooled: mean, last or cls (an embedding model
-    /// pools as its configuration says).
-    #[arg(long, default_value = "mean")]
-    pub pooling: Pooling,
+    /// How a chat model's token vectors are pooled: mean, last or cls [default: as its
+    /// configuration says, else mean]; an embedding model pools as its configuration says.
+    #[arg(long)]
+    pub pooling: Option<Pooling>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -45,6 +45,8 @@ pub fn run(a: Args) -> Result<()> {
     let tokenizer = super::common::tokenizer(&loaded)?.clone();
     let max = loaded.model.max_positions();
     let mut exec = a.model.executor(&loaded, max)?;
+    let configured = anelm_model::encoder::configured_pooling(&loaded.model.source)?;
+    let pooling = a.pooling.or(configured.map(|(p, _)| p)).unwrap_or_default();
     let mut hidden = Vec::new();
     for text in &texts {
         let ids = tokenizer.encode(text, true, false)?;
@@ -53,7 +55,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         let mut state = exec.new_state(ids.len())?;
         exec.hidden_states(state.as_mut(), &ids, &mut hidden)?;
-        let v = pool(&hidden, hidden.len() / ids.len(), a.pooling, true);
+        let v = pool(&hidden, hidden.len() / ids.len(), pooling, true);
         writeln!(out, "{}", serde_json::to_string(&v)?)?;
     }
     Ok(())

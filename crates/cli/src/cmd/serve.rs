@@ -64,10 +64,12 @@ pub struct Args {
     pub speculate: super::speculate::SpeculateArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
-    /// How /v1/embeddings pools an input's hidden states: mean, last (decoder embedding
-    /// models) or cls (the first token).
-    #[arg(long, default_value = "mean", value_name = "POOLING")]
-    pub pooling: anelm_server::Pooling,
+    /// How /v1/embeddings pools a chat model's hidden states: mean, last (decoder embedding
+    /// models) or cls (the first token) [default: as the model's configuration says —
+    /// sentence-transformers' modules.json, GGUF pooling_type —, else mean]. Embedding models
+    /// (BERT) always pool as their configuration says.
+    #[arg(long, value_name = "POOLING")]
+    pub pooling: Option<anelm_server::Pooling>,
 }
 
 /// What one client may ask; past a limit the request is refused with a 4xx naming it.
