@@ -185,7 +185,9 @@ async fn health(State(models): State<Arc<Models>>) -> Json<Value> {
         body["model"] = first["id"].clone();
         if let Some(ctx) = first.get("context_length") {
             body["context"] = ctx.clone();
-            body["scheduler"] = first["scheduler"].clone();
+        }
+        if let Some(stats) = first.get("scheduler") {
+            body["scheduler"] = stats.clone();
         }
     }
     Json(body)

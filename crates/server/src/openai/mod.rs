@@ -21,7 +21,7 @@ use crate::models::Models;
 use crate::stream::{json_event, timings, total_usage};
 
 /// `GET /v1/models`: every model served, with its state (loaded, loading, unloaded, failed);
-/// a loaded one also with its context.
+/// a loaded one also with its context and kind (chat or embedding).
 pub async fn models(State(models): State<Arc<Models>>) -> Json<Value> {
     let data: Vec<Value> = (models.listing().into_iter())
         .map(|e| {
@@ -32,8 +32,10 @@ pub async fn models(State(models): State<Arc<Models>>) -> Json<Value> {
                 "owned_by": "anelm",
                 "state": e["state"],
             });
-            if let Some(ctx) = e.get("context_length") {
-                m["context_length"] = ctx.clone();
+            for key in ["context_length", "kind"] {
+                if let Some(v) = e.get(key) {
+                    m[key] = v.clone();
+                }
             }
             m
         })
