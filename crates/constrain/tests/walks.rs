@@ -69,6 +69,18 @@ fn walk(
     max: usize,
     text_of: &dyn Fn(u32) -> Vec<u8>,
 ) -> Option<String> {
+    walk_on(g, spec, seed, max, 0, text_of)
+}
+
+/// [`walk`], never stopping by choice before step `first_stop`.
+fn walk_on(
+    g: &Grammars,
+    spec: &Spec,
+    seed: u64,
+    max: usize,
+    first_stop: usize,
+    text_of: &dyn Fn(u32) -> Vec<u8>,
+) -> Option<String> {
     let mut c = g.compile(spec).expect("compiles");
     let mut rng = Rng(seed * 2654435761 + 1);
     let mut out = Vec::new();
@@ -93,7 +105,8 @@ fn walk(
             .filter(|&t| !long_exponent(&[&out[..], &text_of(t)].concat()))
             .collect();
         let pool = if tame.is_empty() { &allowed } else { &tame };
-        let pick = if allowed.contains(&STOP) && (step > max / 4 || rng.below(3) == 0) {
+        let may_stop = allowed.contains(&STOP) && step >= first_stop;
+        let pick = if may_stop && (step > max / 4 || rng.below(3) == 0) {
             STOP
         } else {
             pool[rng.below(pool.len())]
@@ -190,6 +203,65 @@ fn json_object_allows_any_object_and_only_objects() {
             let v: Value = serde_json::from_str(&text).expect("JSON");
             assert!(v.is_object(), "{text}");
         }
+    }
+}
+
+/// Under `tool_choice: auto` with strict tools a reply is free text, or text and then calls
+/// that parse and fit their schemas; the text never opens a call it does not finish.
+#[test]
+fn strict_auto_replies_are_text_then_valid_calls() {
+    let g = grammars();
+    let text_of = text_of_vocab();
+    let tools = [ToolSpec {
+        name: "get_weather".into(),
+        parameters: Some(
+            json!({"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,10}$"}},
+            "required": ["city"], "additionalProperties": false}),
+        ),
+    }];
+    assert!(CallFormat::Bare { parameters: true }
+        .auto_spec(&tools, true)
+        .unwrap()
+        .is_none());
+    for (format, opener) in [
+        (CallFormat::Tagged, "<tool_call>"),
+        (CallFormat::Mistral, "[TOOL_CALLS]"),
+    ] {
+        let spec = format.auto_spec(&tools, true).unwrap().expect("a grammar");
+        let (mut with_calls, mut plain) = (0, 0);
+        for seed in 0..40 {
+            let Some(text) = walk_on(&g, &spec, seed, 600, 80, &text_of) else {
+                continue;
+            };
+            let Some(at) = text.find(opener) else {
+                plain += 1;
+                continue;
+            };
+            with_calls += 1;
+            let calls: Vec<Value> = match format {
+                CallFormat::Tagged => text[at..]
+                    .split("<tool_call>")
+                    .skip(1)
+                    .map(|c| {
+                        let (body, rest) = c.split_once("</tool_call>").expect("closed");
+                        assert!(rest.trim().is_empty(), "text after the calls: {text}");
+                        serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+                    })
+                    .collect(),
+                _ => serde_json::from_str(&text[at + opener.len()..])
+                    .unwrap_or_else(|e| panic!("{e}: {text}")),
+            };
+            assert!(!calls.is_empty(), "{text}");
+            for call in calls {
+                assert_eq!(call["name"], "get_weather", "{text}");
+                let city = call["arguments"]["city"].as_str().expect("a city");
+                assert!((1..=10).contains(&city.len()), "{text}");
+            }
+        }
+        assert!(
+            with_calls >= 5 && plain >= 5,
+            "{format:?}: {with_calls} walks with calls, {plain} without"
+        );
     }
 }
 

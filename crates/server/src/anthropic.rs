@@ -152,6 +152,12 @@ impl Conversation {
             Some(t) => choice.forced(app, t, parallel)?,
             None => None,
         };
+        // Strict tools under `auto` hold the calls, not the text (not after a prefill, whose
+        // text the grammar has not seen).
+        let forced = match (forced, &tools, &prefill) {
+            (None, Some(t), None) => choice.strict_auto(app, t, parallel)?,
+            (f, _, _) => f,
+        };
         if forced.is_some() && prefill.is_some() {
             return Err(ApiError::bad_param(
                 "messages",

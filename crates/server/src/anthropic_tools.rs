@@ -41,8 +41,10 @@ pub fn tools(tools: Vec<Value>) -> Result<Vec<Value>, ApiError> {
                 }
             };
             let mut function = json!({"name": name, "parameters": schema});
-            if let Some(d) = t.get("description") {
-                function["description"] = d.clone();
+            for key in ["description", "strict"] {
+                if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
+                    function[key] = v.clone();
+                }
             }
             Ok(json!({"type": "function", "function": function}))
         })

@@ -163,6 +163,27 @@ impl ToolChoice {
         Ok(Some(tools))
     }
 
+    /// Under `auto`, when a tool is declared `strict`, the grammar that holds any call the reply
+    /// makes to its tools' schemas while leaving text free (None for a template whose calls
+    /// have no opening marker, and otherwise). `tools` are in the chat shape.
+    pub fn strict_auto(
+        &self,
+        app: &App,
+        tools: &[Value],
+        parallel: bool,
+    ) -> Result<Option<Spec>, ApiError> {
+        let strict = tools
+            .iter()
+            .any(|t| t.pointer("/function/strict") == Some(&Value::Bool(true)));
+        if *self != ToolChoice::Auto || !strict {
+            return Ok(None);
+        }
+        app.model
+            .call_format
+            .auto_spec(&tool_specs(tools), parallel)
+            .map_err(|e| ApiError::bad_param("tools", e.to_string()))
+    }
+
     /// The grammar of the forced call(s), if the choice forces one; an unknown name is a 400.
     /// `tools` are in the chat shape (`{"type": "function", "function": {…}}`).
     pub fn forced(
@@ -171,18 +192,7 @@ impl ToolChoice {
         tools: &[Value],
         parallel: bool,
     ) -> Result<Option<Spec>, ApiError> {
-        let specs: Vec<ToolSpec> = tools
-            .iter()
-            .filter_map(|t| t.get("function"))
-            .map(|f| ToolSpec {
-                name: f
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                parameters: f.get("parameters").cloned(),
-            })
-            .collect();
+        let specs = tool_specs(tools);
         let chosen = match self {
             ToolChoice::Auto | ToolChoice::None => return Ok(None),
             ToolChoice::Required => specs,
@@ -204,6 +214,22 @@ impl ToolChoice {
             .map(Some)
             .map_err(|e| ApiError::bad_param("tools", e.to_string()))
     }
+}
+
+/// Each chat-shape tool's name and parameter schema.
+fn tool_specs(tools: &[Value]) -> Vec<ToolSpec> {
+    tools
+        .iter()
+        .filter_map(|t| t.get("function"))
+        .map(|f| ToolSpec {
+            name: f
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            parameters: f.get("parameters").cloned(),
+        })
+        .collect()
 }
 
 /// Compiles `spec` for the served model off the runtime (the first one builds the vocabulary's

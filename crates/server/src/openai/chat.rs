@@ -118,9 +118,14 @@ pub async fn handle(
             "a forced tool call and a response format cannot both hold the reply",
         ));
     }
-    let (spec, param) = match forced {
-        Some(f) => (Some(f), "tools"),
-        None => (format, "response_format"),
+    let (spec, param) = match (forced, format, &tools) {
+        (Some(f), _, _) => (Some(f), "tools"),
+        (None, Some(f), _) => (Some(f), "response_format"),
+        (None, None, Some(t)) => (
+            choice.strict_auto(&app, t, req.parallel_tool_calls.unwrap_or(true))?,
+            "tools",
+        ),
+        (None, None, None) => (None, "response_format"),
     };
     let constraint = structured::compile(&app, spec, param).await?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {

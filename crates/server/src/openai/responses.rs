@@ -115,9 +115,14 @@ pub async fn create(
             "a forced tool call and a text format cannot both hold the reply",
         ));
     }
-    let (spec, param) = match forced {
-        Some(f) => (Some(f), "tools"),
-        None => (format, "text.format"),
+    let (spec, param) = match (forced, format, &tools) {
+        (Some(f), _, _) => (Some(f), "tools"),
+        (None, Some(f), _) => (Some(f), "text.format"),
+        (None, None, Some(t)) => (
+            choice.strict_auto(&app, t, req.parallel_tool_calls.unwrap_or(true))?,
+            "tools",
+        ),
+        (None, None, None) => (None, "text.format"),
     };
     let constraint = structured::compile(&app, spec, param).await?;
     let sampling_fields = from_fields::<Sampling>(req.rest)?;
