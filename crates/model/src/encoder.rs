@@ -182,12 +182,23 @@ pub fn load(path: &Path) -> Result<Encoder> {
 }
 
 fn load_hf(dir: &Path) -> Result<Encoder> {
-    let cfg = HfConfig::open(dir)?;
+    from_hf(dir, HfConfig::open(dir)?, || {
+        Ok(anelm_formats::safetensors::open_dir(dir)?)
+    })
+}
+
+/// The encoder of a parsed config.json; `tensors` opens the weights once the architecture is
+/// known to be an encoder's.
+pub fn from_hf(
+    dir: &Path,
+    cfg: HfConfig,
+    tensors: impl FnOnce() -> Result<anelm_formats::TensorStore>,
+) -> Result<Encoder> {
     let arch = cfg.model_type()?.to_string();
     if !is_encoder_arch(&arch) {
         return Err(not_encoder(cfg.path(), &arch));
     }
-    let loader = TensorLoader::new(anelm_formats::safetensors::open_dir(dir)?);
+    let loader = TensorLoader::new(tensors()?);
     // BertForMaskedLM and kin keep the encoder under `bert.`.
     let prefix = if loader.has("bert.embeddings.word_embeddings.weight") {
         "bert."

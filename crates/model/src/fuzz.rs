@@ -46,11 +46,17 @@ pub fn hf_config(data: &[u8]) {
     };
     let dir = Path::new("fuzz-model");
     if let Ok(cfg) = HfConfig::parse(&dir.join("config.json"), text) {
-        let _ = families::from_hf(dir, cfg, || {
+        let weights = || {
             Ok(safetensors::from_bytes(
                 &dir.join("model.safetensors"),
                 stand_in_weights(),
             )?)
-        });
+        };
+        let encoder = cfg.model_type().is_ok_and(crate::encoder::is_encoder_arch);
+        if encoder {
+            let _ = crate::encoder::from_hf(dir, cfg, weights);
+        } else {
+            let _ = families::from_hf(dir, cfg, weights);
+        }
     }
 }
