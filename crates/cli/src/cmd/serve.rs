@@ -186,6 +186,9 @@ struct Recipe {
     template_kwargs: TemplateKwargsArgs,
     ctx: Option<usize>,
     fallback: Fallback,
+    /// `--draft` / `--lookup` settings: the first model's (a draft model shares its vocabulary),
+    /// so a reload after an unload drafts again.
+    speculate: Option<super::speculate::SpeculateArgs>,
 }
 
 impl Recipe {
@@ -193,6 +196,12 @@ impl Recipe {
     /// gets its encoder pass.
     fn load(&self) -> Result<Loaded> {
         if let Some(path) = self.model.encoder_path()? {
+            if self.speculate.as_ref().is_some_and(|s| s.draft.is_some()) {
+                anyhow::bail!(
+                    "--draft: {} is an embedding model, which does not generate",
+                    path.display()
+                );
+            }
             let (runner, tokenizer) = self.model.load_encoder(&path)?;
             return Ok(EncoderParts { runner, tokenizer }.into());
         }
@@ -204,10 +213,14 @@ impl Recipe {
         let exec = (self.model)
             .executor_with_fallback(&loaded, ctx, self.fallback)?
             .0;
+        let draft = match &self.speculate {
+            Some(s) => s.draft_maker(&self.model, &loaded, ctx)?,
+            None => None,
+        };
         Ok(LoadedParts {
             loaded,
             exec,
-            draft: None,
+            draft,
         }
         .into())
     }
@@ -282,21 +295,18 @@ pub fn run(mut a: Args) -> Result<()> {
         template_kwargs: a.template_kwargs.clone(),
         ctx: a.ctx,
         fallback: a.fallback.resolve(a.model.device),
+        speculate: None,
     };
-    let (first, path) = match recipe.load()? {
-        Loaded::Chat(mut p) => {
-            let max = p.loaded.model.max_positions();
-            let ctx = anelm_server::context_size(a.ctx, max).min(max);
-            p.draft = a.speculate.draft_maker(&a.model, &p.loaded, ctx)?;
+    let first_recipe = Recipe {
+        speculate: Some(a.speculate.clone()),
+        ..recipe.clone()
+    };
+    let (first, path) = match first_recipe.load()? {
+        Loaded::Chat(p) => {
             let path = p.loaded.model.source.path().to_path_buf();
             (Loaded::Chat(p), path)
         }
         Loaded::Embed(p) => {
-            if a.speculate.draft.is_some() {
-                anyhow::bail!(
-                    "--draft: the first model is an embedding model, which does not generate"
-                );
-            }
             let path = p.runner.encoder().source.path().to_path_buf();
             (Loaded::Embed(p), path)
         }
@@ -347,6 +357,7 @@ pub fn run(mut a: Args) -> Result<()> {
     };
     let first_spec = ModelSpec {
         id: first_id,
+        load: first_recipe.load_fn(),
         ..spec(&reference)
     };
     let others = others.iter().map(|r| spec(r)).collect::<Vec<_>>();
