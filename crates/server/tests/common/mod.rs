@@ -77,6 +77,18 @@ pub fn chat(content: &str, max_tokens: u32) -> Value {
     })
 }
 
+/// Greedy, long and without end-of-turn: SmolLM2's `<|endoftext|>` (0) and `<|im_end|>` (2)
+/// banned, so the generation runs until stopped.
+pub fn endless(max_tokens: u32, stream: bool) -> Value {
+    let mut body = chat(
+        "Tell me a very long story about a lighthouse keeper.",
+        max_tokens,
+    );
+    body["logit_bias"] = serde_json::json!({"0": -100, "2": -100});
+    body["stream"] = serde_json::json!(stream);
+    body
+}
+
 /// POSTs JSON, returning the status and the body as JSON.
 pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
     let r = c
