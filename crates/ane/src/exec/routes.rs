@@ -68,14 +68,16 @@ pub type Settled = Vec<(usize, Vec<f32>)>;
 
 /// Settles the router near-ties of the chunk holding `layers` just evaluated over `n` columns
 /// (the choices in `given` already forced): returns how many times it evaluated the chunk
-/// again, and the choices forced.
+/// again, and the choices forced. Only columns marked in `live` count: an idle slot of a batch
+/// function routes a zero input, whose experts all tie, and must not cost an evaluation.
 pub fn settle_routes<D: Device>(
     chunk: Evaluated<'_, D>,
     model: &Model,
     layers: std::ops::Range<usize>,
-    n: usize,
+    live: &[bool],
     given: &Settled,
 ) -> Result<(usize, Settled)> {
+    let n = live.len();
     let Evaluated {
         device,
         kernel,
@@ -124,7 +126,7 @@ pub fn settle_routes<D: Device>(
             )?;
             read(device, binding, io, &format!("rs{}", fc.layer), n, &mut sel)?;
             for t in 0..n {
-                if fc.set[t] || !near_tie(&logits[t * ne..(t + 1) * ne], moe.top_k) {
+                if fc.set[t] || !live[t] || !near_tie(&logits[t * ne..(t + 1) * ne], moe.top_k) {
                     continue;
                 }
                 let i = output(io, &format!("rx{}", fc.layer))?;

@@ -329,6 +329,8 @@ impl<D: Device> FusedExecutor<D> {
         let mut hm = vec![0f32; n * h];
         // Which columns hold tokens (a DeltaNet's padding columns leave its state alone).
         let live: Vec<f32> = (0..w).map(|t| if t < live_n { 1.0 } else { 0.0 }).collect();
+        // Which of the `n` columns hold a token (a batch function's idle slots do not).
+        let held: Vec<bool> = cols.cols.iter().map(Option::is_some).collect();
         // The sequence behind an input of a layer's state: one's own, or a slot's.
         let seq_of = |slot: Option<usize>| match slot {
             None => Some(0),
@@ -404,7 +406,7 @@ impl<D: Device> FusedExecutor<D> {
                     evaluated,
                     &m,
                     chunk.spec.layers.clone(),
-                    n,
+                    &held,
                     &settled,
                 )?;
                 for (layer, table) in forced {
