@@ -68,14 +68,7 @@ fn ask(model: &str, content: &str) -> Value {
 
 /// Each model's state from /v1/models.
 async fn states(c: &reqwest::Client, base: &str) -> Vec<(String, String)> {
-    let v: Value = c
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(c, &format!("{base}/v1/models")).await;
     v["data"]
         .as_array()
         .expect("a list")
@@ -127,14 +120,7 @@ async fn models_load_on_first_use_and_the_least_recently_used_idle_one_is_unload
         states(&c, &base).await,
         named(&[("a", "unloaded"), ("b", "loaded"), ("c", "loaded")])
     );
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, &format!("{base}/metrics")).await;
     assert!(metrics.contains("anelm_models_loaded 2"), "{metrics}");
     // a comes back (in place of b) and answers as before.
     let (status, v) = post(&c, &url, &ask("a", "hi")).await;
@@ -177,10 +163,7 @@ async fn requests_for_a_loading_model_wait_for_one_load() {
     // While it loads, /health says so and the other model answers.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let h: Value = (c.get(format!("{base}/health")).send().await.unwrap())
-            .json()
-            .await
-            .unwrap();
+        let h = get_json(&c, &format!("{base}/health")).await;
         if h["status"] == "loading" {
             assert_eq!(h["models"][1]["state"], "loading", "{h}");
             break;
@@ -297,10 +280,7 @@ async fn a_model_that_fails_to_load_or_cannot_fit_is_refused_and_the_others_keep
     assert_eq!((status, &v["type"]), (500, &json!("error")), "{v}");
     let (status, v) = post(&c, &url, &ask("a", "hi")).await;
     assert_eq!(status, 200, "{v}");
-    let list: Value = (c.get(format!("{base}/health")).send().await.unwrap())
-        .json()
-        .await
-        .unwrap();
+    let list = get_json(&c, &format!("{base}/health")).await;
     assert_eq!(list["models"][1]["state"], "failed", "{list}");
     assert!(list["models"][1]["error"]
         .as_str()
@@ -417,10 +397,7 @@ async fn embedding_models_embed_as_sentence_transformers_does() {
         (400, &json!("context_length_exceeded")),
         "{v}"
     );
-    let list: Value = (c.get(format!("{b}/health")).send().await.unwrap())
-        .json()
-        .await
-        .unwrap();
+    let list = get_json(&c, &format!("{b}/health")).await;
     let bert = &list["models"][1];
     assert_eq!(
         (

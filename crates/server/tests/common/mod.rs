@@ -103,6 +103,19 @@ pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) 
     (status, json)
 }
 
+/// GETs `url`: the body as text (the status must be 200).
+pub async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    let r = c.get(url).send().await.expect("the server answers");
+    assert_eq!(r.status(), 200, "GET {url}");
+    r.text().await.expect("a body")
+}
+
+/// GETs `url`: the body as JSON (the status must be 200).
+pub async fn get_json(c: &reqwest::Client, url: &str) -> Value {
+    let text = get_text(c, url).await;
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
 /// The current scheduler counters from /health.
 pub async fn health(c: &reqwest::Client, base: &str) -> Value {
     let r = c
