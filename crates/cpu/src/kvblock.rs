@@ -17,6 +17,13 @@ pub trait KvBlock: Copy + Send + Sync + 'static {
     fn quantize(dst: &mut [Self], src: &[f32]);
     /// Value `i` of the row that starts at `row[0]`: the reference of [`KvBlock::load8`].
     fn value(row: &[Self], i: usize) -> f32;
+    /// `out[i]` = value `i` of the row that starts at `row[0]`, as [`KvBlock::value`] gives it,
+    /// bit for bit (so a row read back as f32 gives the same products as the row itself).
+    fn dequantize(row: &[Self], out: &mut [f32]) {
+        out.iter_mut()
+            .enumerate()
+            .for_each(|(i, o)| *o = Self::value(row, i));
+    }
     /// Values `i .. i + 8` of the row that starts at `row` (`i` a multiple of 8), as
     /// [`KvBlock::value`] gives them, bit for bit.
     ///
@@ -25,6 +32,12 @@ pub trait KvBlock: Copy + Send + Sync + 'static {
     /// compiled with those features.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(row: *const Self, i: usize) -> __m256;
+    /// Values `i .. i + 16` (`i` a multiple of 16), as [`KvBlock::load8`] gives them twice.
+    ///
+    /// # Safety
+    /// As [`KvBlock::load8`], with AVX-512 F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(row: *const Self, i: usize) -> __m512;
 }
 
 impl KvBlock for f32 {
@@ -36,10 +49,18 @@ impl KvBlock for f32 {
     fn value(row: &[f32], i: usize) -> f32 {
         row[i]
     }
+    fn dequantize(row: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(&row[..out.len()]);
+    }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(row: *const f32, i: usize) -> __m256 {
         _mm256_loadu_ps(row.add(i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(row: *const f32, i: usize) -> __m512 {
+        _mm512_loadu_ps(row.add(i))
     }
 }
 
@@ -53,10 +74,18 @@ impl KvBlock for f16 {
     fn value(row: &[f16], i: usize) -> f32 {
         row[i].to_f32()
     }
+    fn dequantize(row: &[f16], out: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(&row[..out.len()], out);
+    }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(row: *const f16, i: usize) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(row.add(i) as *const __m128i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(row: *const f16, i: usize) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(row.add(i) as *const __m256i))
     }
 }
 
@@ -84,6 +113,13 @@ unsafe fn scale8(d: f16) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(d.to_bits() as i16))
 }
 
+/// The scale as sixteen lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn scale16(d: f16) -> __m512 {
+    _mm512_set1_ps(d.to_f32())
+}
+
 impl KvBlock for BlockQ8_0 {
     const N: usize = 32;
     const ZERO: BlockQ8_0 = BlockQ8_0 {
@@ -107,12 +143,27 @@ impl KvBlock for BlockQ8_0 {
         let b = &row[i / 32];
         b.d.to_f32() * b.qs[i % 32] as f32
     }
+    fn dequantize(row: &[BlockQ8_0], out: &mut [f32]) {
+        for (o, b) in out.chunks_mut(32).zip(row) {
+            let d = b.d.to_f32();
+            o.iter_mut()
+                .zip(&b.qs)
+                .for_each(|(o, &q)| *o = d * q as f32);
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(row: *const BlockQ8_0, i: usize) -> __m256 {
         let b = &*row.add(i / 32);
         let q = _mm_loadl_epi64(b.qs.as_ptr().add(i % 32) as *const __m128i);
         _mm256_mul_ps(scale8(b.d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(row: *const BlockQ8_0, i: usize) -> __m512 {
+        let b = &*row.add(i / 32);
+        let q = _mm_loadu_si128(b.qs.as_ptr().add(i % 32) as *const __m128i);
+        _mm512_mul_ps(scale16(b.d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)))
     }
 }
 
@@ -163,6 +214,18 @@ impl KvBlock for BlockQ4_0 {
         let q = _mm_and_si128(q, _mm_set1_epi8(15));
         let v = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(8));
         _mm256_mul_ps(scale8(b.d), _mm256_cvtepi32_ps(v))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(row: *const BlockQ4_0, i: usize) -> __m512 {
+        let (b, o) = (&*row.add(i / 32), i % 32);
+        let mut q = _mm_loadu_si128(b.qs.as_ptr() as *const __m128i);
+        if o >= 16 {
+            q = _mm_srli_epi16::<4>(q);
+        }
+        let q = _mm_and_si128(q, _mm_set1_epi8(15));
+        let v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+        _mm512_mul_ps(scale16(b.d), _mm512_cvtepi32_ps(v))
     }
 }
 

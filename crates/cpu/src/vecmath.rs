@@ -1,6 +1,6 @@
 //! Elementwise math over f32 rows: exp (for softmax), SiLU and tanh-GELU gates. Scalar
-//! references and AVX2 versions; exp is the same polynomial in both, so they agree bit for bit
-//! (f32 `mul_add` is the FMA).
+//! references and AVX2 versions (exp also sixteen lanes wide for AVX-512's softmax); exp is the
+//! same polynomial in all, so they agree bit for bit (f32 `mul_add` is the FMA).
 //!
 //! exp(x) = 2ⁿ · e^r with n = round(x / ln 2) and |r| ≤ ln 2 / 2; e^r by its Taylor series to
 //! degree 7, whose truncation error (< 6e-9 relative) is below f32 rounding.
@@ -87,8 +87,8 @@ pub fn gate(isa: Isa, act: Gate, g: &mut [f32], u: Option<&[f32]>) {
 pub fn softmax(isa: Isa, x: &mut [f32]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
-        // SAFETY: Avx2 or better was detected.
-        return unsafe { x86::softmax(x) };
+        // SAFETY: Avx2 or better was detected (AVX-512 where `isa` says so).
+        return unsafe { x86::softmax(x, isa == Isa::Avx512) };
     }
     let _ = isa;
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -100,6 +100,11 @@ pub fn softmax(isa: Isa, x: &mut [f32]) -> (f32, f32) {
 
 /// `x[i] = exp(x[i] - m)` in place; returns their sum (softmax before its normalisation).
 pub fn exp_shift(isa: Isa, x: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: AVX-512 was detected.
+        return unsafe { x86::exp_shift16(x, m) };
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: Avx2 or better was detected.
@@ -161,6 +166,80 @@ mod x86 {
         let y = _mm256_mul_ps(_mm256_mul_ps(p, pow(h)), pow(_mm256_sub_epi32(ni, h)));
         let y = _mm256_andnot_ps(under, y);
         _mm256_blendv_ps(y, x, nan)
+    }
+
+    /// [`exp8`] over sixteen lanes: the same operations, the same bits.
+    #[inline(always)]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(MIN));
+        let x = _mm512_min_ps(x, _mm512_set1_ps(MAX));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+        );
+        let neg = _mm512_sub_ps(_mm512_setzero_ps(), n);
+        let r = _mm512_fmadd_ps(
+            neg,
+            _mm512_set1_ps(LN2_LO),
+            _mm512_fmadd_ps(neg, _mm512_set1_ps(LN2_HI), x),
+        );
+        let mut p = _mm512_set1_ps(TAYLOR[7]);
+        for c in TAYLOR[..7].iter().rev() {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+        }
+        let ni = _mm512_cvtps_epi32(n);
+        let h = _mm512_srai_epi32::<1>(_mm512_add_epi32(ni, _mm512_srli_epi32::<31>(ni)));
+        let pow = |e: __m512i| {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                e,
+                _mm512_set1_epi32(127),
+            )))
+        };
+        let y = _mm512_mul_ps(_mm512_mul_ps(p, pow(h)), pow(_mm512_sub_epi32(ni, h)));
+        let y = _mm512_maskz_mov_ps(!under, y);
+        _mm512_mask_blend_ps(nan, y, x)
+    }
+
+    /// [`exp_shift`] with [`exp16`]: the sum still runs over eight lanes in [`exp_shift`]'s
+    /// order, so the two give the same bits.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn exp_shift16(x: &mut [f32], m: f32) -> f32 {
+        let n16 = x.len() / 16 * 16;
+        let p = x.as_mut_ptr();
+        let vm = _mm512_set1_ps(m);
+        let mut vsum = _mm256_setzero_ps();
+        for i in (0..n16).step_by(16) {
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), vm));
+            _mm512_storeu_ps(p.add(i), e);
+            vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
+            vsum = _mm256_add_ps(vsum, _mm512_extractf32x8_ps::<1>(e));
+        }
+        let n8 = x.len() / 8 * 8;
+        if n16 < n8 {
+            let e = exp8(_mm256_sub_ps(
+                _mm256_loadu_ps(p.add(n16)),
+                _mm256_set1_ps(m),
+            ));
+            _mm256_storeu_ps(p.add(n16), e);
+            vsum = _mm256_add_ps(vsum, e);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), vsum);
+        let mut sum: f32 = lanes.iter().sum();
+        for v in &mut x[n8..] {
+            *v = exp(*v - m);
+            sum += *v;
+        }
+        sum
+    }
+
+    /// For the tests: exp over sixteen lanes.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn exp_lanes16(x: [f32; 16]) -> [f32; 16] {
+        let mut out = [0f32; 16];
+        _mm512_storeu_ps(out.as_mut_ptr(), exp16(_mm512_loadu_ps(x.as_ptr())));
+        out
     }
 
     /// Scalar tail of a vector loop: the scalar path gives the same bits.
@@ -227,10 +306,15 @@ mod x86 {
         sum
     }
 
+    /// `wide`: the CPU has AVX-512 (the same bits either way).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn softmax(x: &mut [f32]) -> (f32, f32) {
+    pub unsafe fn softmax(x: &mut [f32], wide: bool) -> (f32, f32) {
         let max = max(x);
-        let sum = exp_shift(x, max);
+        let sum = if wide {
+            exp_shift16(x, max)
+        } else {
+            exp_shift(x, max)
+        };
         let n8 = x.len() / 8 * 8;
         let p = x.as_mut_ptr();
         let inv = _mm256_set1_ps(1.0 / sum);
@@ -285,6 +369,29 @@ mod tests {
             let got = unsafe { x86::exp_lanes(x) };
             for (g, v) in got.iter().zip(x) {
                 prop_assert_eq!(g.to_bits(), exp(v).to_bits(), "exp({})", v);
+            }
+        }
+
+        #[test]
+        fn wide_exp_matches_scalar_bitwise(x in prop::array::uniform16(-100f32..100f32)) {
+            prop_assume!(Isa::available().contains(&Isa::Avx512));
+            // SAFETY: AVX-512 is available.
+            let got = unsafe { x86::exp_lanes16(x) };
+            for (g, v) in got.iter().zip(x) {
+                prop_assert_eq!(g.to_bits(), exp(v).to_bits(), "exp({})", v);
+            }
+        }
+
+        #[test]
+        fn exp_shift_gives_the_same_bits_on_every_vector_width(v in prop::collection::vec(-30f32..30f32, 0..90), m in -5f32..5f32) {
+            let isas: Vec<Isa> = Isa::available().into_iter().filter(|i| i.has_avx2()).collect();
+            let runs: Vec<(Vec<u32>, u32)> = isas.iter().map(|&isa| {
+                let mut x = v.clone();
+                let sum = exp_shift(isa, &mut x, m);
+                (x.iter().map(|f| f.to_bits()).collect(), sum.to_bits())
+            }).collect();
+            for (isa, r) in isas.iter().zip(&runs) {
+                prop_assert_eq!(r, &runs[0], "{:?}", isa);
             }
         }
 

@@ -1,9 +1,13 @@
 //! The two products of attention with the cache, for every [`KvBlock`] format: scores (queries
 //! dotted with key rows) and the mix (value rows weighted by the probabilities). One scalar
-//! reference and one AVX2 loop over the format's eight-value loads, tested against each other.
+//! reference, an AVX2 loop over the format's eight-value loads and an AVX-512 one over its
+//! sixteen-value loads, tested against each other.
 
 use crate::kvblock::KvBlock;
 use crate::simd::Isa;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// Scores of `g` query heads (`q`: `g × hd`) against the keys whose rows start at
 /// `k[j * stride..]` (`stride` in blocks) for `j < n`: `s[h * n + j] = scale · q_h · k_j`.
@@ -20,6 +24,12 @@ pub fn scores<B: KvBlock>(
     scale: f32,
     s: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && hd.is_multiple_of(16) && g <= avx512::MAX_GROUP {
+        // SAFETY: AVX-512 (with AVX2, FMA, F16C) was detected; the ranges are checked inside.
+        unsafe { avx512::scores::<B>(q, g, hd, k, stride, n, scale, s) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
         // SAFETY: Avx2 or better (with F16C) was detected; the ranges are checked inside.
@@ -44,13 +54,34 @@ pub fn mix<B: KvBlock>(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && hd.is_multiple_of(16) && g <= avx512::MAX_GROUP {
+        // SAFETY: as in `scores`.
+        unsafe { avx512::mix::<B>(p, g, hd, v, stride, n, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && hd.is_multiple_of(8) && g <= x86::MAX_GROUP {
-        // SAFETY: as above.
+        // SAFETY: as in `scores`.
         unsafe { x86::mix::<B>(p, g, hd, v, stride, n, out) };
         return;
     }
     let _ = isa;
     scalar_mix(p, g, hd, v, stride, n, out);
+}
+
+/// Rows `j < n` of `hd` values (row `j` starting at `k[j * stride..]`) as f32 into `out`
+/// (`n × hd`), exactly the values the products read from them.
+pub fn to_f32<B: KvBlock>(isa: Isa, k: &[B], stride: usize, n: usize, hd: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && hd.is_multiple_of(16) {
+        // SAFETY: as in `scores`.
+        unsafe { avx512::to_f32::<B>(k, stride, n, hd, out) };
+        return;
+    }
+    let _ = isa;
+    for (j, o) in out[..n * hd].chunks_exact_mut(hd).enumerate() {
+        B::dequantize(&k[j * stride..], o);
+    }
 }
 
 /// The reference of [`scores`].
@@ -308,7 +339,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn simd_attention_scores_and_mix_match_scalar(seed in any::<u64>(), g in 1usize..7, hd32 in 1usize..5, n in 1usize..40) {
+        fn simd_attention_scores_and_mix_match_scalar(seed in any::<u64>(), g in 1usize..18, hd32 in 1usize..9, n in 1usize..40) {
             let hd = 32 * hd32;
             let stride = hd * 2 + 32;
             let mut x = seed | 1;
