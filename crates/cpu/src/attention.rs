@@ -8,7 +8,7 @@
 //! a tile; a shorter one is one softmax. Decode hands the parts to different threads (with few KV
 //! heads — one in Gemma 3 — and a long context, the heads alone would not keep the threads
 //! busy); prefill takes a block of queries at once ([`attend_block`]), tile by tile, so that a
-//! tile of keys and values is read once for all of them. Each (query, part) sees the same
+//! tile of keys and values is read (and converted to f32, exactly) once for all of them. Each (query, part) sees the same
 //! updates in the same order either way, so a position's output is the same bits whether it
 //! was decoded or prefilled, and a conversation continued from the cache equals one prefilled
 //! afresh.
@@ -57,6 +57,12 @@ const MIN_PART: usize = 16;
 
 /// Positions of the cache read at once: the longest score row.
 pub const TILE: usize = 64;
+
+/// The f32 values of the window [`attend_block`] converts keys and values of `hd` wide heads
+/// into.
+pub const fn window_len(hd: usize) -> usize {
+    2 * (2 * TILE - 1) * hd
+}
 
 /// The parts of the positions `over`: as many as [`MIN_PART`] allows, at most [`MAX_PARTS`],
 /// of (nearly) equal length.
@@ -202,8 +208,10 @@ pub fn attend(
 /// the positions they attend to) into `outs[b]`, each as [`attend`] over its [`parts`] and
 /// [`combine`] would give it, bit for bit. The cache is walked a window of `TILE` positions at
 /// a time, each (query, part) taking its tile that starts in the window, so that a window's
-/// keys and values are read from memory once for the block. `acc` and `run` are scratch for
-/// `queries.len() × MAX_PARTS` running softmaxes (`g × hd` and `g` values each).
+/// keys and values are read from memory once for the block — and converted to f32 once, into
+/// `window` (at least [`window_len`] values), which gives the products the same bits as the
+/// cache's own format. `acc` and `run` are scratch for `queries.len() × MAX_PARTS` running
+/// softmaxes (`g × hd` and `g` values each).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_block(
     isa: Isa,
@@ -212,6 +220,7 @@ pub fn attend_block(
     queries: &[(&[f32], Range<usize>)],
     cache: &Cache<'_>,
     scores: &mut [f32],
+    window: &mut [f32],
     acc: &mut [f32],
     run: &mut [(f32, f32)],
     outs: &mut [&mut [f32]],
@@ -223,7 +232,22 @@ pub fn attend_block(
     let slot = |b: usize, s: usize| b * MAX_PARTS + s;
     let lo = queries.iter().map(|q| q.1.start).min().unwrap_or(0);
     let hi = queries.iter().map(|q| q.1.end).max().unwrap_or(0);
+    let (kw, vw) = window[..window_len(hd)].split_at_mut(window_len(hd) / 2);
     for w in (lo..hi.max(lo + 1)).step_by(TILE) {
+        // Every tile that starts in the window ends before `w + 2 * TILE - 1`.
+        let span = w..(w + 2 * TILE - 1).min(hi);
+        for (rows, out) in [(&cache.k, &mut *kw), (&cache.v, &mut *vw)] {
+            each_format!(rows, Rows, r => {
+                let (r, stride) = from(r, cache.at(w, kvh, hd), cache.kv_dim);
+                kvdot::to_f32(isa, r, stride, span.len(), hd, out)
+            });
+        }
+        let here = Cache {
+            k: Rows::F32(&kw[..span.len() * hd]),
+            v: Rows::F32(&vw[..span.len() * hd]),
+            kv_dim: hd,
+            base: w,
+        };
         for (b, (q, over)) in queries.iter().enumerate() {
             if over.end <= w || w + TILE <= over.start {
                 continue;
@@ -237,7 +261,7 @@ pub fn attend_block(
                 }
                 let i = slot(b, s);
                 let (acc, run) = (&mut acc[i * gw..][..gw], &mut run[i * g..][..g]);
-                part_tile(isa, a, kvh, q, &part, k, cache, scores, acc, run);
+                part_tile(isa, a, 0, q, &part, k, &here, scores, acc, run);
             }
         }
     }
@@ -280,6 +304,7 @@ pub fn combine<'a>(parts: impl Iterator<Item = (&'a [f32], (f32, f32))> + Clone,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kvblock::{BlockQ4_0, BlockQ8_0};
     use anelm_model::plan::Linear;
     use anelm_model::Weight;
 
@@ -342,34 +367,35 @@ mod tests {
 
     #[test]
     fn blocks_of_queries_give_the_bits_of_parts_combined_and_match_the_definition() {
-        let (hd, heads, kvh, len) = (16, 4, 2, 1100);
+        let (hd, heads, kvh, len) = (32, 4, 2, 1100);
         let g = heads / kvh;
         let a = layer(hd, heads, kvh);
         let kv_dim = kvh * hd;
         let val = |i: usize| ((i * 7919 % 211) as f32 / 105.0 - 1.0) * 1.5;
-        // Values an f16 cache holds exactly, so that both formats have the same reference.
-        let half = |x: f32| half::f16::from_f32(x).to_f32();
-        let k: Vec<f32> = (0..len * kv_dim).map(|i| half(val(i))).collect();
-        let v: Vec<f32> = (0..len * kv_dim).map(|i| half(val(i + 3))).collect();
-        let to16 = |x: &[f32]| {
-            x.iter()
-                .map(|&v| half::f16::from_f32(v))
-                .collect::<Vec<_>>()
+        let k: Vec<f32> = (0..len * kv_dim).map(val).collect();
+        let v: Vec<f32> = (0..len * kv_dim).map(|i| val(i + 3)).collect();
+        // Every format, each with the values it holds (the reference's input).
+        fn held<B: KvBlock>(x: &[f32]) -> (Vec<B>, Vec<f32>) {
+            let mut r = vec![B::ZERO; x.len() / B::N];
+            B::quantize(&mut r, x);
+            let mut back = vec![0f32; x.len()];
+            B::dequantize(&r, &mut back);
+            (r, back)
+        }
+        let (k16, v16) = (held::<half::f16>(&k), held::<half::f16>(&v));
+        let (k8, v8) = (held::<BlockQ8_0>(&k), held::<BlockQ8_0>(&v));
+        let (k4, v4) = (held::<BlockQ4_0>(&k), held::<BlockQ4_0>(&v));
+        let cache = |k, v| Cache {
+            k,
+            v,
+            kv_dim,
+            base: 0,
         };
-        let (k16, v16) = (to16(&k), to16(&v));
         let caches = [
-            Cache {
-                k: Rows::F32(&k),
-                v: Rows::F32(&v),
-                kv_dim,
-                base: 0,
-            },
-            Cache {
-                k: Rows::F16(&k16),
-                v: Rows::F16(&v16),
-                kv_dim,
-                base: 0,
-            },
+            (cache(Rows::F32(&k), Rows::F32(&v)), &k, &v),
+            (cache(Rows::F16(&k16.0), Rows::F16(&v16.0)), &k16.1, &v16.1),
+            (cache(Rows::Q8_0(&k8.0), Rows::Q8_0(&v8.0)), &k8.1, &v8.1),
+            (cache(Rows::Q4_0(&k4.0), Rows::Q4_0(&v4.0)), &k4.1, &v4.1),
         ];
         // Queries whose parts span one tile or several (longer than 512 positions), and start
         // off a tile boundary.
@@ -379,7 +405,8 @@ mod tests {
             .map(|b| (0..g * hd).map(|i| val(i + 11 + 7 * b)).collect())
             .collect();
         let mut scratch = vec![0f32; g * TILE];
-        for (isa, cache) in Isa::available()
+        let mut window = vec![0f32; window_len(hd)];
+        for (isa, (cache, k, v)) in Isa::available()
             .into_iter()
             .flat_map(|i| caches.iter().map(move |c| (i, c)))
         {
@@ -401,6 +428,7 @@ mod tests {
                 &queries,
                 cache,
                 &mut scratch,
+                &mut window,
                 &mut acc,
                 &mut run,
                 &mut refs,
@@ -421,7 +449,7 @@ mod tests {
                 }
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&outs[b]), bits(&want), "{isa:?} query {b}");
-                let exact = reference(&a, 1, q, over.clone(), &k, &v, kv_dim);
+                let exact = reference(&a, 1, q, over.clone(), k, v, kv_dim);
                 for (x, y) in outs[b].iter().zip(&exact) {
                     assert!(
                         (*x as f64 - y).abs() <= 2e-6,

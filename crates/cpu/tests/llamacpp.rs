@@ -2,7 +2,7 @@
 //! teacher-forced agreement on prompt + llama.cpp's 32 greedy tokens wherever llama.cpp's own
 //! top-1/top-2 margin is at least 0.5 (and at least one such step per prompt), and the top-10
 //! logits after each prompt within a stated bound of llama.cpp's `precise` run: 0.46 with f32
-//! products, 0.5 with the default 8-bit activations. The models come from
+//! products, 0.7 with the default 8-bit activations. The models come from
 //! scripts/fetch-models.py.
 
 use std::path::{Path, PathBuf};
@@ -54,11 +54,16 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// Largest top-10 |difference| from llama.cpp: with f32 products, and with 8-bit activations
-/// (llama.cpp's own default and precise runs differ by up to 1.2; measured 2026-12-02: at most
-/// 0.4502 and 0.4825, both on Gemma 3's `french` prompt).
+/// Largest top-10 |difference| from llama.cpp: with f32 products (the same bits on AVX2 and
+/// AVX-512; measured 2026-12-06: at most 0.4502, Gemma 3's `french`), and with 8-bit
+/// activations. Those round each layer's input to 1/127 of its block's largest value, and which
+/// way a value rounds follows any reordering of a sum upstream, so the second bound is the
+/// spread over kernels that compute the same thing: measured 2026-12-06 at most 0.5757 with the
+/// AVX2 kernels (Gemma 3 `capital`, 0.3461 with AVX-512) and 0.6339 with AVX-512 (`code` against
+/// the default run, 0.3957 with AVX2). llama.cpp's own default and precise runs differ by up
+/// to 1.2.
 const TOP10_EXACT: f64 = 0.46;
-const TOP10_Q8: f64 = 0.5;
+const TOP10_Q8: f64 = 0.7;
 
 /// Gemma 3's `code` prompt, where llama.cpp's precise run is the outlier: its default run and
 /// an independent float64 forward pass (`scripts/gemma3-f64-forward.py`: top logit 24.188;

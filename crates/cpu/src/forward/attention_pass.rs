@@ -117,7 +117,8 @@ impl Forward<'_> {
             let g = a.n_heads / a.n_kv_heads;
             let gw = g * hd;
             let p = &mut *self.p;
-            let (scores, acc, run) = (&mut p.scratch, &mut p.part, &mut p.part_stats);
+            let (scores, window) = (&mut p.scratch, &mut p.window);
+            let (acc, run) = (&mut p.part, &mut p.part_stats);
             ctx.chunks(n.div_ceil(ATTN_BLOCK) * a.n_kv_heads, |item| {
                 let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
                 let rows = blk * ATTN_BLOCK..((blk + 1) * ATTN_BLOCK).min(n);
@@ -138,7 +139,7 @@ impl Forward<'_> {
                 });
                 let nb = rows.len();
                 let (queries, outs) = (&queries[..nb], &mut outs[..nb]);
-                attend_block(isa, a, kvh, queries, &cache, scores, acc, run, outs);
+                attend_block(isa, a, kvh, queries, &cache, scores, window, acc, run, outs);
                 if let Some(block) = rot_v {
                     for out in outs.iter_mut() {
                         out.chunks_exact_mut(block).for_each(hadamard);

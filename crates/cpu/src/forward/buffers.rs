@@ -118,6 +118,8 @@ pub(super) struct Private {
     pub(super) angles: Vec<f32>,
     /// A weight row unpacked from its packed copy (an embedding row).
     pub(super) row: Vec<u8>,
+    /// Prefill attention's keys and values of a window of the cache, as f32.
+    pub(super) window: Vec<f32>,
     /// Prefill attention's running softmaxes of each part of a block of queries: outputs and
     /// statistics.
     pub(super) part: Vec<f32>,
@@ -179,6 +181,7 @@ impl Buffers {
                         scratch: vec![0.0; d.cols],
                         angles: vec![0.0; cap * d.rope],
                         row: Vec::new(),
+                        window: Vec::new(),
                         part: vec![0.0; ATTN_BLOCK * MAX_PARTS * d.q],
                         part_stats: vec![(0.0, 0.0); ATTN_BLOCK * MAX_PARTS * d.q],
                         moe_x: if d.experts > 0 {
