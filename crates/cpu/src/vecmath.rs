@@ -374,7 +374,11 @@ mod tests {
 
         #[test]
         fn wide_exp_matches_scalar_bitwise(x in prop::array::uniform16(-100f32..100f32)) {
-            prop_assume!(Isa::available().contains(&Isa::Avx512));
+            // The AVX-512 kernel is checked where the CPU has it (not every x86-64 machine we
+            // test on does); rejecting every case would abort the property test.
+            if !Isa::available().contains(&Isa::Avx512) {
+                return Ok(());
+            }
             // SAFETY: AVX-512 is available.
             let got = unsafe { x86::exp_lanes16(x) };
             for (g, v) in got.iter().zip(x) {

@@ -12,9 +12,12 @@ use anelm_server::Server;
 use common::{base, client, config, post};
 use serde_json::{json, Value};
 
-/// SmolLM2 with the tool template, in a fresh directory under the system's temp dir.
+/// SmolLM2 with the tool template, in a fresh directory under the system's temp dir (one per
+/// call: the tests run at once, and one rewriting a file another is loading breaks it).
 fn smollm2_with_tools() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("anelm-tools-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("anelm-tools-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("smollm2-tools.gguf");
     let template =

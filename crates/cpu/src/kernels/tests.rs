@@ -186,7 +186,11 @@ proptest! {
 
     #[test]
     fn packed_rows_agree_with_the_reference(seed in any::<u64>(), ti in 0usize..5, blocks in 1usize..12, rows in 1usize..10, t in 1usize..=MAX_ROWS) {
-        prop_assume!(Isa::available().contains(&Isa::Avx512));
+        // The AVX-512 kernel is checked where the CPU has it (not every x86-64 machine we
+        // test on does); rejecting every case would abort the property test.
+        if !Isa::available().contains(&Isa::Avx512) {
+            return Ok(());
+        }
         let ty = QUANT[ti];
         let n = 32 * blocks;
         let mut rng = Rng(seed | 1);

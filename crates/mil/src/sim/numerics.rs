@@ -25,7 +25,7 @@ pub fn round(v: f32) -> f32 {
 /// Rounds every value to fp16 in place.
 pub fn round_in_place(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if std::arch::is_x86_feature_detected!("f16c") {
         // SAFETY: the feature was detected at run time.
         unsafe { x86::round_in_place(v) };
         return;
@@ -60,13 +60,13 @@ pub fn finish(sum: f32, overflowed: bool) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "f16c")]
     pub unsafe fn round_in_place(v: &mut [f32]) {
-        let mut chunks = v.chunks_exact_mut(16);
+        let mut chunks = v.chunks_exact_mut(8);
         for c in &mut chunks {
-            let x = _mm512_loadu_ps(c.as_ptr());
-            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-            _mm512_storeu_ps(c.as_mut_ptr(), _mm512_cvtph_ps(h));
+            let x = _mm256_loadu_ps(c.as_ptr());
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
         }
         for x in chunks.into_remainder() {
             *x = super::round(*x);
