@@ -360,7 +360,10 @@ impl Generation<'_> {
                 )));
             }
         }
-        speculation.drafter.start(self.sampler.params());
+        let params = self.sampler.params();
+        speculation.drafter.start(params);
+        // Seeded draws keep a schedule that depends on nothing but the tokens.
+        speculation.timed = params.is_greedy() || params.seed.is_none();
         self.speculation = Some(speculation);
         Ok(())
     }

@@ -111,7 +111,7 @@ impl SamplingParams {
         Ok(())
     }
 
-    fn is_greedy(&self) -> bool {
+    pub(crate) fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
     }
 }

@@ -16,12 +16,20 @@ pub struct Proposal {
     /// The distribution each token was drawn from, one per token; empty when the drafter is
     /// deterministic (each token a point mass).
     pub dists: Vec<Vec<Prob>>,
+    /// How much the drafter trusts it, as a small class number (prompt lookup: the length of
+    /// the matched n-gram): the scheduler keeps an acceptance estimate per class, below
+    /// [`CLASSES`].
+    pub class: usize,
 }
+
+/// Confidence classes a drafter may report (larger ones are folded into the last).
+pub const CLASSES: usize = 8;
 
 impl Proposal {
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.dists.clear();
+        self.class = 0;
     }
 }
 
@@ -35,6 +43,12 @@ pub trait Drafter: Send {
 
     /// For logs: "draft model", "prompt lookup".
     fn name(&self) -> &'static str;
+
+    /// Whether proposing costs next to nothing (no model runs): the scheduler then asks for as
+    /// many tokens as it may use and decides from the proposal's class how many to verify.
+    fn free(&self) -> bool {
+        false
+    }
 
     /// The number of logits of the draft model behind it, if any.
     fn vocab_size(&self) -> Option<usize> {
@@ -136,7 +150,9 @@ impl Drafter for DraftModel {
 }
 
 /// Prompt lookup decoding: the longest recent n-gram (`max_ngram` down to `min_ngram` tokens)
-/// that ends the context and occurred before proposes the tokens that followed it then.
+/// that ends the context and occurred before proposes the tokens that followed it then. The
+/// proposal's class is the matched length: a match of three tokens is kept far more often than
+/// a match of one, and the scheduler learns how much more.
 #[derive(Clone, Debug)]
 pub struct PromptLookup {
     pub min_ngram: usize,
@@ -178,6 +194,7 @@ impl Drafter for PromptLookup {
             if let Some(start) = Self::continuation(context, n) {
                 let end = (start + k).min(context.len());
                 out.tokens.extend_from_slice(&context[start..end]);
+                out.class = n.min(CLASSES - 1);
                 return Ok(());
             }
         }
@@ -186,6 +203,10 @@ impl Drafter for PromptLookup {
 
     fn name(&self) -> &'static str {
         "prompt lookup"
+    }
+
+    fn free(&self) -> bool {
+        true
     }
 }
 
@@ -202,6 +223,7 @@ mod tests {
         l.propose(&ctx, 3, &mut p).unwrap();
         assert_eq!(p.tokens, [4, 5, 6]);
         assert!(p.dists.is_empty());
+        assert_eq!(p.class, 3, "the matched length is the class");
         // The latest occurrence wins: "7 8" followed by 1 then by 2.
         let ctx = [7, 8, 1, 7, 8, 2, 7, 8];
         l.propose(&ctx, 2, &mut p).unwrap();
@@ -211,6 +233,9 @@ mod tests {
         assert!(p.tokens.is_empty());
         l.propose(&[5, 6, 5, 6, 5], 1, &mut p).unwrap();
         assert_eq!(p.tokens, [6]);
+        assert_eq!(p.class, 3);
+        l.propose(&[5, 6, 7, 5], 4, &mut p).unwrap();
+        assert_eq!((p.tokens.as_slice(), p.class), ([6, 7, 5].as_slice(), 1));
         l.propose(&[5, 6, 5, 6, 5], 0, &mut p).unwrap();
         assert!(p.tokens.is_empty());
     }

@@ -6,11 +6,13 @@
 //! share it, on every executor.
 
 mod accept;
+mod cost;
 mod drafter;
 mod step;
 
 pub use accept::{judge, Verdict};
-pub use drafter::{DraftModel, Drafter, PromptLookup, Proposal};
+use cost::PassCost;
+pub use drafter::{DraftModel, Drafter, PromptLookup, Proposal, CLASSES};
 
 use crate::error::{EngineError, Result};
 use crate::loaded::LoadedModel;
@@ -19,30 +21,38 @@ use crate::loaded::LoadedModel;
 ///
 /// How many it is asked for adapts to how it fares: the drafted tokens are kept one after the
 /// other with an estimated probability `a` each, and a pass verifying `n` drafted tokens costs
-/// `1 + cost·n` plain passes, so `n` maximises the expected tokens per unit of cost,
-/// `(1 − aⁿ⁺¹) / (1 − a) / (1 + cost·n)` — zero (a plain step) when drafting does not pay,
-/// with a one-token probe now and then to notice when it starts to. The schedule depends only
-/// on what was accepted, so seeded runs stay reproducible.
+/// `c(n)` plain passes, so `n` maximises the expected tokens per unit of cost,
+/// `(1 − aⁿ⁺¹) / (1 − a) / c(n)` — zero (a plain step) when drafting does not pay,
+/// with a one-token probe now and then to notice when it starts to. `a` is estimated per
+/// confidence class of the proposals ([`Proposal::class`]: prompt lookup's matched length), so
+/// a long match drafts far while a single-token match drafts little or nothing. `c(n)` is
+/// learnt from the target's own pass times ([`cost`]) unless the draws are seeded: there it is
+/// `1 + DEFAULT_COST·n`, so that the schedule depends only on what was accepted and seeded runs
+/// stay reproducible.
 pub struct Speculation {
     pub drafter: Box<dyn Drafter>,
     pub k: usize,
-    /// The cost of one more token in a verifying pass, relative to a plain pass.
-    pub cost: f64,
-    /// Decayed counts of accepted tokens and of rejections (the estimate of `a`).
-    accepted: f64,
-    rejected: f64,
+    /// What passes cost by their length.
+    cost: PassCost,
+    /// Whether `cost` learns from timings (off for seeded sampling).
+    pub(crate) timed: bool,
+    /// Per class, decayed counts of accepted tokens and of rejections (the estimate of `a`).
+    counts: [(f64, f64); CLASSES],
     /// Plain steps since the last drafted pass.
     idle: usize,
     pub(crate) proposal: Proposal,
 }
 
-/// A verifying pass of the CPU engine on a small model costs about this much more per drafted
-/// token than a one-token pass (measured: SmolLM2 135M, 9 tokens ≈ 2.4 × 1 token).
+/// Before timings (and always for seeded draws), a verifying pass is taken to cost this much
+/// more per drafted token than a one-token pass (the CPU engine on SmolLM2 135M where its
+/// weights stay in cache: 9 tokens ≈ 2.4 × 1 token).
 pub const DEFAULT_COST: f64 = 0.2;
 /// Weight of the past in the acceptance estimate, per pass.
 const DECAY: f64 = 0.9;
 /// Plain steps after which one token is drafted again to refresh the estimate.
 const PROBE_AFTER: usize = 8;
+/// Accepted tokens and rejections assumed before any pass (an estimate of 2/3).
+const PRIOR: (f64, f64) = (1.0, 0.5);
 
 impl Speculation {
     /// Refuses k = 0 (nothing would ever be drafted).
@@ -55,27 +65,49 @@ impl Speculation {
         Ok(Speculation {
             drafter,
             k,
-            cost: DEFAULT_COST,
-            accepted: 1.0,
-            rejected: 0.5,
+            cost: PassCost::new(DEFAULT_COST, k + 1),
+            timed: true,
+            counts: [PRIOR; CLASSES],
             idle: 0,
             proposal: Proposal::default(),
         })
     }
 
-    /// The estimated probability that a drafted token is kept.
-    pub fn acceptance_estimate(&self) -> f64 {
-        self.accepted / (self.accepted + self.rejected)
+    /// The estimated probability that a drafted token of confidence `class` is kept.
+    pub fn acceptance_estimate(&self, class: usize) -> f64 {
+        let (accepted, rejected) = self.counts[class.min(CLASSES - 1)];
+        accepted / (accepted + rejected)
     }
 
-    /// How many tokens to ask the drafter for now (at most `limit`).
-    pub(crate) fn wanted(&mut self, limit: usize) -> usize {
-        let (a, cost) = (self.acceptance_estimate(), self.cost.max(0.0));
+    /// The per-token cost assumed before timings, or always when `timed` is off.
+    pub fn set_default_cost(&mut self, cost: f64) {
+        self.cost.set_default(cost.max(0.0));
+    }
+
+    /// What a pass verifying `drafted` tokens costs relative to a plain pass.
+    pub fn relative_cost(&self, drafted: usize) -> f64 {
+        if self.timed {
+            self.cost.relative(drafted)
+        } else {
+            1.0 + self.cost.default() * drafted as f64
+        }
+    }
+
+    /// A pass of the target over `tokens` tokens took `secs`.
+    pub(crate) fn observe(&mut self, tokens: usize, secs: f64) {
+        if self.timed {
+            self.cost.observe(tokens, secs);
+        }
+    }
+
+    /// How many drafted tokens of confidence `class` to verify now (at most `limit`).
+    pub(crate) fn wanted(&mut self, limit: usize, class: usize) -> usize {
+        let a = self.acceptance_estimate(class);
         let (mut best, mut best_gain, mut kept, mut emitted) = (0, 1.0, 1.0, 1.0);
         for n in 1..=self.k.min(limit) {
             kept *= a;
             emitted += kept;
-            let gain = emitted / (1.0 + cost * n as f64);
+            let gain = emitted / self.relative_cost(n);
             if gain > best_gain {
                 (best, best_gain) = (n, gain);
             }
@@ -86,16 +118,18 @@ impl Speculation {
         best
     }
 
-    /// Takes the outcome of a pass that drafted `drafted` tokens and kept `accepted`;
-    /// `rejected`: whether one was refused (not merely cut by the end of the generation).
-    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, rejected: bool) {
+    /// Takes the outcome of a pass that drafted `drafted` tokens of confidence `class` and
+    /// kept `accepted`; `rejected`: whether one was refused (not merely cut by the end of the
+    /// generation).
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, rejected: bool, class: usize) {
         if drafted == 0 {
             self.idle += 1;
             return;
         }
         self.idle = 0;
-        self.accepted = DECAY * self.accepted + accepted as f64;
-        self.rejected = DECAY * self.rejected + f64::from(u8::from(rejected));
+        let (acc, rej) = &mut self.counts[class.min(CLASSES - 1)];
+        *acc = DECAY * *acc + accepted as f64;
+        *rej = DECAY * *rej + f64::from(u8::from(rejected));
     }
 }
 
@@ -155,4 +189,74 @@ pub fn same_vocabulary(target: &LoadedModel, draft: &LoadedModel) -> Result<()> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup(k: usize) -> Speculation {
+        Speculation::new(Box::new(PromptLookup::default()), k).unwrap()
+    }
+
+    #[test]
+    fn each_class_learns_its_own_acceptance() {
+        let mut s = lookup(8);
+        s.timed = false;
+        // Matches of one token are always refused, of three always kept.
+        for _ in 0..20 {
+            s.record(2, 0, true, 1);
+            s.record(8, 8, false, 3);
+        }
+        assert!(s.acceptance_estimate(1) < 0.1);
+        assert!(s.acceptance_estimate(3) > 0.9);
+        assert_eq!(s.wanted(8, 1), 0, "a poor class is not verified");
+        assert_eq!(s.wanted(8, 3), 8, "a good class drafts all it may");
+        assert_eq!(s.wanted(5, 3), 5, "within the limit");
+        // An unseen class keeps the prior.
+        assert!((s.acceptance_estimate(2) - 2.0 / 3.0).abs() < 1e-12);
+        // Classes past the last are folded into it.
+        assert_eq!(
+            s.acceptance_estimate(CLASSES + 3),
+            s.acceptance_estimate(CLASSES - 1)
+        );
+    }
+
+    #[test]
+    fn a_poor_class_is_probed_after_idle_steps() {
+        let mut s = lookup(4);
+        s.timed = false;
+        for _ in 0..20 {
+            s.record(2, 0, true, 1);
+        }
+        for _ in 0..PROBE_AFTER {
+            assert_eq!(s.wanted(4, 1), 0);
+            s.record(0, 0, false, 1);
+        }
+        assert_eq!(s.wanted(4, 1), 1, "one token probes the estimate");
+    }
+
+    #[test]
+    fn cheap_passes_draft_further() {
+        // Acceptance 0.6: at 0.2 per drafted token a few tokens pay; where a pass of nine
+        // tokens costs what one does, all of them do.
+        let mut s = lookup(8);
+        for _ in 0..10 {
+            s.record(3, 3, true, 0);
+            s.record(3, 1, true, 0);
+        }
+        let a = s.acceptance_estimate(0);
+        assert!((0.5..0.75).contains(&a), "{a}");
+        s.timed = false;
+        let fixed = s.wanted(8, 0);
+        assert!((1..8).contains(&fixed), "{fixed}");
+        s.timed = true;
+        for n in [1, 4, 9] {
+            s.observe(n, 0.010 + 0.0001 * n as f64);
+        }
+        assert_eq!(s.wanted(8, 0), 8);
+        // Timings ignored when the schedule must not depend on them.
+        s.timed = false;
+        assert_eq!(s.wanted(8, 0), fixed);
+    }
 }

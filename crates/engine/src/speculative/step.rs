@@ -2,6 +2,8 @@
 //! target pass, emit the kept prefix and the target's own next token, and roll the session back
 //! to what was kept.
 
+use std::time::Instant;
+
 use anelm_model::{Executor, Logits};
 
 use super::accept::{judge, Verdict};
@@ -35,28 +37,46 @@ impl Generation<'_> {
         // session must hold the fed token and every drafted one.
         let remaining = self.max_tokens.saturating_sub(self.usage.completion_tokens);
         let room = self.session.capacity().saturating_sub(base + 1);
-        let k = spec.wanted(remaining.saturating_sub(1).min(room));
+        let limit = remaining.saturating_sub(1).min(room);
         let mut context = Vec::with_capacity(base + 1);
         context.extend_from_slice(self.session.tokens());
         context.push(feed);
         spec.proposal.clear();
-        // Forced tokens come next: nothing to draft.
-        if k > 0 && !self.has_forced() {
-            spec.drafter.propose(&context, k, &mut spec.proposal)?;
-        }
+        // Forced tokens come next: nothing to draft. A free drafter proposes all it may and
+        // its proposal's class decides how much of it is verified; a costly one is asked for
+        // what its class-0 estimate makes worth it.
+        let n = if self.has_forced() {
+            0
+        } else if spec.drafter.free() {
+            spec.drafter
+                .propose(&context, spec.k.min(limit), &mut spec.proposal)?;
+            let class = spec.proposal.class;
+            spec.wanted(spec.proposal.tokens.len().min(limit), class)
+        } else {
+            let k = spec.wanted(limit, 0);
+            if k > 0 {
+                spec.drafter.propose(&context, k, &mut spec.proposal)?;
+            }
+            spec.proposal.tokens.len().min(k)
+        };
         let proposal = &spec.proposal;
-        let n = proposal.tokens.len().min(k);
+        let class = proposal.class;
         self.spec_stats.target_passes += 1;
         if n == 0 {
-            spec.record(0, 0, false);
+            spec.record(0, 0, false, class);
+            let started = Instant::now();
             self.session
                 .run(exec, &[feed], Logits::Last, &mut self.logits)?;
+            spec.observe(1, started.elapsed().as_secs_f64());
             self.draw();
             return Ok(());
         }
         context.extend_from_slice(&proposal.tokens[..n]);
+        let started = Instant::now();
         self.session
             .run(exec, &context[base..], Logits::All, &mut self.logits)?;
+        spec.observe(n + 1, started.elapsed().as_secs_f64());
+        let proposal = &spec.proposal;
         self.spec_stats.drafted += n;
 
         let vocab = exec.vocab_size();
@@ -93,7 +113,16 @@ impl Generation<'_> {
             }
         }
         self.logits = rows;
-        spec.record(n, self.spec_stats.accepted - accepted_before, refused);
+        tracing::trace!(
+            "speculative pass at {base}: {n} drafted (class {class}), {} kept",
+            kept - 1
+        );
+        spec.record(
+            n,
+            self.spec_stats.accepted - accepted_before,
+            refused,
+            class,
+        );
         // The session keeps the fed token and the drafted tokens before the last emitted one
         // (which is pending, or ended the generation).
         let want = base + kept;

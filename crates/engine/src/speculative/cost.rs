@@ -1,0 +1,128 @@
+//! What a verifying pass costs, learnt from the target's own passes: a pass of `n` tokens takes
+//! about what one token's pass takes on an accelerator or a memory-bound CPU, and nearly `n`
+//! times that where the weights sit in cache — the right number of drafted tokens differs as much.
+
+/// Relative cost of the target's passes by their number of tokens, from their timings: a
+/// decayed mean per length where it was seen, a decayed least-squares line `α + β·tokens`
+/// elsewhere, and a fixed per-token cost until both lengths 1 and another were seen.
+#[derive(Clone, Debug)]
+pub(crate) struct PassCost {
+    /// Per-token cost relative to a one-token pass used until timings say otherwise.
+    default: f64,
+    /// Decayed mean seconds of a pass of `i + 1` tokens.
+    mean: Vec<Option<f64>>,
+    /// Decayed sums for the line: weight, Σx, Σy, Σx², Σxy.
+    sums: [f64; 5],
+}
+
+/// Weight of the past per observed pass.
+const DECAY: f64 = 0.8;
+
+impl PassCost {
+    /// For passes of at most `max_tokens` tokens.
+    pub fn new(default: f64, max_tokens: usize) -> PassCost {
+        PassCost {
+            default,
+            mean: vec![None; max_tokens.max(1)],
+            sums: [0.0; 5],
+        }
+    }
+
+    pub fn set_default(&mut self, default: f64) {
+        self.default = default;
+    }
+
+    pub fn default(&self) -> f64 {
+        self.default
+    }
+
+    /// A pass of `tokens` tokens took `secs`.
+    pub fn observe(&mut self, tokens: usize, secs: f64) {
+        if tokens == 0 || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        if let Some(m) = self.mean.get_mut(tokens - 1) {
+            *m = Some(m.map_or(secs, |m| DECAY * m + (1.0 - DECAY) * secs));
+        }
+        let x = tokens as f64;
+        for (s, v) in self.sums.iter_mut().zip([1.0, x, secs, x * x, x * secs]) {
+            *s = DECAY * *s + v;
+        }
+    }
+
+    /// The seconds of a pass of `tokens` tokens by the fitted line, if the passes seen vary
+    /// enough in length to fit one.
+    fn line(&self, tokens: usize) -> Option<f64> {
+        let [w, sx, sy, sxx, sxy] = self.sums;
+        if w <= 0.0 {
+            return None;
+        }
+        let var = sxx / w - (sx / w).powi(2);
+        if var < 0.1 {
+            return None;
+        }
+        let beta = ((sxy / w - sx / w * sy / w) / var).max(0.0);
+        let alpha = sy / w - beta * sx / w;
+        (alpha > 0.0).then_some(alpha + beta * tokens as f64)
+    }
+
+    fn secs(&self, tokens: usize) -> Option<f64> {
+        self.mean
+            .get(tokens.wrapping_sub(1))
+            .copied()
+            .flatten()
+            .or_else(|| self.line(tokens))
+    }
+
+    /// What a pass verifying `drafted` tokens (so of `drafted + 1`) costs relative to a plain
+    /// one-token pass.
+    pub fn relative(&self, drafted: usize) -> f64 {
+        match (self.secs(1), self.secs(drafted + 1)) {
+            (Some(one), Some(n)) if one > 0.0 => (n / one).max(1.0),
+            _ => 1.0 + self.default * drafted as f64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_holds_until_passes_are_timed() {
+        let c = PassCost::new(0.2, 9);
+        assert!((c.relative(4) - 1.8).abs() < 1e-12);
+        assert_eq!(c.relative(0), 1.0);
+    }
+
+    #[test]
+    fn timed_passes_replace_the_default() {
+        let mut c = PassCost::new(0.2, 9);
+        // A memory-bound target: one token 10 ms, every further token 0.5 ms.
+        for _ in 0..3 {
+            for n in [1, 3, 5] {
+                c.observe(n, 0.010 + 0.0005 * (n - 1) as f64);
+            }
+        }
+        // Seen lengths come from their means, the others from the line.
+        assert!((c.relative(2) - 1.1).abs() < 1e-9, "{}", c.relative(2));
+        assert!((c.relative(7) - 1.35).abs() < 1e-9, "{}", c.relative(7));
+        // Seen only at one length apart from one: still a line through both.
+        let mut c = PassCost::new(0.2, 9);
+        c.observe(1, 0.01);
+        c.observe(4, 0.04);
+        assert!((c.relative(3) - 4.0).abs() < 1e-9);
+        assert!((c.relative(5) - 6.0).abs() < 1e-9, "{}", c.relative(5));
+    }
+
+    #[test]
+    fn a_single_length_or_junk_timings_keep_the_default() {
+        let mut c = PassCost::new(0.25, 9);
+        c.observe(3, 0.02);
+        c.observe(3, 0.02);
+        c.observe(0, 1.0);
+        c.observe(2, f64::NAN);
+        c.observe(2, -1.0);
+        assert!((c.relative(2) - 1.5).abs() < 1e-12);
+    }
+}
