@@ -97,10 +97,14 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The two fp16 values at `p` (reads 4 bytes). One 32-bit load into a zeroed register: reading
+/// the halves one at a time, LLVM inserts each into whatever register is free (`vpinsrw`), which
+/// chains every block's scale load to the previous block's arithmetic through that register.
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = std::ptr::read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+    let bits = std::ptr::read_unaligned(p as *const i32);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 #[inline(always)]
@@ -135,7 +139,8 @@ impl Legacy for Q4_0 {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn unpack<O: Ops>(b: *const u8) -> (__m256i, f32, f32) {
-        let d = f16_at(b);
+        // The scale is followed by the block's data: reading 4 bytes stays inside it.
+        let d = f16_pair(b).0;
         (nibbles(b.add(2)), d, -8.0 * d)
     }
 }
@@ -145,7 +150,8 @@ impl Legacy for Q4_1 {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn unpack<O: Ops>(b: *const u8) -> (__m256i, f32, f32) {
-        (nibbles(b.add(4)), f16_at(b), f16_at(b.add(2)))
+        let (d, m) = f16_pair(b);
+        (nibbles(b.add(4)), d, m)
     }
 }
 
@@ -154,7 +160,7 @@ impl Legacy for Q5_0 {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn unpack<O: Ops>(b: *const u8) -> (__m256i, f32, f32) {
-        let d = f16_at(b);
+        let d = f16_pair(b).0;
         let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
         (
             _mm256_or_si256(nibbles(b.add(6)), O::bits_to_bytes(qh, 0x10)),
@@ -170,10 +176,11 @@ impl Legacy for Q5_1 {
     #[inline(always)]
     unsafe fn unpack<O: Ops>(b: *const u8) -> (__m256i, f32, f32) {
         let qh = std::ptr::read_unaligned(b.add(4) as *const u32);
+        let (d, m) = f16_pair(b);
         (
             _mm256_or_si256(nibbles(b.add(8)), O::bits_to_bytes(qh, 0x10)),
-            f16_at(b),
-            f16_at(b.add(2)),
+            d,
+            m,
         )
     }
 }
@@ -183,7 +190,7 @@ impl Legacy for Q8_0 {
     const SIGNED: bool = true;
     #[inline(always)]
     unsafe fn unpack<O: Ops>(b: *const u8) -> (__m256i, f32, f32) {
-        (load(b.add(2)), f16_at(b), 0.0)
+        (load(b.add(2)), f16_pair(b).0, 0.0)
     }
 }
 
@@ -269,7 +276,7 @@ unsafe fn k4<O: Ops, const FIVE: bool, const T: usize>(
     for i in 0..nsb {
         let sb = &row[i * bb..(i + 1) * bb];
         let sp = sb.as_ptr();
-        let (d, dmin) = (f16_at(sp), f16_at(sp.add(2)));
+        let (d, dmin) = f16_pair(sp);
         let (sc, mn) = k4_scales_mins(&sb[4..16]);
         let mins16 = k4_mins16(mn);
         let qh = if FIVE {
@@ -326,7 +333,8 @@ unsafe fn q6k<O: Ops, const T: usize>(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f
     let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nsb {
         let sp = row.as_ptr().add(i * bytes::Q6_K);
-        let d = f16_at(sp.add(208));
+        // d closes the block: the 4 bytes before its end hold the last two scales and d.
+        let d = f16_pair(sp.add(206)).1;
         let scales = sp.add(192) as *const i8;
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales as *const __m128i));
         let mut isc = [_mm256_setzero_si256(); T];
@@ -408,7 +416,8 @@ unsafe fn q6k_wide<const T: usize>(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]
     let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nsb {
         let sp = row.as_ptr().add(i * bytes::Q6_K);
-        let d = f16_at(sp.add(208));
+        // d closes the block: the 4 bytes before its end hold the last two scales and d.
+        let d = f16_pair(sp.add(206)).1;
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sp.add(192) as *const __m128i));
         let sc32 = _mm512_castsi256_si512(sc16);
         let mut isc = [_mm512_setzero_si512(); T];

@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{finish, PARTIAL_CHECK_EVERY, PARTIAL_LIMIT};
+use super::{finish, widen_rows, PARTIAL_CHECK_EVERY, PARTIAL_LIMIT};
 
 pub const LANES: usize = 8;
 /// Partial sums of the channel form (as AVX-512's one register).
@@ -92,14 +92,7 @@ pub unsafe fn by_columns(
     let mut ws = vec![0f32; R * k];
     for o0 in (0..m).step_by(R) {
         let rows = R.min(m - o0);
-        for (r, w) in ws.chunks_exact_mut(k).enumerate() {
-            if r < rows {
-                let src = &a[(o0 + r) * k..(o0 + r + 1) * k];
-                w.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
-            } else {
-                w.fill(0.0);
-            }
-        }
+        widen_rows(a, k, o0, rows, &mut ws);
         for j0 in (0..n).step_by(V * LANES) {
             let lives: [usize; V] = std::array::from_fn(|v| n.saturating_sub(j0 + v * LANES));
             let masks: [__m256i; V] = std::array::from_fn(|v| mask(lives[v]));

@@ -160,6 +160,20 @@ fn form(
     }
 }
 
+/// Rows `o0..o0 + rows` of A widened to f32 into `ws`, `k` values each; the rest of `ws` (a
+/// register block's rows past the end of A) zero.
+#[cfg(target_arch = "x86_64")]
+fn widen_rows(a: &[f16], k: usize, o0: usize, rows: usize, ws: &mut [f32]) {
+    for (r, w) in ws.chunks_exact_mut(k).enumerate() {
+        if r < rows {
+            let src = &a[(o0 + r) * k..(o0 + r + 1) * k];
+            w.iter_mut().zip(src).for_each(|(d, s)| *d = s.to_f32());
+        } else {
+            w.fill(0.0);
+        }
+    }
+}
+
 /// The definition: products in channel order, the partial checked every
 /// [`PARTIAL_CHECK_EVERY`] products and at the end.
 #[allow(clippy::too_many_arguments)]
