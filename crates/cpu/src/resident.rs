@@ -19,6 +19,8 @@ use crate::simd::Isa;
 
 /// Copies start on a cache line.
 const ALIGN: usize = 64;
+/// Bytes copied before the mapped pages behind them are given back (a multiple of any page size).
+const COPY_PIECE: usize = 8 << 20;
 
 pub struct Resident {
     region: Region,
@@ -91,8 +93,12 @@ impl Resident {
                     |rows| release(&src[..rows * rb], &maps),
                 ),
                 None => {
-                    dst.copy_from_slice(src);
-                    release(src, &maps);
+                    // In pieces, each given back as soon as it is copied: copied whole, a large
+                    // matrix (Gemma 3's 178 MB embedding) would be resident twice at the peak.
+                    for (d, s) in dst.chunks_mut(COPY_PIECE).zip(src.chunks(COPY_PIECE)) {
+                        d.copy_from_slice(s);
+                        release(s, &maps);
+                    }
                 }
             }
         }
