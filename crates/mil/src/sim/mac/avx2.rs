@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{finish, widen_rows, PARTIAL_CHECK_EVERY, PARTIAL_LIMIT};
+use super::{finish, gather_columns, widen_rows, PARTIAL_CHECK_EVERY, PARTIAL_LIMIT};
 
 pub const LANES: usize = 8;
 /// Partial sums of the channel form (as AVX-512's one register).
@@ -147,12 +147,7 @@ pub unsafe fn by_channels(
 ) {
     let chunks = k.div_ceil(SUMS);
     let kp = chunks * SUMS;
-    let mut cols = vec![0f32; n * kp];
-    for c in 0..k {
-        for j in 0..n {
-            cols[j * kp + c] = b[c * ldb + j];
-        }
-    }
+    let cols = gather_columns(b, ldb, n, k, kp);
     // The last chunk of each weight row, zero-padded (a zero weight's product is flushed).
     let tail = k - (chunks - 1) * SUMS;
     let check_every = PARTIAL_CHECK_EVERY / SUMS;

@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::avx2::hsum16;
-use super::{finish, widen_rows, PARTIAL_CHECK_EVERY, PARTIAL_LIMIT};
+use super::{finish, gather_columns, widen_rows, PARTIAL_CHECK_EVERY, PARTIAL_LIMIT};
 
 pub const LANES: usize = 16;
 /// Rows per register block of the column form.
@@ -126,12 +126,7 @@ pub unsafe fn by_channels(
     y: &mut [f32],
     ldy: usize,
 ) {
-    let mut cols = vec![0f32; n * k];
-    for c in 0..k {
-        for j in 0..n {
-            cols[j * k + c] = b[c * ldb + j];
-        }
-    }
+    let cols = gather_columns(b, ldb, n, k, k);
     let chunks = k.div_ceil(LANES);
     let check_every = PARTIAL_CHECK_EVERY / LANES;
     // While every lane is below 2^11 the 16-lane sum is below 2^15: the exact (and dearer)

@@ -174,6 +174,19 @@ fn widen_rows(a: &[f16], k: usize, o0: usize, rows: usize, ws: &mut [f32]) {
     }
 }
 
+/// The `n` live columns of B (`k` values each) as contiguous vectors `stride` apart (the room
+/// past `k` zero), for the channel forms.
+#[cfg(target_arch = "x86_64")]
+fn gather_columns(b: &[f32], ldb: usize, n: usize, k: usize, stride: usize) -> Vec<f32> {
+    let mut cols = vec![0f32; n * stride];
+    for c in 0..k {
+        for j in 0..n {
+            cols[j * stride + c] = b[c * ldb + j];
+        }
+    }
+    cols
+}
+
 /// The definition: products in channel order, the partial checked every
 /// [`PARTIAL_CHECK_EVERY`] products and at the end.
 #[allow(clippy::too_many_arguments)]
