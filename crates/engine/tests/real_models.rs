@@ -167,40 +167,59 @@ fn speculative_greedy_is_plain_greedy(file: &str) {
     let input = Input::Messages(vec![Message::user(&format!(
         "{text}\n\nRepeat the text above word for word."
     ))]);
-    let generate = |exec: &mut CpuExecutor, spec: Option<Speculation>| {
+    let generate = |exec: &mut CpuExecutor, spec: Option<Speculation>, params: GenerateParams| {
         let mut session = Session::new(&*exec, 512).unwrap();
-        let mut g = session.generate(&model, &input, greedy(48)).unwrap();
+        let mut g = session.generate(&model, &input, params).unwrap();
         if let Some(s) = spec {
             g.speculate(s).unwrap();
         }
-        let mut ids = Vec::new();
+        let (mut ids, mut text) = (Vec::new(), String::new());
         loop {
             match g.next_event(exec).unwrap().unwrap() {
                 Event::Token { id, .. } => ids.push(id),
-                Event::Text(_) => {}
-                Event::Finish(f) => return (ids, f),
+                Event::Text(t) => text.push_str(&t),
+                Event::Finish(f) => return (ids, text, f),
             }
         }
     };
-    let (want, _) = generate(&mut exec, None);
+    let itself = |k| {
+        let draft = DraftModel::new(Box::new(CpuExecutor::new(model.model.clone(), 0)), 512);
+        Speculation::new(Box::new(draft.unwrap()), k).unwrap()
+    };
+    let (want, text, _) = generate(&mut exec, None, greedy(48));
     let lookup = Speculation::new(Box::new(PromptLookup::default()), 8).unwrap();
-    let (got, f) = generate(&mut exec, Some(lookup));
+    let (got, _, f) = generate(&mut exec, Some(lookup), greedy(48));
     assert_eq!(got, want, "{file}: prompt lookup");
     assert!(
         f.speculative.accepted > 0,
         "{file}: lookup kept nothing: {:?}",
         f.speculative
     );
-    let draft = DraftModel::new(Box::new(CpuExecutor::new(model.model.clone(), 0)), 512).unwrap();
-    let (got, f) = generate(
-        &mut exec,
-        Some(Speculation::new(Box::new(draft), 4).unwrap()),
-    );
+    let (got, _, f) = generate(&mut exec, Some(itself(4)), greedy(48));
     assert_eq!(got, want, "{file}: draft model");
+    // Tokens drafted past the end of the reply are not judged: the model agrees with itself
+    // on every one that is.
     assert_eq!(
         f.speculative.accepted, f.speculative.drafted,
         "{file}: itself agrees"
     );
+
+    // A stop string inside a verified run ends it there, as it ends a plain generation.
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let stop = words[words.len() / 2].to_string();
+    let params = GenerateParams {
+        stop: vec![stop.clone()],
+        ..greedy(48)
+    };
+    let (want, _, _) = generate(&mut exec, None, params.clone());
+    assert!(
+        want.len() < got.len(),
+        "{file}: {stop:?} ends {text:?} early"
+    );
+    let (got, _, f) = generate(&mut exec, Some(itself(8)), params);
+    assert_eq!(got, want, "{file}: stop at {stop:?}");
+    let s = f.speculative;
+    assert!(s.drafted > 0 && s.accepted == s.drafted, "{file}: {s:?}");
 }
 
 #[test]

@@ -46,7 +46,9 @@ fn weather_tool() -> Value {
     json!([{"type": "function", "function": {
         "name": "get_weather",
         "description": "The current weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        // Bounded, so that a forced call (sampled too) ends within the tests' token limits.
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                       "required": ["city"], "additionalProperties": false},
     }}])
 }
 
@@ -100,7 +102,8 @@ async fn tool_schemas_calls_and_results_reach_the_prompt() {
     .await;
     assert_eq!(prompt_tokens(&none), prompt_tokens(&plain));
     // A forced call (any tool, or a named one) is generated under the tool's schema in the
-    // template's format, so it always parses into a call, greedy or sampled.
+    // template's format, so it always parses into a call, greedy or sampled (the schemas here
+    // bound its length: an unbounded string may run into `max_tokens`).
     let mut tools = weather_tool();
     tools.as_array_mut().unwrap().push(json!({"type": "function", "function": {
         "name": "convert", "description": "Converts an amount between currencies",

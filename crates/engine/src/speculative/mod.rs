@@ -136,7 +136,8 @@ impl Speculation {
 /// How a speculative generation went (all zero without speculation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpecStats {
-    /// Tokens the drafter proposed.
+    /// Tokens the drafter proposed that the target judged (not those drafted past the token
+    /// that ended the generation).
     pub drafted: usize,
     /// Proposed tokens the target kept.
     pub accepted: usize,

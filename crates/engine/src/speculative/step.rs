@@ -77,13 +77,12 @@ impl Generation<'_> {
             .run(exec, &context[base..], Logits::All, &mut self.logits)?;
         spec.observe(n + 1, started.elapsed().as_secs_f64());
         let proposal = &spec.proposal;
-        self.spec_stats.drafted += n;
 
         let vocab = exec.vocab_size();
         let rows = std::mem::take(&mut self.logits);
         let (mut row, mut p, mut residual) = (Vec::new(), Vec::new(), Vec::new());
         let mut kept = n + 1;
-        let accepted_before = self.spec_stats.accepted;
+        let (accepted_before, drafted_before) = (self.spec_stats.accepted, self.spec_stats.drafted);
         let mut refused = false;
         for i in 0..=n {
             row.clear();
@@ -95,12 +94,19 @@ impl Generation<'_> {
                 let q = proposal.dists.get(i).map(Vec::as_slice);
                 let u = self.sampler.uniform();
                 let sampler = &mut self.sampler;
+                // Drafted tokens count as they are judged (a refused one with the rest of its
+                // proposal), before the finish that reports them: those after a token that
+                // ended the generation are never judged.
                 match judge(&p, q, x, u, &mut residual, |d| sampler.draw(d)) {
                     Verdict::Accepted(x) => {
                         self.spec_stats.accepted += 1;
+                        self.spec_stats.drafted += 1;
                         (x, false)
                     }
-                    Verdict::Replaced(y) => (y, true),
+                    Verdict::Replaced(y) => {
+                        self.spec_stats.drafted += n - i;
+                        (y, true)
+                    }
                 }
             } else {
                 (self.sampler.choose(&row), false)
@@ -113,12 +119,13 @@ impl Generation<'_> {
             }
         }
         self.logits = rows;
+        let judged = self.spec_stats.drafted - drafted_before;
         tracing::trace!(
-            "speculative pass at {base}: {n} drafted (class {class}), {} kept",
+            "speculative pass at {base}: {n} drafted (class {class}), {judged} judged, {} kept",
             kept - 1
         );
         spec.record(
-            n,
+            judged,
             self.spec_stats.accepted - accepted_before,
             refused,
             class,
