@@ -126,9 +126,9 @@ fn avx512<const T: usize>(b: Bencher, t: GgmlType) {
     run(b, t, Isa::Avx512, T);
 }
 
-/// The four-row packed layout of the 32-value types (AVX-512).
+/// The sixteen-row packed layout of the 32-value types (AVX-512).
 #[cfg(target_arch = "x86_64")]
-#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0], consts = [1, 4])]
+#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0], consts = [1, 4, 8])]
 fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
     use anelm_cpu::kernels::packed;
     if !Isa::available().contains(&Isa::Avx512) {

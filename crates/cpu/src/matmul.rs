@@ -2,7 +2,7 @@
 //! over every input row, four at a time, so a weight block is unpacked once per four tokens and
 //! stays in L1 while the activations stream from L2. The weights are read as quantised blocks,
 //! never expanded: in their ggml layout, or for the 32-value types on AVX-512 as repacked at
-//! load (four rows interleaved, [`crate::kernels::packed`]).
+//! load (sixteen rows interleaved, [`crate::kernels::packed`]).
 
 use std::ops::Range;
 
@@ -10,8 +10,8 @@ use anelm_model::Weight;
 
 use crate::kernels::packed::Packed;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::packed::{Layout, ROWS};
-use crate::kernels::{Kernel, MAX_ROWS};
+use crate::kernels::packed::{Layout, MAX_TOKENS, ROWS};
+use crate::kernels::{prefetch, Kernel, MAX_ROWS};
 use crate::pool::Ctx;
 use crate::q8::{Q8Buf, Q8Row};
 use crate::shared::SharedSlice;
@@ -26,7 +26,10 @@ pub enum Input<'a> {
 
 /// Packed row groups per kernel call: enough to amortise the call, few enough for a stack buffer.
 #[cfg(target_arch = "x86_64")]
-const GROUPS_PER_CALL: usize = 16;
+const GROUPS_PER_CALL: usize = 8;
+
+/// How far ahead of the row kernels' reads the rows are prefetched (see [`prefetch`]).
+const PREFETCH_BYTES: usize = 2048;
 
 /// Input rows per tile of a product (see [`matmul`]).
 pub const TOKEN_BLOCK: usize = 64;
@@ -36,14 +39,22 @@ pub const TOKEN_BLOCK: usize = 64;
 /// of rebalancing, and each costs a claim, a kernel call and a `done` call. At least 256 rows
 /// and at least a 128th of the matrix measured best in decode (SmolLM2 tg128 on 2 threads,
 /// medians of 8 alternating runs: 128 rows 315 tok/s, 256 rows 345, 512 rows 337, 16 rows
-/// 276); a multiple of `align`. The blocks are made a multiple of the `threads` in number where
+/// 276); a multiple of `align` and of the packed layout's rows. The blocks are made a multiple of the `threads` in number where
 /// the alignment allows, so that a small matrix splits evenly (576 rows as four blocks of 144
 /// rather than three of 192, where one thread would do two and the other wait).
 fn block_rows(rows: usize, align: usize, threads: usize) -> usize {
-    let align = align.max(4);
+    let align = lcm(align.max(1), crate::kernels::packed::ROWS);
     let n_blocks = rows.div_ceil(rows.div_ceil(128).max(256));
     rows.div_ceil(n_blocks.next_multiple_of(threads.max(1)))
         .next_multiple_of(align)
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
 }
 
 /// One weight of a product: `out[t * W.rows + r] = x[t] · W[r] (+ bias[r])` for the input rows.
@@ -92,6 +103,59 @@ pub fn matmul(
     });
 }
 
+/// Writes `vals` (plus the bias) as rows `r..` of input row `t` of `out` (`rows` per input row).
+fn store(
+    out: &SharedSlice<'_, f32>,
+    bias: Option<&[f32]>,
+    rows: usize,
+    t: usize,
+    r: usize,
+    vals: &[f32],
+) {
+    let at = t * rows + r;
+    // SAFETY: the caller's thread claimed these rows of this input row: it alone writes them.
+    let dst = unsafe { out.range_mut(at..at + vals.len()) };
+    match bias {
+        Some(b) => dst
+            .iter_mut()
+            .zip(vals.iter().zip(&b[r..]))
+            .for_each(|(d, (v, b))| *d = v + b),
+        None => dst.copy_from_slice(vals),
+    }
+}
+
+/// Output rows `r0..r1` of the packed product `p` for the input rows `tokens`: up to
+/// [`MAX_TOKENS`] of them per pass over the weights.
+#[cfg(target_arch = "x86_64")]
+fn packed_tile(
+    p: &Product<'_>,
+    w: Packed<'_>,
+    q: &Q8Buf,
+    r0: usize,
+    r1: usize,
+    tokens: Range<usize>,
+) {
+    let lay = Layout::of(w.dtype).expect("packed types have a layout");
+    let group_bytes = w.blocks * lay.column();
+    let groups = r0 / ROWS..r1.div_ceil(ROWS);
+    let mut sums = [0f32; MAX_TOKENS * GROUPS_PER_CALL * ROWS];
+    for t0 in tokens.clone().step_by(MAX_TOKENS) {
+        let tn = (tokens.end - t0).min(MAX_TOKENS);
+        let xs: [Q8Row<'_>; MAX_TOKENS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+        for g0 in groups.clone().step_by(GROUPS_PER_CALL) {
+            let g1 = (g0 + GROUPS_PER_CALL).min(groups.end);
+            let sums = &mut sums[..tn * (g1 - g0) * ROWS];
+            let data = &w.data[g0 * group_bytes..g1 * group_bytes];
+            // SAFETY: weights are packed only when the CPU has AVX-512 (see `Resident`).
+            unsafe { crate::kernels::x86::packed_dot(data, w.blocks, lay, &xs[..tn], sums) };
+            let (start, end) = (g0 * ROWS, r1.min(g1 * ROWS));
+            for (t, row) in sums.chunks_exact((g1 - g0) * ROWS).enumerate() {
+                store(p.out, p.bias, p.w.rows, t0 + t, start, &row[..end - start]);
+            }
+        }
+    }
+}
+
 /// Output rows `r0..r1` of product `p` for the input rows `tokens`, a tile this thread claimed.
 fn tile(p: &Product<'_>, r0: usize, r1: usize, tokens: Range<usize>, scratch: &mut Vec<f32>) {
     let Product {
@@ -103,58 +167,31 @@ fn tile(p: &Product<'_>, r0: usize, r1: usize, tokens: Range<usize>, scratch: &m
         bytes: all,
         packed,
     } = *p;
+    #[cfg(target_arch = "x86_64")]
+    if let (Kernel::Q8 { .. }, Input::Q8(q), Some(packed)) = (kernel, input, packed) {
+        return packed_tile(p, packed, q, r0, r1, tokens);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = packed;
     let (rows, cols) = (w.rows, w.cols);
     let rb = all.len() / rows.max(1);
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = packed;
     for t0 in tokens.clone().step_by(MAX_ROWS) {
         let tn = (tokens.end - t0).min(MAX_ROWS);
         let mut res = [0f32; MAX_ROWS];
-        // Rows `r..r + vals.len()` of input row `t0 + t`.
-        let put = |t: usize, r: usize, vals: &[f32]| {
-            let at = (t0 + t) * rows + r;
-            // SAFETY: this thread claimed rows r0..r1 of these input rows: it alone writes them.
-            let dst = unsafe { out.range_mut(at..at + vals.len()) };
-            match bias {
-                Some(b) => dst
-                    .iter_mut()
-                    .zip(vals.iter().zip(&b[r..]))
-                    .for_each(|(d, (v, b))| *d = v + b),
-                None => dst.copy_from_slice(vals),
-            }
-        };
         let emit = |r: usize, res: &[f32]| {
             for (t, v) in res.iter().enumerate() {
-                put(t, r, std::slice::from_ref(v));
+                store(out, bias, rows, t0 + t, r, std::slice::from_ref(v));
             }
         };
         match (kernel, input) {
-            #[cfg(target_arch = "x86_64")]
-            (Kernel::Q8 { .. }, Input::Q8(q)) if packed.is_some() => {
-                let p = packed.expect("checked");
-                let lay = Layout::of(p.dtype).expect("packed types have a layout");
-                let group_bytes = p.blocks * lay.column();
-                let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
-                let mut sums = [0f32; MAX_ROWS * GROUPS_PER_CALL * ROWS];
-                let groups = r0 / ROWS..r1.div_ceil(ROWS);
-                for g0 in groups.clone().step_by(GROUPS_PER_CALL) {
-                    let g1 = (g0 + GROUPS_PER_CALL).min(groups.end);
-                    let sums = &mut sums[..tn * (g1 - g0) * ROWS];
-                    let data = &p.data[g0 * group_bytes..g1 * group_bytes];
-                    // SAFETY: weights are packed only when the CPU has AVX-512 (see `Resident`).
-                    unsafe {
-                        crate::kernels::x86::packed_dot(data, p.blocks, lay, &xs[..tn], sums)
-                    };
-                    let (start, end) = (g0 * ROWS, r1.min(g1 * ROWS));
-                    for (t, row) in sums.chunks_exact((g1 - g0) * ROWS).enumerate() {
-                        put(t, start, &row[..end - start]);
-                    }
-                }
-            }
             (Kernel::Q8 { f, .. }, Input::Q8(q)) => {
                 let xs: [Q8Row<'_>; MAX_ROWS] = std::array::from_fn(|t| q.row(t0 + t.min(tn - 1)));
+                let ahead = PREFETCH_BYTES.div_ceil(rb.max(1));
                 for r in r0..r1 {
+                    if r + ahead < r1 {
+                        prefetch(row(r + ahead));
+                    }
                     // SAFETY: `select` returns kernels of available instruction sets only.
                     unsafe { f(row(r), &xs[..tn], &mut res[..tn]) };
                     emit(r, &res[..tn]);

@@ -171,8 +171,9 @@ mod tests {
                 Some(p) => {
                     assert_eq!(isa, Isa::Avx512);
                     assert_eq!((p.dtype, p.blocks), (GgmlType::Q8_0, 1));
-                    // Four-row groups: the two rows and two zero rows.
-                    assert_eq!(p.data.len(), 4 * q8.bytes().len() / 2);
+                    // One group: the two rows and zero rows.
+                    let rows = crate::kernels::packed::ROWS;
+                    assert_eq!(p.data.len(), rows * q8.bytes().len() / 2);
                     assert_eq!(&p.data[..2], &[0x00, 0x3c]);
                 }
                 None => assert_ne!(isa, Isa::Avx512),

@@ -28,6 +28,24 @@ pub const QK: usize = 32;
 /// The most input rows one kernel call takes.
 pub const MAX_ROWS: usize = 4;
 
+/// Asks for `bytes` to be brought towards L1 ahead of use (nothing where there is no such hint):
+/// the hardware's streamer stops at each 4 KiB page, and a kernel busy with several input rows
+/// otherwise waits for each page's first lines from L3 or memory.
+#[inline(always)]
+pub fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a hint only; the address is inside `bytes`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr() as *const i8
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// `out[t] = row · xs[t]` for 8-bit activation rows; `xs.len() == out.len()` in `1..=MAX_ROWS`.
 /// Unsafe only because SIMD versions need their CPU features, which [`select`] checked.
 pub type Q8Kernel = unsafe fn(row: &[u8], xs: &[Q8Row<'_>], out: &mut [f32]);

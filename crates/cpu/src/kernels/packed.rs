@@ -1,22 +1,30 @@
-//! Weights of the 32-value types repacked at load, four rows interleaved, for AVX-512: the
-//! quants of one block of four rows fill one 512-bit register (a 128-bit lane per row), so a
-//! single VNNI instruction multiplies four rows by one block of activations, and the four rows'
-//! scales convert in one instruction. The bytes are the same as in the file, rearranged (with
-//! Q8_0's signed quants biased by 128 and the fifth bits of Q5 regrouped as byte masks): packing
-//! loses nothing, and the packed matrix replaces the mapped one in memory.
+//! Weights of the 32-value types repacked at load, sixteen rows interleaved, for AVX-512: each
+//! 32-bit lane of a 512-bit register holds four quants of one of sixteen rows, so one VNNI
+//! instruction adds four products to each of sixteen rows' sums, against four activations
+//! broadcast from memory; a block's sums need no horizontal reduction, and per input row a block
+//! column costs eight such instructions and three float ones for all sixteen rows. The bytes are
+//! the same as in the file, rearranged (with Q8_0's signed quants biased by 128 and the fifth
+//! bits of Q5 regrouped as byte masks): packing loses nothing, and the packed matrix replaces the
+//! mapped one in memory.
 //!
-//! Layout: groups of four rows (the last padded with zero rows), each a run of block columns:
-//! `d` (4 × f16), `m` (4 × f16, Q4_1/Q5_1 only), the fifth-bit masks (Q5: two u64, bit `16r + j`
-//! of the first for value `j` of row `r`, of the second for value `j + 16`), then the quants:
-//! Q4/Q5 four rows × 16 nibble bytes; Q8_0 four rows × the first 16 values, then four rows × the
-//! last 16 (each `q + 128`).
+//! Layout: groups of sixteen rows (the last padded with zero rows), each a run of block columns:
+//! `d` (16 × f16), `m` (16 × f16, Q4_1/Q5_1 only), the fifth-bit masks (Q5: eight u64, bit
+//! `4r + i` of mask `j` for value `4j + i` of row `r`), then the quants in chunks of 64 bytes,
+//! bytes `4r..4r + 4` of a chunk from row `r`: Q4/Q5 four chunks, chunk `k` of file bytes
+//! `4k..4k + 4` (values `4k + i` in the low nibbles, `16 + 4k + i` in the high ones); Q8_0 eight
+//! chunks, chunk `j` of values `4j..4j + 4` (each `q + 128`).
 
 use anelm_formats::GgmlType;
 
 use super::bytes;
 
 /// Rows per group.
-pub const ROWS: usize = 4;
+pub const ROWS: usize = 16;
+
+/// Input rows per kernel call: a token's eight weight registers and the row's sums for eight
+/// tokens fit the 32 vector registers, and a batched decode step of up to eight sequences
+/// unpacks each weight block once.
+pub const MAX_TOKENS: usize = 8;
 
 /// A repacked matrix, where it lies in memory.
 #[derive(Clone, Copy)]
@@ -66,19 +74,25 @@ impl Layout {
     }
 
     pub fn m_at(self) -> usize {
-        8
+        2 * ROWS
     }
 
     pub fn masks_at(self) -> usize {
         if self.has_m {
-            16
+            4 * ROWS
         } else {
-            8
+            2 * ROWS
         }
     }
 
     pub fn quants_at(self) -> usize {
-        self.masks_at() + if self.five { 16 } else { 0 }
+        self.masks_at() + if self.five { 64 } else { 0 }
+    }
+
+    /// The chunk of item `v` of row `lane` (a value for masks and Q8_0, a nibble byte for
+    /// Q4/Q5) and its place (bit or byte) in the chunk.
+    fn place(lane: usize, v: usize) -> (usize, usize) {
+        (v / 4, 4 * lane + v % 4)
     }
 }
 
@@ -110,33 +124,26 @@ pub fn pack_into<'a>(
             if lay.has_m {
                 col[lay.m_at() + 2 * lane..][..2].copy_from_slice(&blk[2..4]);
             }
-            let qs_src = if lay.five {
-                lay.block - 16
-            } else {
-                lay.block - if lay.eight { 32 } else { 16 }
-            };
+            let qs_src = lay.block - if lay.eight { 32 } else { 16 };
+            let qh_at = if lay.has_m { 4 } else { 2 };
             if lay.five {
-                let qh_at = if lay.has_m { 4 } else { 2 };
-                let qh = u32::from_le_bytes([
-                    blk[qh_at],
-                    blk[qh_at + 1],
-                    blk[qh_at + 2],
-                    blk[qh_at + 3],
-                ]);
-                for (half, bits) in [qh & 0xffff, qh >> 16].into_iter().enumerate() {
-                    let at = lay.masks_at() + 8 * half;
-                    let mut mask = u64::from_le_bytes(col[at..at + 8].try_into().expect("8 bytes"));
-                    mask |= u64::from(bits) << (16 * lane);
-                    col[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+                let qh = u32::from_le_bytes(blk[qh_at..qh_at + 4].try_into().expect("4 bytes"));
+                for v in (0..32).filter(|v| qh >> v & 1 == 1) {
+                    let (j, bit) = Layout::place(lane, v);
+                    col[lay.masks_at() + 8 * j + bit / 8] |= 1 << (bit % 8);
                 }
             }
             let q = lay.quants_at();
             if lay.eight {
-                for (j, &v) in blk[qs_src..qs_src + 32].iter().enumerate() {
-                    col[q + 64 * (j / 16) + 16 * lane + j % 16] = v ^ 0x80;
+                for (v, &x) in blk[qs_src..qs_src + 32].iter().enumerate() {
+                    let (j, at) = Layout::place(lane, v);
+                    col[q + 64 * j + at] = x ^ 0x80;
                 }
             } else {
-                col[q + 16 * lane..q + 16 * lane + 16].copy_from_slice(&blk[qs_src..qs_src + 16]);
+                for (b, &x) in blk[qs_src..qs_src + 16].iter().enumerate() {
+                    let (k, at) = Layout::place(lane, b);
+                    col[q + 64 * k + at] = x;
+                }
             }
         }
         if (r + 1) % 1024 == 0 || r + 1 == rows {
@@ -157,25 +164,29 @@ pub fn unpack_row(p: &Packed<'_>, r: usize, dst: &mut [u8]) {
         if lay.has_m {
             blk[2..4].copy_from_slice(&col[lay.m_at() + 2 * lane..][..2]);
         }
+        let qh_at = if lay.has_m { 4 } else { 2 };
         if lay.five {
             let mut qh = 0u32;
-            for half in 0..2 {
-                let at = lay.masks_at() + 8 * half;
-                let mask = u64::from_le_bytes(col[at..at + 8].try_into().expect("8 bytes"));
-                qh |= (((mask >> (16 * lane)) & 0xffff) as u32) << (16 * half);
+            for v in 0..32 {
+                let (j, bit) = Layout::place(lane, v);
+                let byte = col[lay.masks_at() + 8 * j + bit / 8];
+                qh |= u32::from(byte >> (bit % 8) & 1) << v;
             }
-            let qh_at = if lay.has_m { 4 } else { 2 };
             blk[qh_at..qh_at + 4].copy_from_slice(&qh.to_le_bytes());
         }
         let q = lay.quants_at();
         if lay.eight {
             let qs = lay.block - 32;
-            for (j, v) in blk[qs..].iter_mut().enumerate() {
-                *v = col[q + 64 * (j / 16) + 16 * lane + j % 16] ^ 0x80;
+            for (v, x) in blk[qs..].iter_mut().enumerate() {
+                let (j, at) = Layout::place(lane, v);
+                *x = col[q + 64 * j + at] ^ 0x80;
             }
         } else {
             let qs = lay.block - 16;
-            blk[qs..].copy_from_slice(&col[q + 16 * lane..q + 16 * lane + 16]);
+            for (b, x) in blk[qs..].iter_mut().enumerate() {
+                let (k, at) = Layout::place(lane, b);
+                *x = col[q + 64 * k + at];
+            }
         }
     }
 }

@@ -627,9 +627,15 @@ pub fn f32_kernel(name: &str) -> super::F32Kernel {
     }
 }
 
-/// The AVX-512 kernel of the four-row packed layout (see `packed.rs`) over consecutive groups of
-/// `nb` block columns: `out[t * 4 * groups + 4 * g + r]` = row `r` of group `g` · `xs[t]`. Per
-/// block column, each row's partial sums sit in its own 128-bit lane.
+/// Block columns ahead of the packed kernel's reads that it prefetches.
+const PREFETCH_COLUMNS: usize = 8;
+
+/// The AVX-512 kernel of the sixteen-row packed layout (see `packed.rs`) over consecutive groups
+/// of `nb` block columns: `out[t * 16 * groups + 16 * g + r]` = row `r` of group `g` · `xs[t]`.
+/// Each row's sums sit in its own 32-bit lane: a block column of an input row is eight VNNI
+/// instructions (two independent chains of four) against four activation bytes broadcast from
+/// memory, one conversion and two multiply-adds, and a token's sums do not depend on how many
+/// other tokens share the call.
 #[inline(always)]
 unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
     data: &[u8],
@@ -638,100 +644,92 @@ unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T
     xs: &[Q8Row<'_>],
     out: &mut [f32],
 ) {
+    use super::packed::ROWS;
     let col = lay.column();
     let groups = data.len() / (nb * col);
     debug_assert!(
-        data.len() == groups * nb * col
+        ROWS == 16
+            && data.len() == groups * nb * col
             && xs.len() == T
-            && out.len() == T * 4 * groups
+            && out.len() == T * ROWS * groups
             && xs
                 .iter()
                 .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
     );
-    let xq: [*const u8; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const u8);
+    let xq: [*const i32; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const i32);
     let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
     let xsum: [*const f32; T] = std::array::from_fn(|t| xs[t].s.as_ptr());
-    let lane_of_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     let nib = _mm512_set1_epi8(0xf);
     let (m_at, masks_at, q_at) = (lay.m_at(), lay.masks_at(), lay.quants_at());
     for gi in 0..groups {
         let mut acc = [_mm512_setzero_ps(); T];
-        let mut accm = [_mm_setzero_ps(); T];
         let g = data.as_ptr().add(gi * nb * col);
         for b in 0..nb {
             let p = g.add(b * col);
-            let d4 = _mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i));
-            let m4 = if HAS_M {
-                _mm_cvtph_ps(_mm_loadl_epi64(p.add(m_at) as *const __m128i))
+            // The hardware's streamer stops at each 4 KiB page; compute and the reads from
+            // L3 overlap only when the columns ahead are asked for in time.
+            let ahead = p.wrapping_add(PREFETCH_COLUMNS * col);
+            for line in (0..col).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            let m = if HAS_M {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(m_at) as *const __m256i))
             } else {
-                _mm_mul_ps(d4, _mm_set1_ps(lay.offset))
+                _mm512_mul_ps(d, _mm512_set1_ps(lay.offset))
             };
-            let d16 = _mm512_permutexvar_ps(lane_of_row, _mm512_castps128_ps512(d4));
-            let (lo, hi) = if EIGHT {
-                (
-                    _mm512_loadu_si512(p.add(q_at) as *const _),
-                    _mm512_loadu_si512(p.add(q_at + 64) as *const _),
-                )
+            // w[j] holds values 4j..4j + 4 of every row.
+            let q = p.add(q_at);
+            let w: [__m512i; 8] = if EIGHT {
+                std::array::from_fn(|j| _mm512_loadu_si512(q.add(64 * j) as *const _))
             } else {
-                let q = _mm512_loadu_si512(p.add(q_at) as *const _);
-                let mut lo = _mm512_and_si512(q, nib);
-                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib);
-                if FIVE {
-                    let k_lo = std::ptr::read_unaligned(p.add(masks_at) as *const u64);
-                    let k_hi = std::ptr::read_unaligned(p.add(masks_at + 8) as *const u64);
-                    lo = _mm512_mask_blend_epi8(
-                        k_lo,
-                        lo,
-                        _mm512_or_si512(lo, _mm512_set1_epi8(0x10)),
-                    );
-                    hi = _mm512_mask_blend_epi8(
-                        k_hi,
-                        hi,
-                        _mm512_or_si512(hi, _mm512_set1_epi8(0x10)),
-                    );
+                let mut w = [_mm512_setzero_si512(); 8];
+                for k in 0..4 {
+                    let v = _mm512_loadu_si512(q.add(64 * k) as *const _);
+                    w[k] = _mm512_and_si512(v, nib);
+                    w[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
                 }
-                (lo, hi)
+                if FIVE {
+                    let high = _mm512_set1_epi8(0x10);
+                    for (j, wj) in w.iter_mut().enumerate() {
+                        let k = std::ptr::read_unaligned(p.add(masks_at + 8 * j) as *const u64);
+                        *wj = _mm512_mask_add_epi8(*wj, k, *wj, high);
+                    }
+                }
+                w
             };
             for t in 0..T {
-                let x = xq[t].add(b * 32);
-                let xl = _mm512_broadcast_i32x4(_mm_loadu_si128(x as *const __m128i));
-                let xh = _mm512_broadcast_i32x4(_mm_loadu_si128(x.add(16) as *const __m128i));
-                let s = _mm512_dpbusd_epi32(
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl),
-                    hi,
-                    xh,
-                );
-                acc[t] = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(s),
-                    _mm512_mul_ps(d16, _mm512_set1_ps(*xd[t].add(b))),
-                    acc[t],
-                );
-                accm[t] = _mm_fmadd_ps(m4, _mm_set1_ps(*xsum[t].add(b)), accm[t]);
+                let x = xq[t].add(b * 8);
+                let mut s0 = _mm512_setzero_si512();
+                let mut s1 = _mm512_setzero_si512();
+                for j in 0..4 {
+                    s0 =
+                        _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x.add(j).read_unaligned()));
+                    s1 = _mm512_dpbusd_epi32(
+                        s1,
+                        w[j + 4],
+                        _mm512_set1_epi32(x.add(j + 4).read_unaligned()),
+                    );
+                }
+                let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                let a = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_set1_ps(*xd[t].add(b))), acc[t]);
+                acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(*xsum[t].add(b)), a);
             }
         }
-        for t in 0..T {
-            let a = acc[t];
-            let h01 = _mm_hadd_ps(
-                _mm512_extractf32x4_ps::<0>(a),
-                _mm512_extractf32x4_ps::<1>(a),
-            );
-            let h23 = _mm_hadd_ps(
-                _mm512_extractf32x4_ps::<2>(a),
-                _mm512_extractf32x4_ps::<3>(a),
-            );
-            let r = _mm_add_ps(_mm_hadd_ps(h01, h23), accm[t]);
-            _mm_storeu_ps(out.as_mut_ptr().add((t * groups + gi) * 4), r);
+        for (t, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add((t * groups + gi) * ROWS), *a);
         }
     }
 }
 
 /// The packed kernel for `lay`'s type over whole groups of `blocks` block columns (one call per
 /// run of groups, not per group: a group of a decode row is only a few hundred cycles of work):
-/// `out[t * 4 * groups + 4 * g + r]` = row `r` of group `g` · `xs[t]`.
+/// `out[t * 16 * groups + 16 * g + r]` = row `r` of group `g` · `xs[t]`.
 ///
 /// # Safety
-/// The CPU must have the `avx512` module's features; `xs.len()` in `1..=4`, and `out.len()` is
-/// `xs.len()` times the rows of the groups.
+/// The CPU must have the `avx512` module's features; `xs.len()` in
+/// `1..=`[`super::packed::MAX_TOKENS`], and `out.len()` is `xs.len()` times the rows of the
+/// groups.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn packed_dot(
     data: &[u8],
@@ -746,7 +744,11 @@ pub unsafe fn packed_dot(
                 1 => packed::<$m, $f, $e, 1>(data, blocks, lay, xs, out),
                 2 => packed::<$m, $f, $e, 2>(data, blocks, lay, xs, out),
                 3 => packed::<$m, $f, $e, 3>(data, blocks, lay, xs, out),
-                _ => packed::<$m, $f, $e, 4>(data, blocks, lay, xs, out),
+                4 => packed::<$m, $f, $e, 4>(data, blocks, lay, xs, out),
+                5 => packed::<$m, $f, $e, 5>(data, blocks, lay, xs, out),
+                6 => packed::<$m, $f, $e, 6>(data, blocks, lay, xs, out),
+                7 => packed::<$m, $f, $e, 7>(data, blocks, lay, xs, out),
+                _ => packed::<$m, $f, $e, 8>(data, blocks, lay, xs, out),
             }
         };
     }
