@@ -1,6 +1,6 @@
 //! `y = x Wᵀ + b` inside a pool job: the threads claim blocks of output rows; each block runs
-//! over every input row, four at a time, so a weight block is unpacked once per four tokens and
-//! stays in L1 while the activations stream from L2. The weights are read as quantised blocks,
+//! over every input row, four at a time (eight for the packed kernel), so a weight block is
+//! unpacked once per four (eight) tokens and stays in L1 while the activations stream from L2. The weights are read as quantised blocks,
 //! never expanded: in their ggml layout, or for the 32-value types on AVX-512 as repacked at
 //! load (sixteen rows interleaved, [`crate::kernels::packed`]).
 

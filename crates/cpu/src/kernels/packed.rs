@@ -68,7 +68,7 @@ impl Layout {
         }
     }
 
-    /// Bytes of one block column of a group (the same as four file blocks).
+    /// Bytes of one block column of a group (the same as [`ROWS`] file blocks).
     pub fn column(self) -> usize {
         ROWS * self.block
     }
