@@ -1,8 +1,9 @@
 //! `y = x Wᵀ + b` inside a pool job: the threads claim blocks of output rows; each block runs
 //! over every input row, four at a time (eight for the packed kernel), so a weight block is
-//! unpacked once per four (eight) tokens and stays in L1 while the activations stream from L2. The weights are read as quantised blocks,
-//! never expanded: in their ggml layout, or for the 32-value types on AVX-512 as repacked at
-//! load (sixteen rows interleaved, [`crate::kernels::packed`]).
+//! unpacked once per four (eight) tokens and stays in L1 while the activations stream from L2.
+//! The weights are read as quantised blocks, never expanded: in their ggml layout, or for the
+//! 32-value types on AVX-512 as repacked at load (sixteen rows interleaved,
+//! [`crate::kernels::packed`]).
 
 use std::ops::Range;
 
@@ -39,9 +40,10 @@ pub const TOKEN_BLOCK: usize = 64;
 /// of rebalancing, and each costs a claim, a kernel call and a `done` call. At least 256 rows
 /// and at least a 128th of the matrix measured best in decode (SmolLM2 tg128 on 2 threads,
 /// medians of 8 alternating runs: 128 rows 315 tok/s, 256 rows 345, 512 rows 337, 16 rows
-/// 276); a multiple of `align` and of the packed layout's rows. The blocks are made a multiple of the `threads` in number where
-/// the alignment allows, so that a small matrix splits evenly (576 rows as four blocks of 144
-/// rather than three of 192, where one thread would do two and the other wait).
+/// 276); a multiple of `align` and of the packed layout's rows. The blocks are made a multiple
+/// of the `threads` in number where the alignment allows, so that a small matrix splits evenly
+/// (576 rows as four blocks of 144 rather than three of 192, where one thread would do two and
+/// the other wait).
 fn block_rows(rows: usize, align: usize, threads: usize) -> usize {
     let align = lcm(align.max(1), crate::kernels::packed::ROWS);
     let n_blocks = rows.div_ceil(rows.div_ceil(128).max(256));
