@@ -634,8 +634,8 @@ const PREFETCH_COLUMNS: usize = 8;
 /// of `nb` block columns: `out[t * 16 * groups + 16 * g + r]` = row `r` of group `g` · `xs[t]`.
 /// Each row's sums sit in its own 32-bit lane: a block column of an input row is eight VNNI
 /// instructions (two independent chains of four) against four activation bytes broadcast from
-/// memory, one conversion and two multiply-adds, and a token's sums do not depend on how many
-/// other tokens share the call.
+/// memory, a conversion, a multiply and two multiply-adds; a token's sums do not depend on how
+/// many other tokens share the call.
 #[inline(always)]
 unsafe fn packed<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
     data: &[u8],
