@@ -126,12 +126,11 @@ fn avx512<const T: usize>(b: Bencher, t: GgmlType) {
     run(b, t, Isa::Avx512, T);
 }
 
-/// The sixteen-row packed layout of the 32-value types (AVX-512).
+/// The sixteen-row packed layout of the 32-value types, by its AVX2 and AVX-512 kernels.
 #[cfg(target_arch = "x86_64")]
-#[divan::bench(args = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0], consts = [1, 4, 8])]
-fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
+fn packed_run(b: Bencher, t: GgmlType, isa: Isa, tokens: usize) {
     use anelm_cpu::kernels::packed;
-    if !Isa::available().contains(&Isa::Avx512) {
+    if !Isa::available().contains(&isa) {
         return;
     }
     let w = matrix(t);
@@ -139,12 +138,35 @@ fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
     let p = packed::pack(t, ROWS, COLS / 32, |r| &w[r * rb..(r + 1) * rb], |_| {})
         .expect("a packable type");
     let lay = packed::Layout::of(t).expect("a packable type");
-    let (q, _) = activations(ActKind::Q8B32, T);
-    let mut out = vec![0f32; T * ROWS];
+    let (q, _) = activations(ActKind::Q8B32, tokens);
+    let mut out = vec![0f32; tokens * ROWS];
     b.counter(BytesCount::new(w.len())).bench_local(|| {
-        let xs: Vec<_> = (0..T).map(|i| q.row(i)).collect();
-        // SAFETY: AVX-512 is available.
-        unsafe { anelm_cpu::kernels::x86::packed_dot(&p, COLS / 32, lay, &xs, &mut out) };
+        let xs: Vec<_> = (0..tokens).map(|i| q.row(i)).collect();
+        // SAFETY: the CPU has `isa`.
+        unsafe {
+            anelm_cpu::kernels::x86_packed::packed_dot(isa, &p, COLS / 32, lay, &xs, &mut out)
+        };
         divan::black_box(&out);
     });
+}
+
+#[cfg(target_arch = "x86_64")]
+const PACKED: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
+#[cfg(target_arch = "x86_64")]
+#[divan::bench(args = PACKED, consts = [1, 4, 8])]
+fn avx2_packed<const T: usize>(b: Bencher, t: GgmlType) {
+    packed_run(b, t, Isa::Avx2, T);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[divan::bench(args = PACKED, consts = [1, 4, 8])]
+fn avx512_packed<const T: usize>(b: Bencher, t: GgmlType) {
+    packed_run(b, t, Isa::Avx512, T);
 }

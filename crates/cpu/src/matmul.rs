@@ -2,7 +2,7 @@
 //! over every input row, four at a time (eight for the packed kernel), so a weight block is
 //! unpacked once per four (eight) tokens and stays in L1 while the activations stream from L2.
 //! The weights are read as quantised blocks, never expanded: in their ggml layout, or for the
-//! 32-value types on AVX-512 as repacked at load (sixteen rows interleaved,
+//! 32-value types on x86 (AVX2 or AVX-512) as repacked at load (sixteen rows interleaved,
 //! [`crate::kernels::packed`]).
 
 use std::ops::Range;
@@ -148,8 +148,10 @@ fn packed_tile(
             let g1 = (g0 + GROUPS_PER_CALL).min(groups.end);
             let sums = &mut sums[..tn * (g1 - g0) * ROWS];
             let data = &w.data[g0 * group_bytes..g1 * group_bytes];
-            // SAFETY: weights are packed only when the CPU has AVX-512 (see `Resident`).
-            unsafe { crate::kernels::x86::packed_dot(data, w.blocks, lay, &xs[..tn], sums) };
+            // SAFETY: weights are packed only for an instruction set the CPU has (see `Resident`).
+            unsafe {
+                crate::kernels::x86_packed::packed_dot(w.isa, data, w.blocks, lay, &xs[..tn], sums)
+            };
             let (start, end) = (g0 * ROWS, r1.min(g1 * ROWS));
             for (t, row) in sums.chunks_exact((g1 - g0) * ROWS).enumerate() {
                 store(p.out, p.bias, p.w.rows, t0 + t, start, &row[..end - start]);

@@ -26,6 +26,7 @@ pub struct Resident {
     region: Region,
     /// Where each weight's copy lies, by the bytes it copies.
     at: HashMap<Key, Placed>,
+    isa: Isa,
 }
 
 struct Placed {
@@ -50,11 +51,11 @@ fn key(w: &Weight) -> Key {
 
 impl Resident {
     /// Copies the mapped `weights` (each matrix once, however often listed), packing the 32-value types
-    /// when `pack` is set and the instruction set is AVX-512 (the packed kernel's).
+    /// when `pack` is set and the instruction set has a packed kernel (AVX2 or AVX-512).
     pub fn new<'w>(weights: impl IntoIterator<Item = &'w Weight>, isa: Isa, pack: bool) -> Self {
         let packs = |w: &Weight| {
             let blocks = w.cols / 32;
-            (pack && isa == Isa::Avx512 && w.rows > 0)
+            (pack && isa.has_avx2() && w.rows > 0)
                 .then(|| packed_len(w.dtype, w.rows, blocks).map(|len| (blocks, len)))
                 .flatten()
         };
@@ -102,7 +103,7 @@ impl Resident {
                 }
             }
         }
-        Resident { region, at }
+        Resident { region, at, isa }
     }
 
     /// The copy of `w`, or `w` itself where it has none.
@@ -122,6 +123,7 @@ impl Resident {
                     Some(blocks) => View {
                         bytes: w.bytes(),
                         packed: Some(Packed {
+                            isa: self.isa,
                             dtype: w.dtype,
                             blocks,
                             data: bytes,
@@ -169,14 +171,14 @@ mod tests {
             assert_eq!(vq.bytes.as_ptr(), q8.bytes().as_ptr());
             match vq.packed {
                 Some(p) => {
-                    assert_eq!(isa, Isa::Avx512);
+                    assert!(isa.has_avx2());
                     assert_eq!((p.dtype, p.blocks), (GgmlType::Q8_0, 1));
                     // One group: the two rows and zero rows.
                     let rows = crate::kernels::packed::ROWS;
                     assert_eq!(p.data.len(), rows * q8.bytes().len() / 2);
                     assert_eq!(&p.data[..2], &[0x00, 0x3c]);
                 }
-                None => assert_ne!(isa, Isa::Avx512),
+                None => assert!(!isa.has_avx2()),
             }
         }
         let unpacked = Resident::new([&q8], Isa::Avx512, false);

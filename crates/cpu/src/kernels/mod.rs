@@ -1,6 +1,6 @@
 //! Dot products of weight rows, read straight from their ggml blocks, with 1 to 4 input rows at a
 //! time (decode uses 1; prefill 4, so each weight block is unpacked once for four tokens); the
-//! AVX-512 kernel of the repacked 32-value types ([`packed`]) takes up to eight.
+//! x86 kernels of the repacked 32-value types ([`packed`], [`x86_packed`]) take up to eight.
 //!
 //! Quantised types take 8-bit activations ([`crate::q8`]) and do the block arithmetic in
 //! integers, as ggml does: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 against 32-value blocks, Q4_K, Q5_K
@@ -23,6 +23,8 @@ pub mod scalar;
 mod tests;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_packed;
 
 /// Values per block of the 32-value types.
 pub const QK: usize = 32;

@@ -1,4 +1,5 @@
-//! Weights of the 32-value types repacked at load, sixteen rows interleaved, for AVX-512: each
+//! Weights of the 32-value types repacked at load, sixteen rows interleaved, for x86 (AVX2 reads
+//! the layout as two halves of eight rows, see `x86_packed`): each
 //! 32-bit lane of a 512-bit register holds four quants of one of sixteen rows, so one VNNI
 //! instruction adds four products to each of sixteen rows' sums, against four activations
 //! broadcast from memory; a block's sums need no horizontal reduction, and per input row a block
@@ -17,6 +18,7 @@
 use anelm_formats::GgmlType;
 
 use super::bytes;
+use crate::simd::Isa;
 
 /// Rows per group.
 pub const ROWS: usize = 16;
@@ -29,6 +31,8 @@ pub const MAX_TOKENS: usize = 8;
 /// A repacked matrix, where it lies in memory.
 #[derive(Clone, Copy)]
 pub struct Packed<'a> {
+    /// The instruction set whose kernel reads it.
+    pub isa: Isa,
     pub dtype: GgmlType,
     /// 32-value blocks per row.
     pub blocks: usize,

@@ -1,0 +1,282 @@
+//! The kernels of the sixteen-row packed layout ([`super::packed`]): AVX-512 VNNI holds a
+//! group's sixteen rows in one register, AVX2 in two of eight. Both keep each row's sums in its
+//! own 32-bit lane, so no block needs a horizontal sum, and both take up to eight input rows per
+//! pass over the weights.
+
+use std::arch::x86_64::*;
+
+use super::packed::{Layout, ROWS};
+use super::x86::{Avx2, Ops};
+use crate::q8::Q8Row;
+use crate::simd::Isa;
+
+/// Block columns ahead of the packed kernel's reads that it prefetches.
+const PREFETCH_COLUMNS: usize = 8;
+
+/// The AVX-512 kernel of the sixteen-row packed layout (see `packed.rs`) over consecutive groups
+/// of `nb` block columns: `out[t * 16 * groups + 16 * g + r]` = row `r` of group `g` · `xs[t]`.
+/// Each row's sums sit in its own 32-bit lane: a block column of an input row is eight VNNI
+/// instructions (two independent chains of four) against four activation bytes broadcast from
+/// memory, a conversion, a multiply and two multiply-adds; a token's sums do not depend on how
+/// many other tokens share the call.
+#[inline(always)]
+unsafe fn sixteen<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
+    data: &[u8],
+    nb: usize,
+    lay: Layout,
+    xs: &[Q8Row<'_>],
+    out: &mut [f32],
+) {
+    let col = lay.column();
+    let groups = data.len() / (nb * col);
+    debug_assert!(
+        ROWS == 16
+            && data.len() == groups * nb * col
+            && xs.len() == T
+            && out.len() == T * ROWS * groups
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
+    );
+    let xq: [*const i32; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const i32);
+    let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
+    let xsum: [*const f32; T] = std::array::from_fn(|t| xs[t].s.as_ptr());
+    let nib = _mm512_set1_epi8(0xf);
+    let (m_at, masks_at, q_at) = (lay.m_at(), lay.masks_at(), lay.quants_at());
+    for gi in 0..groups {
+        let mut acc = [_mm512_setzero_ps(); T];
+        let g = data.as_ptr().add(gi * nb * col);
+        for b in 0..nb {
+            let p = g.add(b * col);
+            // The hardware's streamer stops at each 4 KiB page; compute and the reads from
+            // L3 overlap only when the columns ahead are asked for in time.
+            let ahead = p.wrapping_add(PREFETCH_COLUMNS * col);
+            for line in (0..col).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            let m = if HAS_M {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(m_at) as *const __m256i))
+            } else {
+                _mm512_mul_ps(d, _mm512_set1_ps(lay.offset))
+            };
+            // w[j] holds values 4j..4j + 4 of every row.
+            let q = p.add(q_at);
+            let w: [__m512i; 8] = if EIGHT {
+                std::array::from_fn(|j| _mm512_loadu_si512(q.add(64 * j) as *const _))
+            } else {
+                let mut w = [_mm512_setzero_si512(); 8];
+                for k in 0..4 {
+                    let v = _mm512_loadu_si512(q.add(64 * k) as *const _);
+                    w[k] = _mm512_and_si512(v, nib);
+                    w[k + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+                }
+                if FIVE {
+                    let high = _mm512_set1_epi8(0x10);
+                    for (j, wj) in w.iter_mut().enumerate() {
+                        let k = std::ptr::read_unaligned(p.add(masks_at + 8 * j) as *const u64);
+                        *wj = _mm512_mask_add_epi8(*wj, k, *wj, high);
+                    }
+                }
+                w
+            };
+            for t in 0..T {
+                let x = xq[t].add(b * 8);
+                let mut s0 = _mm512_setzero_si512();
+                let mut s1 = _mm512_setzero_si512();
+                for j in 0..4 {
+                    s0 =
+                        _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x.add(j).read_unaligned()));
+                    s1 = _mm512_dpbusd_epi32(
+                        s1,
+                        w[j + 4],
+                        _mm512_set1_epi32(x.add(j + 4).read_unaligned()),
+                    );
+                }
+                let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                let a = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_set1_ps(*xd[t].add(b))), acc[t]);
+                acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(*xsum[t].add(b)), a);
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add((t * groups + gi) * ROWS), *a);
+        }
+    }
+}
+
+/// The AVX2 kernel of the same layout, a group as two halves of eight rows (each half a pass
+/// over the group's block columns; the second reads them from cache). Without VNNI, a chunk of
+/// four values per row is `maddubs` (u8 × i8 → pairs of i16) against the broadcast activations;
+/// the i16 sums of four chunks (Q5: weights ≤ 31, activations ≤ 127 in magnitude) or eight (Q4:
+/// ≤ 15) cannot overflow, so one `madd` widens them to 32 bits. Q8_0's quants are signed again
+/// and their signs moved onto the activations, as in the row kernel.
+#[inline(always)]
+unsafe fn eight<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
+    data: &[u8],
+    nb: usize,
+    lay: Layout,
+    xs: &[Q8Row<'_>],
+    out: &mut [f32],
+) {
+    let col = lay.column();
+    let groups = data.len() / (nb * col);
+    debug_assert!(
+        ROWS == 16
+            && data.len() == groups * nb * col
+            && xs.len() == T
+            && out.len() == T * ROWS * groups
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
+    );
+    let xq: [*const i32; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const i32);
+    let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
+    let xsum: [*const f32; T] = std::array::from_fn(|t| xs[t].s.as_ptr());
+    let nib = _mm256_set1_epi8(0xf);
+    let ones = _mm256_set1_epi16(1);
+    let (m_at, masks_at, q_at) = (lay.m_at(), lay.masks_at(), lay.quants_at());
+    for gi in 0..groups {
+        let g = data.as_ptr().add(gi * nb * col);
+        for h in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in 0..nb {
+                let p = g.add(b * col);
+                if h == 0 {
+                    let ahead = p.wrapping_add(PREFETCH_COLUMNS * col);
+                    for line in (0..col).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                    }
+                }
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h) as *const __m128i));
+                let m = if HAS_M {
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(m_at + 16 * h) as *const __m128i))
+                } else {
+                    _mm256_mul_ps(d, _mm256_set1_ps(lay.offset))
+                };
+                // w[j] holds values 4j..4j + 4 of the half's rows (Q8_0: signed).
+                let q = p.add(q_at + 32 * h);
+                let load = |at: usize| _mm256_loadu_si256(q.add(at) as *const __m256i);
+                let w: [__m256i; 8] = if EIGHT {
+                    let bias = _mm256_set1_epi8(-128);
+                    std::array::from_fn(|j| _mm256_xor_si256(load(64 * j), bias))
+                } else {
+                    let mut w = [_mm256_setzero_si256(); 8];
+                    for k in 0..4 {
+                        let v = load(64 * k);
+                        w[k] = _mm256_and_si256(v, nib);
+                        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                    }
+                    if FIVE {
+                        for (j, wj) in w.iter_mut().enumerate() {
+                            let k = std::ptr::read_unaligned(p.add(masks_at + 8 * j) as *const u64);
+                            let bits = (k >> (32 * h)) as u32;
+                            *wj = _mm256_or_si256(*wj, Avx2::bits_to_bytes(bits, 0x10));
+                        }
+                    }
+                    w
+                };
+                for t in 0..T {
+                    let x = xq[t].add(b * 8);
+                    let a = |j: usize| _mm256_set1_epi32(x.add(j).read_unaligned());
+                    let s = if EIGHT {
+                        let mut s = _mm256_setzero_si256();
+                        for (j, wj) in w.iter().enumerate() {
+                            let p = _mm256_maddubs_epi16(
+                                _mm256_sign_epi8(*wj, *wj),
+                                _mm256_sign_epi8(a(j), *wj),
+                            );
+                            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                        }
+                        s
+                    } else {
+                        let chain = |j0: usize| {
+                            (j0 + 1..j0 + 4).fold(_mm256_maddubs_epi16(w[j0], a(j0)), |s, j| {
+                                _mm256_add_epi16(s, _mm256_maddubs_epi16(w[j], a(j)))
+                            })
+                        };
+                        let (s0, s1) = (chain(0), chain(4));
+                        if FIVE {
+                            _mm256_add_epi32(
+                                _mm256_madd_epi16(s0, ones),
+                                _mm256_madd_epi16(s1, ones),
+                            )
+                        } else {
+                            _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones)
+                        }
+                    };
+                    let s = _mm256_cvtepi32_ps(s);
+                    let a =
+                        _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(*xd[t].add(b))), acc[t]);
+                    acc[t] = if EIGHT {
+                        a
+                    } else {
+                        _mm256_fmadd_ps(m, _mm256_set1_ps(*xsum[t].add(b)), a)
+                    };
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add((t * groups + gi) * ROWS + 8 * h), *a);
+            }
+        }
+    }
+}
+
+/// An entry point per instruction set, with its features, dispatching on the type's layout and
+/// the number of input rows so that each combination gets its own unrolled body.
+macro_rules! entry {
+    ($name:ident, $body:ident, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(data: &[u8], blocks: usize, lay: Layout, xs: &[Q8Row<'_>], out: &mut [f32]) {
+            macro_rules! by_rows {
+                ($m:literal, $f:literal, $e:literal) => {
+                    match xs.len() {
+                        1 => $body::<$m, $f, $e, 1>(data, blocks, lay, xs, out),
+                        2 => $body::<$m, $f, $e, 2>(data, blocks, lay, xs, out),
+                        3 => $body::<$m, $f, $e, 3>(data, blocks, lay, xs, out),
+                        4 => $body::<$m, $f, $e, 4>(data, blocks, lay, xs, out),
+                        5 => $body::<$m, $f, $e, 5>(data, blocks, lay, xs, out),
+                        6 => $body::<$m, $f, $e, 6>(data, blocks, lay, xs, out),
+                        7 => $body::<$m, $f, $e, 7>(data, blocks, lay, xs, out),
+                        _ => $body::<$m, $f, $e, 8>(data, blocks, lay, xs, out),
+                    }
+                };
+            }
+            match (lay.has_m, lay.five, lay.eight) {
+                (false, false, false) => by_rows!(false, false, false),
+                (true, false, false) => by_rows!(true, false, false),
+                (false, true, false) => by_rows!(false, true, false),
+                (true, true, false) => by_rows!(true, true, false),
+                _ => by_rows!(false, false, true),
+            }
+        }
+    };
+}
+
+entry!(
+    avx512_dot,
+    sixteen,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+);
+entry!(avx2_dot, eight, "avx2,fma,f16c");
+
+/// The packed kernel of `isa` for `lay`'s type over whole groups of `blocks` block columns (one
+/// call per run of groups, not per group: a group of a decode row is only a few hundred cycles
+/// of work): `out[t * 16 * groups + 16 * g + r]` = row `r` of group `g` · `xs[t]`.
+///
+/// # Safety
+/// The CPU must have `isa` (AVX2 or AVX-512: [`Isa::has_avx2`]); `xs.len()` in
+/// `1..=`[`super::packed::MAX_TOKENS`], and `out.len()` is `xs.len()` times the rows of the
+/// groups.
+pub unsafe fn packed_dot(
+    isa: Isa,
+    data: &[u8],
+    blocks: usize,
+    lay: Layout,
+    xs: &[Q8Row<'_>],
+    out: &mut [f32],
+) {
+    match isa {
+        Isa::Avx512 => avx512_dot(data, blocks, lay, xs, out),
+        _ => avx2_dot(data, blocks, lay, xs, out),
+    }
+}
