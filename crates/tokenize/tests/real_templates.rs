@@ -11,13 +11,7 @@ use serde_json::Value;
 
 /// Templates we do not match, each with the reason. Listed ones must differ (so the list stays
 /// honest); every other template must match on every case.
-const EXCEPTIONS: &[(&str, &str)] = &[(
-    "meetkai-functionary-medium-v3.1.jinja",
-    "writes `\"...\"|safe + description + ...`: in Python `Markup + str` HTML-escapes the str \
-     (markupsafe's Markup.__add__, whatever the autoescape setting), so transformers prints tool \
-     descriptions and schemas as `&#34;name&#34;`; minijinja's `+` escapes only under \
-     auto-escaping, which would also escape every `{{ }}` and `~` of every other template",
-)];
+const EXCEPTIONS: &[(&str, &str)] = &[];
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real_templates")
@@ -165,7 +159,6 @@ fn real_templates_match_transformers() {
 
 /// One-line templates we do not match, each with the reason (listed ones must differ).
 const SEMANTICS_EXCEPTIONS: &[(&str, &str)] = &[
-    ("{{ '<' + ('b' | safe) }}", MARKUP_ADD),
     ("{{ '%s-%d' % ('a', 3) }}", PRINTF),
     ("{{ '%.2f' % 3.14159 }}", PRINTF),
     ("{{ '%5s|' % 'ab' }}", PRINTF),
@@ -177,7 +170,6 @@ const SEMANTICS_EXCEPTIONS: &[(&str, &str)] = &[
 
 const PRINTF: &str = "Python's printf-style `str % args`: minijinja's `%` is arithmetic only and \
                       its operators cannot be extended; no template of the collection uses it";
-const MARKUP_ADD: &str = "`Markup + str` HTML-escapes the str in Python (see EXCEPTIONS)";
 
 #[test]
 fn python_jinja_semantics_match_transformers() {

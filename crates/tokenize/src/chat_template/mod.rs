@@ -215,6 +215,10 @@ impl ChatTemplate {
             ))
         });
         pyvalue::install(&mut env);
+        env.add_function(
+            rewrite::MARKUP_ADD,
+            |terms: minijinja::value::Rest<Value>| pystr::markup_add(&terms),
+        );
         env.add_filter("tojson", pyjson::tojson);
         env.add_filter("trim", pystr::trim);
         env.add_filter("string", pystr::string);

@@ -110,9 +110,63 @@ pub fn format(
     out.write_str(&py_str(v)).map_err(Error::from)
 }
 
+/// Python's `t0 + t1 + …` where some term is a `Markup` (a `|safe` string; see
+/// `rewrite::MARKUP_ADD`): markupsafe's `Markup.__add__` / `__radd__` escape each plain string
+/// (`&<>'"`) and keep the safe ones, and take nothing but strings — Python's `+` raises a
+/// TypeError for a Markup and a number, none or undefined.
+pub fn markup_add(terms: &[Value]) -> Result<Value, Error> {
+    let mut out = String::new();
+    for t in terms {
+        match (t.kind(), t.as_str()) {
+            (ValueKind::String, Some(s)) if t.is_safe() => out.push_str(s),
+            (ValueKind::String, Some(s)) => escape_html(s, &mut out),
+            _ => {
+                return Err(Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    format!(
+                        "unsupported operand type(s) for +: 'Markup' and '{}'",
+                        t.kind()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(Value::from_safe_string(out))
+}
+
+/// markupsafe's `escape` of a string.
+fn escape_html(s: &str, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\'' => out.push_str("&#39;"),
+            '"' => out.push_str("&#34;"),
+            c => out.push(c),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_markup_sum_escapes_what_is_not_safe() {
+        let terms = [
+            Value::from_safe_string("<b>'".into()),
+            Value::from("a \"<&>' b"),
+            Value::from_safe_string("<i>".into()),
+        ];
+        let v = markup_add(&terms).unwrap();
+        assert!(v.is_safe());
+        assert_eq!(v.as_str(), Some("<b>'a &#34;&lt;&amp;&gt;&#39; b<i>"));
+        let radd = markup_add(&[Value::from("<"), Value::from_safe_string("b".into())]).unwrap();
+        assert_eq!(radd.as_str(), Some("&lt;b"));
+        assert!(markup_add(&[Value::from_safe_string("x".into()), Value::from(1)]).is_err());
+        assert!(markup_add(&[Value::from_safe_string("x".into()), Value::UNDEFINED]).is_err());
+    }
 
     #[test]
     fn prints_as_python() {

@@ -1,12 +1,17 @@
-//! Source rewrites that give minijinja two of Python-Jinja's statement semantics it lacks:
+//! Source rewrites that give minijinja three of Python-Jinja's semantics it lacks:
 //! transformers' `{% generation %}…{% endgeneration %}` tag (it marks the assistant's text for
-//! training masks and renders its body in place, in a scope of its own) becomes a `with` block,
-//! and a `for` loop's iterable goes through [`PY_ITER`], so looping over none raises as Python
-//! does. Tags are found by scanning Jinja's syntax (text, comments, raw blocks, string literals,
+//! training masks and renders its body in place, in a scope of its own) becomes a `with` block;
+//! a `for` loop's iterable goes through [`PY_ITER`], so looping over none raises as Python
+//! does; and a printed sum whose first term is `…|safe` goes through [`MARKUP_ADD`], as in
+//! Python `Markup + str` HTML-escapes the str (markupsafe, whatever the autoescape setting).
+//! Tags are found by scanning Jinja's syntax (text, comments, raw blocks, string literals,
 //! brackets), so text that only looks like a tag is left alone.
 
 /// The filter every `for` loop's iterable is passed through (see `pyiter` in `mod.rs`).
 pub const PY_ITER: &str = "__anelm_pyiter";
+
+/// The function a printed `a|safe + b + …` becomes (see `markup_add` in `pystr.rs`).
+pub const MARKUP_ADD: &str = "__anelm_markup_add";
 
 /// The source with both rewrites applied.
 pub fn rewrite(source: &str) -> String {
@@ -17,7 +22,20 @@ pub fn rewrite(source: &str) -> String {
     while let Some(open) = find(bytes, pos, b"{") {
         match bytes.get(open + 1) {
             Some(b'#') => pos = find(bytes, open + 2, b"#}").map_or(bytes.len(), |e| e + 2),
-            Some(b'{') => pos = tag_end(bytes, open + 2, b"}}"),
+            Some(b'{') => {
+                pos = tag_end(bytes, open + 2, b"}}");
+                let inner = skip_sign(bytes, open + 2)..inner_close(bytes, pos);
+                if let Some(terms) = markup_sum(bytes, inner) {
+                    // `t0 + t1 + …` → `f(t0 , t1 , …)`: each `+` becomes a comma in place.
+                    let first = skip_space(bytes, terms[0].start);
+                    edits.push((first..first, format!("{MARKUP_ADD}(")));
+                    for t in &terms[1..] {
+                        edits.push((t.start - 1..t.start, ",".into()));
+                    }
+                    let last = terms[terms.len() - 1].end;
+                    edits.push((last..last, ")".into()));
+                }
+            }
             Some(b'%') => {
                 let name_at = skip_space(bytes, skip_sign(bytes, open + 2));
                 let name_end = ident_end(bytes, name_at);
@@ -108,6 +126,109 @@ fn for_iterable(bytes: &[u8], from: usize, end: usize) -> Option<std::ops::Range
     start.filter(|&s| s <= close).map(|s| s..close)
 }
 
+/// Where the inside of a tag that ends just before `end` (past its `}}` / `%}`) closes: before
+/// the close and its whitespace-control sign.
+fn inner_close(bytes: &[u8], end: usize) -> usize {
+    let close = end.saturating_sub(2);
+    match close.checked_sub(1).and_then(|i| bytes.get(i)) {
+        Some(b'-' | b'+') => close - 1,
+        _ => close,
+    }
+}
+
+/// The terms of a printed expression that is a sum and nothing else at its top level — terms
+/// joined by `+` (each with its filters, calls, subscripts and brackets), no other operator or
+/// keyword — one of whose terms ends in the `safe` filter: a Python sum with a `Markup` in it
+/// (see [`MARKUP_ADD`]). Each term's range is its bytes between the `+` signs, with the `+` just
+/// before every term but the first. None for every other expression.
+fn markup_sum(bytes: &[u8], inner: std::ops::Range<usize>) -> Option<Vec<std::ops::Range<usize>>> {
+    let mut terms = Vec::new();
+    let mut term_start = inner.start;
+    let mut depth = 0usize;
+    let mut at = inner.start;
+    let mut prev = b' ';
+    while at < inner.end.min(bytes.len()) {
+        let b = bytes[at];
+        match b {
+            b'\'' | b'"' => at = string_end(bytes, at),
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth = depth.checked_sub(1)?,
+            _ if depth > 0 || b.is_ascii_whitespace() || b.is_ascii_digit() => {}
+            b'+' => {
+                terms.push(term_start..at);
+                term_start = at + 1;
+            }
+            b'|' | b'.' => {}
+            _ if b.is_ascii_alphabetic() || b == b'_' => {
+                let word_end = ident_end(bytes, at);
+                let keyword = matches!(
+                    &bytes[at..word_end],
+                    b"if" | b"else" | b"and" | b"or" | b"not" | b"in" | b"is"
+                );
+                // A filter's or an attribute's name is no keyword.
+                if keyword && !matches!(prev, b'|' | b'.') {
+                    return None;
+                }
+                prev = b'a';
+                at = word_end;
+                continue;
+            }
+            // Any other operator (`-`, `*`, `~`, comparisons, `,`, `:`, …) at the top level.
+            _ => return None,
+        }
+        if !b.is_ascii_whitespace() {
+            prev = b;
+        }
+        at += 1;
+    }
+    if depth != 0 || terms.is_empty() {
+        return None;
+    }
+    terms.push(term_start..inner.end);
+    terms
+        .iter()
+        .any(|t| std::str::from_utf8(&bytes[t.clone()]).is_ok_and(ends_safe))
+        .then_some(terms)
+}
+
+/// Whether a term's last filter is `safe` (`x|safe`, `x | safe()`, `(x | safe)`).
+fn ends_safe(term: &str) -> bool {
+    let mut t = term.trim();
+    loop {
+        let bare = t.strip_suffix("()").unwrap_or(t).trim_end();
+        if bare
+            .strip_suffix("safe")
+            .is_some_and(|rest| rest.trim_end().ends_with('|'))
+        {
+            return true;
+        }
+        // One pair of brackets around the whole term.
+        match t.strip_prefix('(').and_then(|i| i.strip_suffix(')')) {
+            Some(inner) if balanced(inner) => t = inner.trim(),
+            _ => return false,
+        }
+    }
+}
+
+/// Brackets outside string literals never close below depth 0.
+fn balanced(s: &str) -> bool {
+    let b = s.as_bytes();
+    let (mut depth, mut at) = (0usize, 0);
+    while at < b.len() {
+        match b[at] {
+            b'\'' | b'"' => at = string_end(b, at),
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => match depth.checked_sub(1) {
+                Some(d) => depth = d,
+                None => return false,
+            },
+            _ => {}
+        }
+        at += 1;
+    }
+    depth == 0
+}
+
 fn find(bytes: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
     let hay = bytes.get(from..)?;
     memchr::memmem::find(hay, needle).map(|i| from + i)
@@ -179,7 +300,7 @@ fn raw_end(bytes: &[u8], mut at: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{rewrite, PY_ITER};
+    use super::{rewrite, MARKUP_ADD, PY_ITER};
 
     /// Found by the fuzzer: an unclosed `for` tag whose `in` runs into the end of the source.
     #[test]
@@ -222,6 +343,42 @@ mod tests {
             ),
         ] {
             assert_eq!(rewrite(src), want, "{src}");
+        }
+    }
+
+    #[test]
+    fn a_printed_sum_from_a_safe_string_becomes_a_markup_sum() {
+        let f = MARKUP_ADD;
+        for (src, want) in [
+            (
+                "{{ \"a '\"|safe + t['name'] + \"'\"|safe + t | tojson() }}",
+                format!("{{{{ {f}(\"a '\"|safe , t['name'] , \"'\"|safe , t | tojson() )}}}}"),
+            ),
+            (
+                "{{- 'x'|safe() + (a + b) -}}",
+                format!("{{{{- {f}('x'|safe() , (a + b) )-}}}}"),
+            ),
+        ] {
+            assert_eq!(rewrite(&src), want, "{src}");
+        }
+        assert_eq!(
+            rewrite("{{ '<' + ('b' | safe) }}"),
+            format!("{{{{ {f}('<' , ('b' | safe) )}}}}")
+        );
+        // Sums without a safe string, or that are not sums alone, are left alone.
+        for src in [
+            "{{ a + 'x' }}",
+            "{{ a + ('x'|safe)|upper }}",
+            "{{ 'x'|safe }}",
+            "{{ 'x'|safe + a if c else b }}",
+            "{{ 'x'|safe + a ~ b }}",
+            "{{ 'x'|safe + a - 1 }}",
+            "{{ 'x'|unsafe + a }}",
+            "{{ 'x'|safe + a is defined }}",
+            "{{ ('x'|safe + a) }}",
+            "{% set y = 'x'|safe + a %}",
+        ] {
+            assert_eq!(rewrite(src), src, "{src}");
         }
     }
 
