@@ -359,7 +359,7 @@ mod tests {
                 format!("{{{{- {f}('x'|safe() , (a + b) )-}}}}"),
             ),
         ] {
-            assert_eq!(rewrite(&src), want, "{src}");
+            assert_eq!(rewrite(src), want, "{src}");
         }
         assert_eq!(
             rewrite("{{ '<' + ('b' | safe) }}"),
