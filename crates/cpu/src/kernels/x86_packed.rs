@@ -13,6 +13,38 @@ use crate::simd::Isa;
 /// Block columns ahead of the packed kernel's reads that it prefetches.
 const PREFETCH_COLUMNS: usize = 8;
 
+/// A block column's bytes and the number of groups in `data`, the call's shapes checked.
+#[inline(always)]
+fn shape<const T: usize>(
+    data: &[u8],
+    nb: usize,
+    lay: Layout,
+    xs: &[Q8Row<'_>],
+    out: &[f32],
+) -> (usize, usize) {
+    let col = lay.column();
+    let groups = data.len() / (nb * col);
+    debug_assert!(
+        ROWS == 16
+            && data.len() == groups * nb * col
+            && xs.len() == T
+            && out.len() == T * ROWS * groups
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
+    );
+    (col, groups)
+}
+
+/// Each input row's block scales and block sums.
+#[inline(always)]
+fn scales<const T: usize>(xs: &[Q8Row<'_>]) -> ([*const f32; T], [*const f32; T]) {
+    (
+        std::array::from_fn(|t| xs[t].d.as_ptr()),
+        std::array::from_fn(|t| xs[t].s.as_ptr()),
+    )
+}
+
 /// The AVX-512 kernel of the sixteen-row packed layout (see `packed.rs`) over consecutive groups
 /// of `nb` block columns: `out[t * 16 * groups + 16 * g + r]` = row `r` of group `g` · `xs[t]`.
 /// Each row's sums sit in its own 32-bit lane: a block column of an input row is eight VNNI
@@ -27,20 +59,9 @@ unsafe fn sixteen<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const 
     xs: &[Q8Row<'_>],
     out: &mut [f32],
 ) {
-    let col = lay.column();
-    let groups = data.len() / (nb * col);
-    debug_assert!(
-        ROWS == 16
-            && data.len() == groups * nb * col
-            && xs.len() == T
-            && out.len() == T * ROWS * groups
-            && xs
-                .iter()
-                .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
-    );
+    let (col, groups) = shape::<T>(data, nb, lay, xs, out);
     let xq: [*const i32; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const i32);
-    let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
-    let xsum: [*const f32; T] = std::array::from_fn(|t| xs[t].s.as_ptr());
+    let (xd, xsum) = scales::<T>(xs);
     let nib = _mm512_set1_epi8(0xf);
     let (m_at, masks_at, q_at) = (lay.m_at(), lay.masks_at(), lay.quants_at());
     for gi in 0..groups {
@@ -118,20 +139,9 @@ unsafe fn eight<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T:
     xs: &[Q8Row<'_>],
     out: &mut [f32],
 ) {
-    let col = lay.column();
-    let groups = data.len() / (nb * col);
-    debug_assert!(
-        ROWS == 16
-            && data.len() == groups * nb * col
-            && xs.len() == T
-            && out.len() == T * ROWS * groups
-            && xs
-                .iter()
-                .all(|x| x.qs.len() == nb * 32 && x.d.len() == nb && x.s.len() == nb)
-    );
+    let (col, groups) = shape::<T>(data, nb, lay, xs, out);
     let xq: [*const i32; T] = std::array::from_fn(|t| xs[t].qs.as_ptr() as *const i32);
-    let xd: [*const f32; T] = std::array::from_fn(|t| xs[t].d.as_ptr());
-    let xsum: [*const f32; T] = std::array::from_fn(|t| xs[t].s.as_ptr());
+    let (xd, xsum) = scales::<T>(xs);
     let nib = _mm256_set1_epi8(0xf);
     let ones = _mm256_set1_epi16(1);
     let (m_at, masks_at, q_at) = (lay.m_at(), lay.masks_at(), lay.quants_at());
