@@ -7,7 +7,7 @@
 //! can stop between any two tokens ([`Generation::cancel`]).
 
 use std::collections::VecDeque;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use crate::error::{EngineError, Result};
 use crate::loaded::LoadedModel;
 use crate::prompt::{prepare, Input, Overflow};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
-use crate::session::Session;
+use crate::session::{PrefillStep, Session};
 use crate::speculative::{SpecStats, Speculation};
 use crate::stop::{StopScan, StopStrings};
 use crate::utf8_stream::Utf8Stream;
@@ -149,6 +149,18 @@ pub enum Event {
     Text(String),
     /// The last event.
     Finish(Finish),
+}
+
+/// What a generation feeds to a batched pass ([`crate::Batch::step`]).
+pub(crate) enum Feed {
+    Nothing,
+    /// The token drawn last, to decode.
+    Token(u32),
+    /// The next chunk of the prompt (a range of it), and how it stands.
+    Prompt {
+        chunk: Range<usize>,
+        step: PrefillStep,
+    },
 }
 
 enum Phase {
@@ -422,6 +434,12 @@ impl Generation<'_> {
         let step = self
             .session
             .prefill_chunk(exec, &self.prompt, &mut self.logits)?;
+        self.prefilled(step, start);
+        Ok(step.done)
+    }
+
+    /// Books a prefill chunk that began at `start`; the last one moves on to decoding.
+    fn prefilled(&mut self, step: PrefillStep, start: Instant) {
         if !self.prefill_started {
             self.prefill_started = true;
             self.usage.cached_tokens = step.reused;
@@ -431,7 +449,6 @@ impl Generation<'_> {
         if step.done {
             self.phase = Phase::Decode(None);
         }
-        Ok(step.done)
     }
 
     /// Ends the generation now: the text held back so far and the finish (reason `Cancelled`)
@@ -474,33 +491,35 @@ impl Generation<'_> {
 
     /// The first half of a batched step: a prefill chunk, or the check that the context has
     /// room. Returns the token this generation feeds to the batched pass, if any.
-    pub(crate) fn batch_begin(
-        &mut self,
-        exec: &mut dyn Executor,
-        start: Instant,
-    ) -> Result<Option<u32>> {
+    pub(crate) fn batch_begin(&mut self, exec: &mut dyn Executor, start: Instant) -> Result<Feed> {
         self.drawing = false;
         match self.phase {
-            Phase::Done => Ok(None),
+            Phase::Done => Ok(Feed::Nothing),
             Phase::Prefill => {
-                self.prefill_step(exec)?;
-                Ok(None)
+                let (chunk, step) = self.session.next_chunk(&self.prompt)?;
+                self.step_started = Some(start);
+                Ok(Feed::Prompt { chunk, step })
             }
             Phase::Decode(Some(feed)) if self.speculation.is_some() => {
                 // A verifying pass has several tokens: it runs on its own, not in the batch.
                 self.step_started = Some(start);
                 self.speculative_step(exec, feed)?;
-                Ok(None)
+                Ok(Feed::Nothing)
             }
             Phase::Decode(feed) => {
                 self.step_started = Some(start);
                 if feed.is_some() && !self.room() {
-                    return Ok(None);
+                    return Ok(Feed::Nothing);
                 }
                 self.drawing = true;
-                Ok(feed)
+                Ok(feed.map_or(Feed::Nothing, Feed::Token))
             }
         }
+    }
+
+    /// The prompt tokens of a [`Feed::Prompt`].
+    pub(crate) fn prompt_tokens(&self, chunk: Range<usize>) -> &[u32] {
+        &self.prompt[chunk]
     }
 
     /// The state a batched pass appends the fed token to.
@@ -512,7 +531,7 @@ impl Generation<'_> {
     /// token and its row) and draws the next token.
     pub(crate) fn batch_end(&mut self, fed: Option<(u32, &[f32])>) {
         if let Some((token, row)) = fed {
-            self.session.appended(token);
+            self.session.appended(&[token]);
             self.logits.clear();
             self.logits.extend_from_slice(row);
         }
@@ -522,6 +541,18 @@ impl Generation<'_> {
         if let Some(s) = self.step_started.take() {
             self.timings.decode += s.elapsed();
         }
+    }
+
+    /// The second half of a batched step that fed a prompt chunk (`row`: the logits after its
+    /// last token, kept when the chunk ends the prompt).
+    pub(crate) fn batch_end_prompt(&mut self, chunk: Range<usize>, step: PrefillStep, row: &[f32]) {
+        let start = self.step_started.take().unwrap_or_else(Instant::now);
+        self.session.appended(&self.prompt[chunk]);
+        if step.done {
+            self.logits.clear();
+            self.logits.extend_from_slice(row);
+        }
+        self.prefilled(step, start);
     }
 
     /// Whether the session has room for one more token; finishes the generation if not.

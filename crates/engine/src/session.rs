@@ -1,6 +1,8 @@
 //! A session: one sequence's KV state and the tokens it holds. Feeding a prompt that extends
 //! the cached tokens prefills only the new suffix.
 
+use std::ops::Range;
+
 use anelm_model::{Executor, KvState, Logits};
 
 use crate::error::{EngineError, Result};
@@ -79,6 +81,20 @@ impl Session {
         prompt: &[u32],
         logits: &mut Vec<f32>,
     ) -> Result<PrefillStep> {
+        let (chunk, step) = self.next_chunk(prompt)?;
+        let want = if step.done {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        self.run(exec, &prompt[chunk], want, logits)?;
+        Ok(step)
+    }
+
+    /// What the next [`Session::prefill_chunk`] feeds, without feeding it: the session is cut
+    /// back to the longest prefix it shares with `prompt`, and the range of `prompt` that comes
+    /// next is returned with the step (a batched pass feeds it, then [`Session::appended`]).
+    pub(crate) fn next_chunk(&mut self, prompt: &[u32]) -> Result<(Range<usize>, PrefillStep)> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -99,9 +115,7 @@ impl Session {
         let reused = self.tokens.len();
         let end = (reused + PREFILL_CHUNK).min(prompt.len());
         let done = end == prompt.len();
-        let want = if done { Logits::Last } else { Logits::None };
-        self.run(exec, &prompt[reused..end], want, logits)?;
-        Ok(PrefillStep { reused, done })
+        Ok((reused..end, PrefillStep { reused, done }))
     }
 
     /// The state, for a batched pass that appends one token ([`Session::appended`] records it).
@@ -109,9 +123,9 @@ impl Session {
         self.state.as_mut()
     }
 
-    /// Records a token a batched pass appended to the state.
-    pub(crate) fn appended(&mut self, token: u32) {
-        self.tokens.push(token);
+    /// Records the tokens a batched pass appended to the state.
+    pub(crate) fn appended(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
         debug_assert_eq!(self.tokens.len(), self.state.len());
     }
 

@@ -54,6 +54,15 @@ pub enum ExecError {
     ForeignState,
     #[error("a batch of {states} states was given {tokens} tokens (one each)")]
     BatchMismatch { states: usize, tokens: usize },
+    #[error(
+        "a pass of {states} states was given {runs} runs of {tokens} tokens in all \
+         (one run of at least one token per state, covering the tokens)"
+    )]
+    RunMismatch {
+        states: usize,
+        runs: usize,
+        tokens: usize,
+    },
     #[error("{0}")]
     Device(String),
     #[error("this executor cannot {0}")]
@@ -142,6 +151,53 @@ pub trait Executor: Send {
         forward_each(self, states, tokens, out)
     }
 
+    /// One pass of several sequences, each appending a run of tokens (a decode token, or a
+    /// chunk of a prompt): the `lens[i]` tokens of `tokens` that follow the earlier runs go to
+    /// `states[i]`, and `out` gets the logits after each run's last token, one row of `vocab`
+    /// floats per sequence, in order, replacing its contents. Each row is what
+    /// [`Executor::forward`] of that run alone gives (bit for bit); an executor that batches
+    /// reads its weights once for all the tokens. The default runs the one-token runs as one
+    /// [`Executor::forward_batch`] step and each longer run by itself. On an error no state has
+    /// advanced, unless the executor failed mid-step (see [`Executor::forward_batch`]).
+    fn forward_runs(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        lens: &[usize],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let vocab = self.vocab_size();
+        check_runs(states, lens, tokens, vocab)?;
+        let mut singles: Vec<&mut dyn KvState> = Vec::new();
+        let mut single_tokens = Vec::new();
+        let mut at = 0;
+        for (s, &len) in states.iter_mut().zip(lens) {
+            if len == 1 {
+                singles.push(&mut **s);
+                single_tokens.push(tokens[at]);
+            }
+            at += len;
+        }
+        let mut batch = Vec::new();
+        if !singles.is_empty() {
+            self.forward_batch(&mut singles, &single_tokens, &mut batch)?;
+        }
+        drop(singles);
+        out.clear();
+        let (mut row, mut next_single, mut at) = (Vec::new(), 0, 0);
+        for (s, &len) in states.iter_mut().zip(lens) {
+            if len == 1 {
+                out.extend_from_slice(&batch[next_single * vocab..(next_single + 1) * vocab]);
+                next_single += 1;
+            } else {
+                self.forward(&mut **s, &tokens[at..at + len], Logits::Last, &mut row)?;
+                out.extend_from_slice(&row);
+            }
+            at += len;
+        }
+        Ok(())
+    }
+
     /// Like [`Executor::forward`], but writes the final-normed hidden state of every token
     /// (`hidden_size` floats per row, token-major) instead of logits: what embeddings pool.
     /// Executors that cannot give them refuse with [`ExecError::Unsupported`].
@@ -198,6 +254,37 @@ pub fn forward_each<E: Executor + ?Sized>(
     for (state, &token) in states.iter_mut().zip(tokens) {
         exec.forward(&mut **state, &[token], Logits::Last, &mut row)?;
         out.extend_from_slice(&row);
+    }
+    Ok(())
+}
+
+/// The checks of [`Executor::forward_runs`] that need no executor: a run of at least one token
+/// per state, the runs covering the tokens, every token in the vocabulary, and room for each
+/// run in its state.
+pub fn check_runs(
+    states: &[&mut dyn KvState],
+    lens: &[usize],
+    tokens: &[u32],
+    vocab: usize,
+) -> Result<(), ExecError> {
+    if states.len() != lens.len() || lens.contains(&0) || lens.iter().sum::<usize>() != tokens.len()
+    {
+        return Err(ExecError::RunMismatch {
+            states: states.len(),
+            runs: lens.len(),
+            tokens: tokens.len(),
+        });
+    }
+    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ExecError::TokenOutOfRange { id, vocab });
+    }
+    for (s, &len) in states.iter().zip(lens) {
+        if s.len() + len > s.capacity() {
+            return Err(ExecError::ContextFull {
+                needed: s.len() + len,
+                capacity: s.capacity(),
+            });
+        }
     }
     Ok(())
 }

@@ -109,19 +109,32 @@ impl Forward<'_> {
             self.decode_attention(a, li, rot_v);
             self.prepare(Src::Xn, qd, 0..n, &[&a.o.weight]);
         } else {
-            // One sequence, several tokens (a prefill).
-            debug_assert!(c.seqs.len() == 1);
-            let cache = c.seqs[0].cache(li, kvd);
-            // (Block of query tokens, KV head) pairs: a head's keys and values are read once for
-            // its group of query heads (adjacent in a row of q) and a block of tokens.
+            // Runs of several tokens (a prefill; beside it, other sequences' runs, one token
+            // or more). (Block of a sequence's query tokens, KV head) pairs: a head's keys and
+            // values are read once for its group of query heads (adjacent in a row of q) and a
+            // block of tokens. A sequence's blocks start at its first row, so its result does
+            // not depend on the others.
+            let blocks: Vec<(usize, Range<usize>)> = c
+                .seqs
+                .iter()
+                .enumerate()
+                .flat_map(|(i, s)| {
+                    let end = s.rows.end;
+                    s.rows
+                        .clone()
+                        .step_by(ATTN_BLOCK)
+                        .map(move |r0| (i, r0..(r0 + ATTN_BLOCK).min(end)))
+                })
+                .collect();
             let g = a.n_heads / a.n_kv_heads;
             let gw = g * hd;
             let p = &mut *self.p;
             let (scores, window) = (&mut p.scratch, &mut p.window);
             let (acc, run) = (&mut p.part, &mut p.part_stats);
-            ctx.chunks(n.div_ceil(ATTN_BLOCK) * a.n_kv_heads, |item| {
-                let (blk, kvh) = (item / a.n_kv_heads, item % a.n_kv_heads);
-                let rows = blk * ATTN_BLOCK..((blk + 1) * ATTN_BLOCK).min(n);
+            ctx.chunks(blocks.len() * a.n_kv_heads, |item| {
+                let ((si, rows), kvh) = (&blocks[item / a.n_kv_heads], item % a.n_kv_heads);
+                let rows = rows.clone();
+                let cache = c.seqs[*si].cache(li, kvd);
                 let at = |t: usize| t * qd + kvh * gw..t * qd + (kvh + 1) * gw;
                 let queries: [(&[f32], Range<usize>); ATTN_BLOCK] = std::array::from_fn(|b| {
                     let t = rows.start + b;

@@ -168,13 +168,13 @@ impl Forward<'_> {
     /// The final norm and the output head for the wanted rows (the normed rows themselves for
     /// hidden states).
     pub(super) unsafe fn head(&mut self) {
-        let rows = self.c.rows.clone();
+        let rows = self.c.rows;
         if rows.is_empty() {
             return;
         }
         let h = self.m.config.hidden_size;
         let p = &mut *self.p;
-        for (i, t) in rows.clone().enumerate() {
+        for (i, &t) in rows.iter().enumerate() {
             let xn = &mut p.xn[i * h..(i + 1) * h];
             xn.copy_from_slice(&p.x[t * h..(t + 1) * h]);
             norm_row(&self.m.final_norm, xn);

@@ -21,7 +21,8 @@ use std::time::Instant;
 
 use anelm_model::plan::{Ffn, GatedMlp, Layer, Linear, Mixer};
 use anelm_model::{
-    check_batch, checked_state, ExecError, Executor, KvState, Logits, Model, RouteChoice, Weight,
+    check_batch, check_runs, checked_state, ExecError, Executor, KvState, Logits, Model,
+    RouteChoice, Weight,
 };
 
 use crate::adaptive::Adaptive;
@@ -298,7 +299,8 @@ impl Executor for CpuExecutor {
             };
             let out_chunk = &mut out[out_rows.start * vocab..out_rows.end * vocab];
             let tokens = &tokens[done..done + len];
-            self.run(&mut [&mut *kv], tokens, rows, out_chunk, false);
+            let rows: Vec<usize> = rows.collect();
+            self.run(&mut [&mut *kv], &[len], tokens, &rows, out_chunk, false);
             done += len;
         }
         if let Some(cap) = self.model.final_softcap {
@@ -343,10 +345,89 @@ impl Executor for CpuExecutor {
             .zip(tokens.chunks(per))
             .zip(out.chunks_mut(per * vocab))
         {
-            self.run(kvs, tokens, 0..tokens.len(), out, false);
+            let rows: Vec<usize> = (0..tokens.len()).collect();
+            self.run(kvs, &vec![1; tokens.len()], tokens, &rows, out, false);
         }
         if let Some(cap) = self.model.final_softcap {
             softcap(out, cap);
+        }
+        Ok(())
+    }
+
+    /// The runs go through the layers as the rows of one chunk (several chunks when they
+    /// exceed the buffers' rows): each product reads its weight once for all of them, each
+    /// row's arithmetic what it is alone, and attention and the recurrent layers run per
+    /// sequence on its own state over its own run — so a prompt chunk joins the decode tokens
+    /// of the other sequences in one pass, and each row is what its run alone gives.
+    fn forward_runs(
+        &mut self,
+        states: &mut [&mut dyn KvState],
+        lens: &[usize],
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        let vocab = self.model.config.vocab_size;
+        check_runs(states, lens, tokens, vocab)?;
+        if lens.iter().all(|&l| l == 1) {
+            return self.forward_batch(states, tokens, out);
+        }
+        let mut kvs = Vec::with_capacity(states.len());
+        let mut at = 0;
+        for (s, &len) in states.iter_mut().zip(lens) {
+            kvs.push(checked_state::<CpuKv>(
+                &mut **s,
+                self.id,
+                &tokens[at..at + len],
+                vocab,
+            )?);
+            at += len;
+        }
+        self.route_gaps.clear();
+        self.route_ties.clear();
+        out.clear();
+        out.resize(lens.len() * vocab, 0.0);
+        // Passes of whole runs, in order, each at most MAX_BATCH tokens; a longer run goes
+        // alone, in chunks, as `forward` takes it.
+        let (mut first, mut at) = (0, 0);
+        while first < lens.len() {
+            let mut end = first + 1;
+            let mut n = lens[first];
+            while end < lens.len() && n + lens[end] <= MAX_BATCH && lens[first] <= MAX_BATCH {
+                n += lens[end];
+                end += 1;
+            }
+            let row_out = &mut out[first * vocab..end * vocab];
+            let toks = &tokens[at..at + n];
+            if lens[first] > MAX_BATCH {
+                let mut row = Vec::new();
+                let state: &mut dyn KvState = &mut *kvs[first];
+                self.forward(state, toks, Logits::Last, &mut row)?;
+                row_out.copy_from_slice(&row);
+            } else {
+                self.reserve(n);
+                if n == end - first {
+                    self.bufs.reserve_decode(n);
+                }
+                let mut rows = Vec::with_capacity(end - first);
+                let mut last = 0;
+                for &len in &lens[first..end] {
+                    last += len;
+                    rows.push(last - 1);
+                }
+                self.run(
+                    &mut kvs[first..end],
+                    &lens[first..end],
+                    toks,
+                    &rows,
+                    row_out,
+                    false,
+                );
+                if let Some(cap) = self.model.final_softcap {
+                    softcap(row_out, cap);
+                }
+            }
+            first = end;
+            at += n;
         }
         Ok(())
     }
@@ -372,7 +453,8 @@ impl Executor for CpuExecutor {
             let len = (tokens.len() - done).min(self.bufs.cap);
             let chunk = &tokens[done..done + len];
             let dst = &mut out[done * h..(done + len) * h];
-            self.run(&mut [&mut *kv], chunk, 0..len, dst, true);
+            let rows: Vec<usize> = (0..len).collect();
+            self.run(&mut [&mut *kv], &[len], chunk, &rows, dst, true);
             done += len;
         }
         Ok(())
@@ -424,24 +506,24 @@ impl CpuExecutor {
         }
     }
 
-    /// One pass over `tokens`: all of them the next tokens of `kvs[0]`, or one for each of
-    /// `kvs`. Writes the logits of the chunk rows `rows` into `out` and advances the states.
-    /// One chunk through the layers; the logits of rows `rows` (or, `hidden`, their
-    /// final-normed hidden states) into `out`.
+    /// One pass over `tokens`, the next `lens[i]` of them (in order) the next tokens of
+    /// `kvs[i]`: writes the logits of the chunk rows `rows` (or, `hidden`, their final-normed
+    /// hidden states) into `out` and advances the states.
     fn run(
         &mut self,
         kvs: &mut [&mut CpuKv],
+        lens: &[usize],
         tokens: &[u32],
-        rows: Range<usize>,
+        rows: &[usize],
         out: &mut [f32],
         hidden: bool,
     ) {
-        debug_assert!(kvs.len() == 1 || kvs.len() == tokens.len());
+        debug_assert!(kvs.len() == lens.len() && lens.iter().sum::<usize>() == tokens.len());
         // A decode step, or a short pass of one sequence (a speculative verification), may go
         // on one thread while the machine is contended (see `adaptive`).
         let decode = if kvs.len() == tokens.len() {
             Some(tokens.len() - 1)
-        } else if tokens.len() <= ADAPTIVE_ROWS {
+        } else if kvs.len() == 1 && tokens.len() <= ADAPTIVE_ROWS {
             Some(MAX_BATCH + tokens.len() - 1)
         } else {
             None
@@ -451,8 +533,9 @@ impl CpuExecutor {
                 self.adaptive.resize_with(i + 1, Adaptive::default);
             }
         }
-        let per = tokens.len() / kvs.len();
-        kvs.iter_mut().for_each(|kv| kv.make_room(per));
+        kvs.iter_mut()
+            .zip(lens)
+            .for_each(|(kv, &len)| kv.make_room(len));
         let solo = decode.is_some_and(|i| self.adaptive[i].solo_next());
         let started = Instant::now();
         let env = Env {
@@ -463,7 +546,13 @@ impl CpuExecutor {
             resident: &self.resident,
             solo,
         };
-        run_chunk(&env, &mut self.bufs, kvs, tokens, rows, out, hidden);
+        let runs = Runs {
+            lens,
+            tokens,
+            rows,
+            hidden,
+        };
+        run_chunk(&env, &mut self.bufs, kvs, runs, out);
         if self
             .model
             .layers
@@ -484,7 +573,9 @@ impl CpuExecutor {
                 self.route_ties[from..].sort_by_key(|c| (c.position, c.layer));
             }
         }
-        kvs.iter_mut().for_each(|kv| kv.len += per);
+        kvs.iter_mut()
+            .zip(lens)
+            .for_each(|(kv, &len)| kv.len += len);
         if let Some(i) = decode {
             let contended = !solo && self.pool.contended();
             self.adaptive[i].record(started.elapsed(), contended);
@@ -537,7 +628,7 @@ impl Seq<'_> {
 struct Chunk<'a> {
     tokens: &'a [u32],
     seqs: Vec<Seq<'a>>,
-    rows: Range<usize>,
+    rows: &'a [usize],
     /// The rows' final-normed hidden states go to `out`, not their logits.
     hidden: bool,
 }
@@ -567,21 +658,28 @@ struct Env<'a> {
     solo: bool,
 }
 
-fn run_chunk(
-    env: &Env<'_>,
-    b: &mut Buffers,
-    kvs: &mut [&mut CpuKv],
-    tokens: &[u32],
-    rows: Range<usize>,
-    out: &mut [f32],
+/// The tokens of a pass: `lens[i]` of them (in order) for the i-th sequence, and the rows
+/// whose logits (or, `hidden`, final-normed hidden states) are wanted.
+struct Runs<'a> {
+    lens: &'a [usize],
+    tokens: &'a [u32],
+    rows: &'a [usize],
     hidden: bool,
-) {
+}
+
+fn run_chunk(env: &Env<'_>, b: &mut Buffers, kvs: &mut [&mut CpuKv], r: Runs<'_>, out: &mut [f32]) {
+    let Runs {
+        lens,
+        tokens,
+        rows,
+        hidden,
+    } = r;
     let (m, isa) = (env.m, env.isa);
-    let per = tokens.len() / kvs.len();
+    let mut start = 0;
     let seqs = kvs
         .iter_mut()
-        .enumerate()
-        .map(|(i, kv)| {
+        .zip(lens)
+        .map(|(kv, &len)| {
             let p0 = kv.len;
             let Layers {
                 k,
@@ -597,7 +695,7 @@ fn run_chunk(
                 conv_offset,
                 s_offset,
             } = &mut kv.recurrent;
-            Seq {
+            let seq = Seq {
                 kc: k.shared(),
                 vc: v.shared(),
                 conv: SharedSlice::new(conv),
@@ -608,8 +706,10 @@ fn run_chunk(
                 base,
                 slots,
                 p0,
-                rows: i * per..(i + 1) * per,
-            }
+                rows: start..start + len,
+            };
+            start += len;
+            seq
         })
         .collect();
     let c = &Chunk {
