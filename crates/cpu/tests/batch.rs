@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anelm_cpu::{CpuExecutor, CpuOptions};
 use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{argmax, model, repo_tiny, tiny, GEMMA3, SMOLLM2};
+use anelm_testkit::{any_tiny, argmax, model, tiny, GEMMA3, SMOLLM2};
 
 /// One sequence of a scenario: its prompt length, and the steps it is in the batch for.
 struct Seq {
@@ -141,12 +141,7 @@ fn scenario() -> Vec<Seq> {
 }
 
 fn tiny_exec(arch: &str, threads: usize) -> CpuExecutor {
-    let dir = if arch == "lfm2" {
-        repo_tiny(arch)
-    } else {
-        tiny(arch)
-    };
-    let m = anelm_model::load(&dir).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    let m = anelm_model::load(&any_tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
     CpuExecutor::new(Arc::new(m), threads)
 }
 

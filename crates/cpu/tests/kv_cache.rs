@@ -11,17 +11,7 @@ use anelm_cpu::{CpuExecutor, CpuKv, CpuOptions, KvDtype, MAX_BATCH};
 use anelm_model::{Executor, KvState, Logits};
 use anelm_testkit::{model, tiny, GEMMA3, SMOLLM2};
 
-fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
+use anelm_testkit::token_ids as ids;
 
 fn exec(m: &Arc<anelm_model::Model>, t: KvDtype) -> CpuExecutor {
     let opts = CpuOptions {

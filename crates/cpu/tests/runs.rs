@@ -8,20 +8,7 @@ use std::sync::Arc;
 
 use anelm_cpu::CpuExecutor;
 use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{model, repo_tiny, tiny, GEMMA3, SMOLLM2};
-
-/// `n` token ids below `vocab`, different for each `seed`.
-fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
+use anelm_testkit::{any_tiny, model, token_ids as ids, GEMMA3, SMOLLM2};
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -45,7 +32,7 @@ fn runs_equal_solo(exec: &mut dyn Executor, name: &str, cases: &[Case]) -> usize
     for (i, c) in cases.iter().enumerate() {
         let (mut a, mut b) = (exec.new_state(cap).unwrap(), exec.new_state(cap).unwrap());
         if c.before > 0 {
-            let p = ids(c.before, vocab, 100 + i as u64);
+            let p = ids(c.before, vocab, 101 + 2 * i as u64);
             exec.forward(a.as_mut(), &p, Logits::None, &mut row)
                 .unwrap();
             exec.forward(b.as_mut(), &p, Logits::None, &mut row)
@@ -57,7 +44,7 @@ fn runs_equal_solo(exec: &mut dyn Executor, name: &str, cases: &[Case]) -> usize
     let runs: Vec<Vec<u32>> = cases
         .iter()
         .enumerate()
-        .map(|(i, c)| ids(c.run, vocab, 200 + i as u64))
+        .map(|(i, c)| ids(c.run, vocab, 201 + 2 * i as u64))
         .collect();
     let want: Vec<Vec<f32>> = solo
         .iter_mut()
@@ -121,12 +108,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn tiny_exec(arch: &str, threads: usize) -> CpuExecutor {
-    let dir = if arch == "lfm2" {
-        repo_tiny(arch)
-    } else {
-        tiny(arch)
-    };
-    let m = anelm_model::load(&dir).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    let m = anelm_model::load(&any_tiny(arch)).unwrap_or_else(|e| panic!("{arch}: {e}"));
     CpuExecutor::new(Arc::new(m), threads)
 }
 

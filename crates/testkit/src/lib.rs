@@ -73,6 +73,30 @@ pub fn repo_tiny(arch: &str) -> PathBuf {
     workspace_root().join(format!("crates/testkit/fixtures/hf-tiny/{arch}"))
 }
 
+/// A tiny HF fixture wherever it is kept: this repository's (`repo_tiny`) for the families
+/// ../shared lacks, else ../shared's (`tiny`).
+pub fn any_tiny(arch: &str) -> PathBuf {
+    let here = repo_tiny(arch);
+    if here.is_dir() {
+        here
+    } else {
+        tiny(arch)
+    }
+}
+
+/// `n` token ids below `vocab` from a xorshift stream, different for each `seed`.
+pub fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
 /// A GGUF that llama.cpp's converter made from a tiny HF fixture (scripts/gen-gguf-fixtures.py),
 /// e.g. `tiny_gguf("qwen3_moe")` for `crates/testkit/fixtures/gguf-tiny/qwen3_moe.gguf`.
 pub fn tiny_gguf(name: &str) -> PathBuf {
