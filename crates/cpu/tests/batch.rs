@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anelm_cpu::{CpuExecutor, CpuOptions};
 use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{any_tiny, argmax, model, tiny, GEMMA3, SMOLLM2};
+use anelm_testkit::{any_tiny, argmax, model, tiny, EVERY_LAYER_KIND, GEMMA3, SMOLLM2};
 
 /// One sequence of a scenario: its prompt length, and the steps it is in the batch for.
 struct Seq {
@@ -147,21 +147,7 @@ fn tiny_exec(arch: &str, threads: usize) -> CpuExecutor {
 
 #[test]
 fn batched_steps_equal_solo_steps_on_tiny_models() {
-    // Dense with and without sliding windows and soft-caps, MoE (with a shared expert), and
-    // hybrids whose DeltaNet or short-conv (LFM2) layers carry per-sequence recurrent state.
-    let archs = [
-        "llama",
-        "gemma2",
-        "gemma3",
-        "mistral",
-        "gpt2",
-        "qwen3",
-        "qwen2_moe",
-        "qwen3_next",
-        "qwen3_5_moe",
-        "lfm2",
-    ];
-    for arch in archs {
+    for arch in EVERY_LAYER_KIND {
         for threads in [1, 2] {
             let mut exec = tiny_exec(arch, threads);
             let compared = batched_equals_solo(&mut exec, &scenario(), 8);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anelm_cpu::CpuExecutor;
 use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{any_tiny, model, token_ids as ids, GEMMA3, SMOLLM2};
+use anelm_testkit::{any_tiny, model, token_ids as ids, EVERY_LAYER_KIND, GEMMA3, SMOLLM2};
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -114,18 +114,7 @@ fn tiny_exec(arch: &str, threads: usize) -> CpuExecutor {
 
 #[test]
 fn runs_in_one_pass_equal_runs_alone_on_tiny_models() {
-    for arch in [
-        "llama",
-        "gemma2",
-        "gemma3",
-        "mistral",
-        "gpt2",
-        "qwen3",
-        "qwen2_moe",
-        "qwen3_next",
-        "qwen3_5_moe",
-        "lfm2",
-    ] {
+    for arch in EVERY_LAYER_KIND {
         for threads in [1, 2] {
             let mut exec = tiny_exec(arch, threads);
             assert_eq!(runs_equal_solo(&mut exec, arch, &cases()), 10, "{arch}");

@@ -73,6 +73,22 @@ pub fn repo_tiny(arch: &str) -> PathBuf {
     workspace_root().join(format!("crates/testkit/fixtures/hf-tiny/{arch}"))
 }
 
+/// Tiny families that between them hold every kind of layer the engines run: dense with and
+/// without sliding windows and soft-caps, GPT-2's fused projections, MoE (with a shared
+/// expert), and hybrids whose DeltaNet or short-conv (LFM2) layers carry recurrent state.
+pub const EVERY_LAYER_KIND: [&str; 10] = [
+    "llama",
+    "gemma2",
+    "gemma3",
+    "mistral",
+    "gpt2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "lfm2",
+];
+
 /// A tiny HF fixture wherever it is kept: this repository's (`repo_tiny`) for the families
 /// ../shared lacks, else ../shared's (`tiny`).
 pub fn any_tiny(arch: &str) -> PathBuf {
