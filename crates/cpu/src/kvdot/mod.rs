@@ -78,6 +78,12 @@ pub fn to_f32<B: KvBlock>(isa: Isa, k: &[B], stride: usize, n: usize, hd: usize,
         unsafe { avx512::to_f32::<B>(k, stride, n, hd, out) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && hd.is_multiple_of(8) {
+        // SAFETY: as in `scores`.
+        unsafe { x86::to_f32::<B>(k, stride, n, hd, out) };
+        return;
+    }
     let _ = isa;
     for (j, o) in out[..n * hd].chunks_exact_mut(hd).enumerate() {
         B::dequantize(&k[j * stride..], o);
@@ -137,12 +143,37 @@ mod x86 {
 
     use super::KvBlock;
 
+    /// The sums of the lanes of each of `a`'s eight vectors, as one vector: lane `l` holds the
+    /// sum of `a[SUMS_OF[l]]`. Each sum is `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`,
+    /// the order of a lone horizontal sum (extract the high half, add, `movehl`, `movehdup`), so
+    /// a score's bits do not depend on which vector of the eight it was accumulated in.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    unsafe fn sums(a: &[__m256; 8]) -> __m256 {
+        // v_i + v_{i+4}: two vectors' four partial sums per vector.
+        let c: [__m256; 4] = std::array::from_fn(|k| {
+            let (x, y) = (a[2 * k], a[2 * k + 1]);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(x, y),
+                _mm256_permute2f128_ps::<0x31>(x, y),
+            )
+        });
+        // (p0 + p2, p1 + p3) of each.
+        let d: [__m256; 2] = std::array::from_fn(|k| {
+            let (x, y) = (c[2 * k], c[2 * k + 1]);
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+                _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+            )
+        });
+        // The last pair.
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(d[0], d[1]),
+            _mm256_shuffle_ps::<0b11_01_11_01>(d[0], d[1]),
+        )
     }
+
+    /// Which of [`sums`]' vectors each of its lanes sums.
+    const SUMS_OF: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
     /// The most query heads per KV head the vector attention takes (larger groups use scalar).
     pub const MAX_GROUP: usize = 8;
@@ -151,6 +182,8 @@ mod x86 {
     /// chain per head leaves the FMA units half idle waiting on the chain's latency, and two
     /// per head still fit the sixteen registers.
     const PAIR_GROUP: usize = MAX_GROUP / 2;
+    /// Groups this small take four keys per step of the scores.
+    const QUAD_GROUP: usize = MAX_GROUP / 4;
 
     /// The blocks a run of `n` rows of `hd` values `stride` blocks apart spans.
     fn span<B: KvBlock>(n: usize, stride: usize, hd: usize) -> usize {
@@ -175,7 +208,12 @@ mod x86 {
     ) {
         assert!(q.len() >= g * hd && s.len() >= g * n && k.len() >= span::<B>(n, stride, hd));
         let mut j = 0;
-        if g <= PAIR_GROUP {
+        if g <= QUAD_GROUP {
+            while j + 4 <= n {
+                scores_of::<B, 4, QUAD_GROUP>(q, g, hd, k, stride, n, j, scale, s);
+                j += 4;
+            }
+        } else if g <= PAIR_GROUP {
             while j + 2 <= n {
                 scores_of::<B, 2, PAIR_GROUP>(q, g, hd, k, stride, n, j, scale, s);
                 j += 2;
@@ -186,7 +224,8 @@ mod x86 {
         }
     }
 
-    /// The scores of keys `j..j + K` for `g ≤ G` heads.
+    /// The scores of keys `j..j + K` for `g ≤ G` heads (`K · G = 8`): key `c` of head `h`
+    /// accumulates in vector `c · G + h`, and one [`sums`] tree sums all eight.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn scores_of<B: KvBlock, const K: usize, const G: usize>(
@@ -200,20 +239,40 @@ mod x86 {
         scale: f32,
         s: &mut [f32],
     ) {
+        debug_assert!(K * G == 8);
         let kj: [*const B; K] = std::array::from_fn(|c| k.as_ptr().add((j + c) * stride));
-        let mut acc = [[_mm256_setzero_ps(); G]; K];
+        let mut acc = [_mm256_setzero_ps(); 8];
         for i in (0..hd).step_by(8) {
             let k8: [__m256; K] = std::array::from_fn(|c| B::load8(kj[c], i));
             for h in (0..G).take(g) {
                 let qh = _mm256_loadu_ps(q.as_ptr().add(h * hd + i));
                 for c in 0..K {
-                    acc[c][h] = _mm256_fmadd_ps(qh, k8[c], acc[c][h]);
+                    acc[c * G + h] = _mm256_fmadd_ps(qh, k8[c], acc[c * G + h]);
                 }
             }
         }
-        for (c, a) in acc.iter().enumerate() {
-            for (h, a) in a.iter().enumerate().take(g) {
-                s[h * n + j + c] = scale * hsum(*a);
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(
+            out.as_mut_ptr(),
+            _mm256_mul_ps(_mm256_set1_ps(scale), sums(&acc)),
+        );
+        for (l, &v) in SUMS_OF.iter().enumerate() {
+            let (c, h) = (v / G, v % G);
+            if h < g {
+                *s.get_unchecked_mut(h * n + j + c) = out[l];
+            }
+        }
+    }
+
+    /// As [`super::to_f32`]; `hd` a multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn to_f32<B: KvBlock>(k: &[B], stride: usize, n: usize, hd: usize, out: &mut [f32]) {
+        assert!(k.len() >= span::<B>(n, stride, hd) && out.len() >= n * hd);
+        let o = out.as_mut_ptr();
+        for j in 0..n {
+            let row = k.as_ptr().add(j * stride);
+            for i in (0..hd).step_by(8) {
+                _mm256_storeu_ps(o.add(j * hd + i), B::load8(row, i));
             }
         }
     }
@@ -310,7 +369,18 @@ mod tests {
         scalar_scores(q, g, hd, &r, stride, n, 0.125, &mut want);
         let mut wmix = vec![0f32; g * hd];
         scalar_mix(&want, g, hd, &r, stride, n, &mut wmix);
+        let mut wf32 = vec![0f32; n * hd];
+        for (j, o) in wf32.chunks_exact_mut(hd).enumerate() {
+            B::dequantize(&r[j * stride..], o);
+        }
         for isa in Isa::available() {
+            let mut f = vec![0f32; n * hd];
+            to_f32(isa, &r, stride, n, hd, &mut f);
+            prop_assert!(
+                f.iter().zip(&wf32).all(|(a, w)| a.to_bits() == w.to_bits()),
+                "{:?} to_f32",
+                isa
+            );
             let mut s = vec![0f32; g * n];
             scores(isa, q, g, hd, &r, stride, n, 0.125, &mut s);
             for (a, w) in s.iter().zip(&want) {
