@@ -289,12 +289,29 @@ mod x86 {
         out: &mut [f32],
     ) {
         assert!(p.len() >= g * n && out.len() >= g * hd && v.len() >= span::<B>(n, stride, hd));
+        // Eight FMA chains or more where the group allows: fewer leave the units waiting on
+        // a chain's latency. Each column's chain is the same whatever the step takes with it.
         let mut i = 0;
-        if g <= PAIR_GROUP {
-            while i + 16 <= hd {
-                mix_of::<B, 2, PAIR_GROUP>(p, g, hd, v, stride, n, i, out);
-                i += 16;
+        match g {
+            1..=2 => {
+                while i + 32 <= hd {
+                    mix_of::<B, 4, 2>(p, g, hd, v, stride, n, i, out);
+                    i += 32;
+                }
             }
+            3 => {
+                while i + 32 <= hd {
+                    mix_of::<B, 4, 3>(p, g, hd, v, stride, n, i, out);
+                    i += 32;
+                }
+            }
+            4 => {
+                while i + 16 <= hd {
+                    mix_of::<B, 2, PAIR_GROUP>(p, g, hd, v, stride, n, i, out);
+                    i += 16;
+                }
+            }
+            _ => {}
         }
         for i in (i..hd).step_by(8) {
             mix_of::<B, 1, MAX_GROUP>(p, g, hd, v, stride, n, i, out);
@@ -323,11 +340,24 @@ mod x86 {
         }
         for j in 0..n {
             let vj = v.as_ptr().add(j * stride);
-            let v8: [__m256; C] = std::array::from_fn(|c| B::load8(vj, i + 8 * c));
-            for h in (0..G).take(g) {
-                let ph = _mm256_set1_ps(*p.get_unchecked(h * n + j));
-                for c in 0..C {
-                    acc[c][h] = _mm256_fmadd_ps(ph, v8[c], acc[c][h]);
+            if C > G {
+                // More column blocks than heads: the heads' weights stay in registers while
+                // the blocks are loaded one at a time (12 accumulators fit beside them).
+                let ph: [__m256; G] =
+                    std::array::from_fn(|h| _mm256_set1_ps(*p.get_unchecked(h.min(g - 1) * n + j)));
+                for (c, a) in acc.iter_mut().enumerate() {
+                    let v8 = B::load8(vj, i + 8 * c);
+                    for h in (0..G).take(g) {
+                        a[h] = _mm256_fmadd_ps(ph[h], v8, a[h]);
+                    }
+                }
+            } else {
+                let v8: [__m256; C] = std::array::from_fn(|c| B::load8(vj, i + 8 * c));
+                for h in (0..G).take(g) {
+                    let ph = _mm256_set1_ps(*p.get_unchecked(h * n + j));
+                    for c in 0..C {
+                        acc[c][h] = _mm256_fmadd_ps(ph, v8[c], acc[c][h]);
+                    }
                 }
             }
         }
