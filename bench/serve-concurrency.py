@@ -14,6 +14,7 @@ CTX tokens), continuous batching on (its default), `--no-webui`. anelm runs `ser
 Standard library only. Not run in CI. Example:
 
   bench/serve-concurrency.py -m ~/.cache/anelm/models/SmolLM2-135M-Instruct.Q4_1.gguf -n 1,2,4,8 -r 3
+  bench/serve-concurrency.py -m SMOLLM2.gguf -m GEMMA3.gguf -n 1,4,8   (one model after the other)
   bench/serve-concurrency.py -m M --bin target/release/anelm --bin /old/anelm --no-llama
 """
 
@@ -124,7 +125,7 @@ def wait_healthy(port, proc, what):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-m", "--model", action="append", required=True, help="GGUF file (repeatable: one after the other)")
     ap.add_argument("--bin", action="append", help="an anelm binary (repeatable; default target/release/anelm)")
     ap.add_argument("--llama-server", help="llama-server binary (default: built from the llama-cpp-python sdist)")
     ap.add_argument("--no-llama", action="store_true", help="anelm binaries only")
@@ -136,17 +137,25 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the raw rounds here")
     a = ap.parse_args()
+    exe = None
+    if not a.no_llama:
+        exe = a.llama_server or str(llamacpp.build("llama-server", a.llama_cpp_python_version))
+    for model in a.model:
+        run(a, model, exe)
+
+
+def run(a, model, exe):
+    """Every round of every server on `model`, then the table."""
     widths = [int(x) for x in a.n.split(",")]
     slots = max(widths)
     servers = []
     for b in a.bin or [str(ROOT / "target" / "release" / "anelm")]:
         servers.append((f"anelm ({b})" if a.bin and len(a.bin) > 1 else "anelm", lambda port, b=b: [
-            b, "serve", "-m", a.model, "-t", str(a.threads), "--parallel", str(slots),
+            b, "serve", "-m", model, "-t", str(a.threads), "--parallel", str(slots),
             "--ctx", str(a.ctx), "--alias", "bench", "--port", str(port)]))
-    if not a.no_llama:
-        exe = a.llama_server or str(llamacpp.build("llama-server", a.llama_cpp_python_version))
+    if exe:
         servers.append(("llama-server", lambda port: [
-            exe, "-m", a.model, "-t", str(a.threads), "-tb", str(a.threads), "-np", str(slots),
+            exe, "-m", model, "-t", str(a.threads), "-tb", str(a.threads), "-np", str(slots),
             "-c", str(a.ctx * slots), "--port", str(port), "--no-webui"]))
     results = {}
     for rnd in range(a.rounds):
@@ -164,12 +173,15 @@ def main():
                 proc.terminate()
                 proc.wait()
     if a.json:
-        Path(a.json).write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in results.items()}, indent=1))
+        out = Path(a.json)
+        if len(a.model) > 1:
+            out = out.with_name(f"{out.stem}.{Path(model).stem}{out.suffix}")
+        out.write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in results.items()}, indent=1))
 
     def med(name, n, i):
         return statistics.median(r[i] for r in results[(name, n)])
 
-    print(f"{Path(a.model).name}, {a.threads} threads, {a.max_tokens} tokens per stream, medians of {a.rounds} rounds")
+    print(f"{Path(model).name}, {a.threads} threads, {a.max_tokens} tokens per stream, medians of {a.rounds} rounds")
     print("| server | streams | aggregate tok/s | vs own 1 stream | vs llama-server | per-stream tok/s | p50 TTFT ms |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, _ in servers:
@@ -179,6 +191,11 @@ def main():
             vs = f"{agg / med('llama-server', n, 0):.2f}x" if not a.no_llama else "-"
             print(f"| {name} | {n} | {agg:.1f} | {agg / single:.2f}x | {vs} | {med(name, n, 1):.1f} "
                   f"| {med(name, n, 2) * 1000:.0f} |")
+    # Round by round, each width's aggregate over the same round's first width.
+    for name, _ in servers:
+        for n in widths[1:]:
+            each = [r[0] / b[0] for r, b in zip(results[(name, n)], results[(name, widths[0])])]
+            print(f"{name}, {n} streams over {widths[0]}, by round: " + ", ".join(f"{x:.2f}" for x in each))
 
 
 if __name__ == "__main__":
