@@ -375,7 +375,7 @@ impl Generation<'_> {
         let params = self.sampler.params();
         speculation.drafter.start(params);
         // Seeded draws keep a schedule that depends on nothing but the tokens.
-        speculation.timed = params.is_greedy() || params.seed.is_none();
+        speculation.timed = speculation.may_time() && (params.is_greedy() || params.seed.is_none());
         self.speculation = Some(speculation);
         Ok(())
     }

@@ -36,6 +36,8 @@ pub struct Speculation {
     cost: PassCost,
     /// Whether `cost` learns from timings (off for seeded sampling).
     pub(crate) timed: bool,
+    /// Whether the cost was fixed by [`Speculation::fix_cost`] (never timed).
+    fixed: bool,
     /// Per class, decayed counts of accepted tokens and of rejections (the estimate of `a`).
     counts: [(f64, f64); CLASSES],
     /// Plain steps since the last drafted pass.
@@ -67,6 +69,7 @@ impl Speculation {
             k,
             cost: PassCost::new(DEFAULT_COST, k + 1),
             timed: true,
+            fixed: false,
             counts: [PRIOR; CLASSES],
             idle: 0,
             proposal: Proposal::default(),
@@ -82,6 +85,19 @@ impl Speculation {
     /// The per-token cost assumed before timings, or always when `timed` is off.
     pub fn set_default_cost(&mut self, cost: f64) {
         self.cost.set_default(cost.max(0.0));
+    }
+
+    /// Takes a verifying pass to cost `1 + cost · drafted` plain passes, always, instead of
+    /// learning it from the target's pass times: a schedule that depends on the tokens alone
+    /// (where wall time says nothing of the device, as on the simulator, or in tests).
+    pub fn fix_cost(&mut self, cost: f64) {
+        self.set_default_cost(cost);
+        (self.fixed, self.timed) = (true, false);
+    }
+
+    /// Whether the next attachment may learn costs from timings.
+    pub(crate) fn may_time(&self) -> bool {
+        !self.fixed
     }
 
     /// What a pass verifying `drafted` tokens costs relative to a plain pass.
@@ -259,5 +275,19 @@ mod tests {
         // Timings ignored when the schedule must not depend on them.
         s.timed = false;
         assert_eq!(s.wanted(8, 0), fixed);
+    }
+
+    #[test]
+    fn a_fixed_cost_ignores_timings_and_stays_fixed() {
+        let mut s = lookup(8);
+        s.fix_cost(2.0);
+        assert!(!s.may_time() && !s.timed);
+        assert_eq!(s.relative_cost(3), 7.0);
+        // Passes of any length taking the same time would make drafting free if learnt.
+        for n in [1, 4, 9] {
+            s.observe(n, 0.010);
+        }
+        assert_eq!(s.relative_cost(3), 7.0);
+        assert!(lookup(8).may_time());
     }
 }
