@@ -82,8 +82,27 @@ pub unsafe fn scores<B: KvBlock>(
     assert!(hd.is_multiple_of(16) && (1..=MAX_GROUP).contains(&g));
     assert!(q.len() >= g * hd && s.len() >= g * n && k.len() >= span::<B>(n, stride, hd));
     let mut j = 0;
+    // As many keys as leave no accumulator idle: the tree's cost is shared by `K · g` scores.
     match g {
-        1..=4 => {
+        1 => {
+            while j + 16 <= n {
+                scores_of::<B, 16, 1>(q, g, hd, k, stride, n, j, scale, s);
+                j += 16;
+            }
+        }
+        2 => {
+            while j + 8 <= n {
+                scores_of::<B, 8, 2>(q, g, hd, k, stride, n, j, scale, s);
+                j += 8;
+            }
+        }
+        3 => {
+            while j + 5 <= n {
+                scores_of::<B, 5, 3>(q, g, hd, k, stride, n, j, scale, s);
+                j += 5;
+            }
+        }
+        4 => {
             while j + 4 <= n {
                 scores_of::<B, 4, 4>(q, g, hd, k, stride, n, j, scale, s);
                 j += 4;

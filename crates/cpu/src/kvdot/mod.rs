@@ -422,6 +422,22 @@ mod tests {
                     w
                 );
             }
+            // A score's bits are its query's and key's alone: key by key, the same bits as
+            // in a run of any length (so decode and prefill agree).
+            for j in 0..n {
+                let mut one = vec![0f32; g];
+                scores(isa, q, g, hd, &r[j * stride..], stride, 1, 0.125, &mut one);
+                for h in 0..g {
+                    prop_assert_eq!(
+                        one[h].to_bits(),
+                        s[h * n + j].to_bits(),
+                        "{:?} key {} head {}",
+                        isa,
+                        j,
+                        h
+                    );
+                }
+            }
             let mut m = vec![0f32; g * hd];
             mix(isa, &want, g, hd, &r, stride, n, &mut m);
             for (a, w) in m.iter().zip(&wmix) {
