@@ -7,7 +7,7 @@ use anelm_model::plan::{Attention, Layer};
 use anelm_model::Weight;
 
 use super::layer::{Forward, Src};
-use super::ATTN_BLOCK;
+use super::{ATTN_BLOCK, SHORT_PASS};
 use crate::attention::{attend, attend_block, combine, parts, positions, MAX_PARTS};
 use crate::ops::{attention_rotations, hadamard, norm_row, output_gate, rope_head};
 use crate::shared::SharedSlice;
@@ -105,7 +105,7 @@ impl Forward<'_> {
         self.p.angles = angles;
         ctx.barrier();
 
-        if c.decode() {
+        if c.decode() || n <= SHORT_PASS {
             self.decode_attention(a, li, rot_v);
             self.prepare(Src::Xn, qd, 0..n, &[&a.o.weight]);
         } else {
@@ -172,7 +172,8 @@ impl Forward<'_> {
         self.residual(layer.post_attn_norm.as_ref());
     }
 
-    /// Attention of each row's one new token over its own sequence, into `xn`. The threads
+    /// Attention of each row's token over its own sequence's positions up to its own (a decode
+    /// step's one token per sequence, or the few tokens of a short pass), into `xn`. The threads
     /// share items of a row: a part of its positions and some query heads of one KV head —
     /// enough items for two per thread where the heads allow (how the heads are grouped does
     /// not change a head's result; how the positions are split does, and [`parts`] splits them
