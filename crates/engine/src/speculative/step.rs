@@ -75,7 +75,8 @@ impl Generation<'_> {
         let started = Instant::now();
         self.session
             .run(exec, &context[base..], Logits::All, &mut self.logits)?;
-        spec.observe(n + 1, started.elapsed().as_secs_f64());
+        let secs = started.elapsed().as_secs_f64();
+        spec.observe(n + 1, secs);
         let proposal = &spec.proposal;
 
         let vocab = exec.vocab_size();
@@ -121,8 +122,11 @@ impl Generation<'_> {
         self.logits = rows;
         let judged = self.spec_stats.drafted - drafted_before;
         tracing::trace!(
-            "speculative pass at {base}: {n} drafted (class {class}), {judged} judged, {} kept",
-            kept - 1
+            "speculative pass at {base}: {n} drafted (class {class}), {judged} judged, {} kept, \
+             {:.2} ms ({:.2} plain passes by the estimate)",
+            kept - 1,
+            secs * 1e3,
+            spec.relative_cost(n)
         );
         spec.record(
             judged,
