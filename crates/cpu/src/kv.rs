@@ -156,6 +156,24 @@ impl KvVec {
         each_format!(self, KvVec, v => go(v, src, dst))
     }
 
+    /// Copies the values `src` (whole blocks) of `from`, of the same format, to `dst` on.
+    /// False for another format.
+    fn copy_values(&mut self, from: &KvVec, src: std::ops::Range<usize>, dst: usize) -> bool {
+        fn go<B: KvBlock>(to: &mut [B], from: &[B], src: std::ops::Range<usize>, dst: usize) {
+            let src = blocks::<B>(src);
+            let at = dst / B::N;
+            to[at..at + src.len()].copy_from_slice(&from[src]);
+        }
+        match (self, from) {
+            (KvVec::F32(t), KvVec::F32(f)) => go(t, f, src, dst),
+            (KvVec::F16(t), KvVec::F16(f)) => go(t, f, src, dst),
+            (KvVec::Q8_0(t), KvVec::Q8_0(f)) => go(t, f, src, dst),
+            (KvVec::Q4_0(t), KvVec::Q4_0(f)) => go(t, f, src, dst),
+            _ => return false,
+        }
+        true
+    }
+
     pub(crate) fn shared(&mut self) -> SharedRows<'_> {
         match self {
             KvVec::F32(v) => SharedRows::F32(SharedSlice::new(v)),
@@ -398,6 +416,43 @@ impl KvState for CpuKv {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    /// Copies the keys and values of `src`'s first `len` positions, layer by layer (the same
+    /// bits as computing them here). Refused for a state of another model or other formats,
+    /// where `src`'s windows have moved on from position 0, and for a recurrent state unless
+    /// `len` is all of `src` (its recurrent state exists only at its own length).
+    fn copy_prefix(&mut self, src: &mut dyn KvState, len: usize) -> bool {
+        let Some(src) = src.as_any_mut().downcast_mut::<CpuKv>() else {
+            return false;
+        };
+        let recurrent = !(src.recurrent.s.is_empty() && src.recurrent.conv.is_empty());
+        let d = &self.data;
+        if src.owner != self.owner
+            || src.dtypes() != self.dtypes()
+            || len > src.len
+            || len > self.capacity
+            || (recurrent && len != src.len)
+            || src.data.base.iter().any(|&b| b != 0)
+            || src.data.slots.len() != d.slots.len()
+            || d.slots.iter().any(|&s| s < len)
+        {
+            return false;
+        }
+        self.data.base.fill(0);
+        for l in 0..self.data.slots.len() {
+            let dim = self.data.layers[l].dim;
+            let (from, to) = (src.data.offset[l], self.data.offset[l]);
+            let values = from..from + len * dim;
+            let copied = self.data.k.copy_values(&src.data.k, values.clone(), to)
+                && self.data.v.copy_values(&src.data.v, values, to);
+            debug_assert!(copied, "the formats were checked");
+        }
+        if recurrent {
+            self.recurrent.conv.copy_from_slice(&src.recurrent.conv);
+            self.recurrent.s.copy_from_slice(&src.recurrent.s);
+        }
+        self.len = len;
+        true
     }
 }
 

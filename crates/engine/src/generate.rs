@@ -468,6 +468,12 @@ impl Generation<'_> {
         }
     }
 
+    /// The session the generation runs in: the prompt's tokens it holds so far, then the
+    /// generated ones.
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
     /// Whether the generation has ended (events may still be queued).
     pub fn is_finished(&self) -> bool {
         matches!(self.phase, Phase::Done)

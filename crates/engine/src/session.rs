@@ -104,18 +104,38 @@ impl Session {
                 capacity: self.capacity(),
             });
         }
-        let common = self
-            .tokens
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = self.common_prefix(prompt);
         // A recurrent state may keep less than asked (it cannot go back): reuse what it kept.
         self.truncate(common.min(prompt.len() - 1));
         let reused = self.tokens.len();
         let end = (reused + PREFILL_CHUNK).min(prompt.len());
         let done = end == prompt.len();
         Ok((reused..end, PrefillStep { reused, done }))
+    }
+
+    /// Takes the first `len` tokens of `src` (another session of the same executor) with their
+    /// keys and values, copied rather than computed, where the state can
+    /// ([`KvState::copy_prefix`]); false, with nothing changed, where it cannot.
+    pub fn adopt_prefix(&mut self, src: &mut Session, len: usize) -> bool {
+        let len = len.min(src.tokens.len());
+        if len <= self.common_prefix(&src.tokens[..len]) {
+            return false;
+        }
+        if !self.state.copy_prefix(src.state.as_mut(), len) {
+            return false;
+        }
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&src.tokens[..len]);
+        true
+    }
+
+    /// How many of `tokens` the session holds at its start.
+    pub fn common_prefix(&self, tokens: &[u32]) -> usize {
+        self.tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
     }
 
     /// The state, for a batched pass that appends one token ([`Session::appended`] records it).

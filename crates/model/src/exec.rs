@@ -17,6 +17,13 @@ pub trait KvState: Any + Send {
     /// [`KvState::len`] afterwards.
     fn truncate(&mut self, len: usize);
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Makes this state hold the first `len` positions of `src` (another state of the same
+    /// executor), as if it had computed them: a new sequence that shares a prefix with another
+    /// one (a system prompt) skips its prefill. False, with nothing changed, where the state
+    /// cannot (the default: the caller prefills instead).
+    fn copy_prefix(&mut self, _src: &mut dyn KvState, _len: usize) -> bool {
+        false
+    }
 }
 
 /// Which logits a forward pass returns.

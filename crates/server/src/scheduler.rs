@@ -7,7 +7,8 @@
 //!
 //! Each job owns a [`Session`] while it runs, so no two requests ever share KV state; between
 //! requests the sessions wait in the [`SessionPool`], where a conversation that continues finds
-//! its prefix again. A job whose client went away (its update channel closed) is cancelled
+//! its prefix again; a job whose prompt begins as a running job's does takes a copy of that
+//! prefix's keys and values instead of prefilling it. A job whose client went away (its update channel closed) is cancelled
 //! before the next step, or skipped if it is still queued. A constrained reply (a JSON schema, a
 //! forced tool call) steps in the same batch, its draws held to its grammar by the engine.
 
@@ -305,19 +306,34 @@ struct Running {
 impl Shared {
     fn engine_loop(&self, mut exec: Box<dyn Executor>) {
         let mut running: Vec<Running> = Vec::new();
+        let mut deferred: VecDeque<Queued> = VecDeque::new();
         let mut batch = Batch::new();
+        let copies = copies_prefixes(exec.as_ref());
         loop {
             let embeds = std::mem::take(&mut lock(&self.queue).embeds);
             for e in embeds {
                 e.run(exec.as_mut());
             }
-            // Jobs join between steps while there is room; with none running, wait for one.
-            while running.len() < self.config.parallel.max(1) {
-                let Some(queued) = self.next_job(running.is_empty()) else {
+            // Jobs join between steps while there is room; with none running, wait for one. A
+            // job whose prompt begins as one that a running job is still prefilling waits for
+            // that prefix (a step, or one per chunk of a long prompt), then copies it.
+            let mut waiting = std::mem::take(&mut deferred);
+            while running.len() + deferred.len() < self.config.parallel.max(1) {
+                let next = match waiting.pop_front() {
+                    Some(q) => Some(q),
+                    None => self.next_job(running.is_empty() && deferred.is_empty()),
+                };
+                let Some(queued) = next else {
                     break;
                 };
-                running.extend(self.start(exec.as_ref(), queued));
+                if copies && self.waits_for_prefix(&queued, &mut running) {
+                    deferred.push_back(queued);
+                    continue;
+                }
+                let started = self.start(exec.as_ref(), queued, &mut running);
+                running.extend(started);
             }
+            deferred.extend(waiting);
             if running.is_empty() {
                 if lock(&self.queue).closed {
                     return;
@@ -492,9 +508,37 @@ impl Shared {
         }
     }
 
-    /// Starts a job taken from the queue: its session (with the longest cached prefix) and its
-    /// first choice's generation. None when it ends at once.
-    fn start(&self, exec: &dyn Executor, queued: Queued) -> Option<Running> {
+    /// Whether `queued` should wait a step for a running job that is prefilling a longer prefix
+    /// of its prompt than any session could give it now (not when its client has left).
+    fn waits_for_prefix(&self, queued: &Queued, running: &mut [Running]) -> bool {
+        let prompt = &queued.job.prompt;
+        let want = prompt.len().saturating_sub(1);
+        if queued.updates.is_closed() || want < SHARE_AT_LEAST {
+            return false;
+        }
+        let mut now = self.sessions.longest_prefix(prompt).min(want);
+        let mut coming = 0;
+        for g in running.iter_mut().filter_map(|r| r.generation.as_mut()) {
+            if g.is_finished() {
+                continue;
+            }
+            let will = common_prefix(g.prompt(), prompt).min(want);
+            let held = g.session_mut().common_prefix(prompt).min(want);
+            now = now.max(held);
+            coming = coming.max(will);
+        }
+        coming >= now + SHARE_AT_LEAST
+    }
+
+    /// Starts a job taken from the queue: its session (with the longest cached prefix, or the
+    /// longer prefix a running job's session shares with it, copied) and its first choice's
+    /// generation. None when it ends at once.
+    fn start(
+        &self,
+        exec: &dyn Executor,
+        queued: Queued,
+        running: &mut [Running],
+    ) -> Option<Running> {
         let Queued {
             job,
             updates,
@@ -507,7 +551,7 @@ impl Shared {
         let session = self
             .sessions
             .take(&job.prompt, || Session::new(exec, self.ctx));
-        let session = match session {
+        let mut session = match session {
             Ok(s) => s,
             Err(e) => {
                 let _ = updates.send(Update::Failed(e.to_string()));
@@ -515,6 +559,7 @@ impl Shared {
                 return None;
             }
         };
+        share_prefix(&mut session, &job.prompt, running);
         let mut rest: VecDeque<GenerateParams> = job.choices.into();
         let Some(params) = rest.pop_front() else {
             self.end(Some(session), Outcome::Completed);
@@ -572,4 +617,43 @@ impl Shared {
             q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
         }
     }
+}
+
+/// Fewest more prompt tokens a running job's session must share with a new prompt than the
+/// new job's own session does for its keys and values to be copied (a copy is a memory copy of
+/// a few kilobytes per position per layer; a prefill of that many tokens costs far more).
+const SHARE_AT_LEAST: usize = 8;
+
+/// Concurrent requests that begin alike (a system prompt, an agent's tools) share their
+/// prefill: when a running job's session holds a longer prefix of `prompt` than `session` does,
+/// `session` takes it as a copy (all but the prompt's last token, which gives the logits).
+fn share_prefix(session: &mut Session, prompt: &[u32], running: &mut [Running]) {
+    let want = prompt.len().saturating_sub(1);
+    let own = session.common_prefix(prompt).min(want);
+    let best = running
+        .iter_mut()
+        .filter_map(|r| r.generation.as_mut())
+        .map(|g| {
+            let shared = g.session_mut().common_prefix(prompt).min(want);
+            (shared, g)
+        })
+        .max_by_key(|(shared, _)| *shared);
+    if let Some((shared, g)) = best {
+        if shared >= own + SHARE_AT_LEAST {
+            session.adopt_prefix(g.session_mut(), shared);
+        }
+    }
+}
+
+/// Whether the executor's states take prefixes by copy (waiting for one is pointless where
+/// they cannot: the job would prefill it anyway).
+fn copies_prefixes(exec: &dyn Executor) -> bool {
+    match (exec.new_state(1), exec.new_state(1)) {
+        (Ok(mut a), Ok(mut b)) => b.copy_prefix(a.as_mut(), 0),
+        _ => false,
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

@@ -53,6 +53,16 @@ impl SessionPool {
         }
     }
 
+    /// The most tokens of `prompt` an idle session holds at its start.
+    pub fn longest_prefix(&self, prompt: &[u32]) -> usize {
+        let idle = self.idle.lock();
+        idle.sessions
+            .iter()
+            .map(|(s, _)| common_prefix(s.tokens(), prompt))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Returns a session to the pool, dropping the least recently used one past the limit.
     pub fn give_back(&self, session: Session) {
         let mut idle = self.idle.lock();

@@ -214,3 +214,58 @@ async fn a_draft_model_keeps_every_greedy_reply() {
     let n = made.load(std::sync::atomic::Ordering::Relaxed);
     assert!((2..=4).contains(&n), "{n} draft models for 4 slots");
 }
+
+/// Requests that arrive together and begin alike (a long shared context, then each its own
+/// question) prefill the shared part once: the first computes it, the others wait a step and
+/// copy its keys and values — reported as cached prompt tokens — and every reply is still the
+/// one the request gets alone.
+#[tokio::test]
+async fn concurrent_requests_with_a_shared_prefix_prefill_it_once() {
+    let context = "The lighthouse keeper wrote in his log every evening: the weather, the ships \
+        that passed, the state of the lamp and the oil left in the store. "
+        .repeat(6);
+    let questions = [
+        "What did the keeper write about?",
+        "Name one thing the log recorded.",
+        "Why would a keeper record the oil?",
+    ];
+    let bodies: Vec<Value> = questions
+        .iter()
+        .map(|q| chat(&format!("{context}\nQuestion: {q}"), 24))
+        .collect();
+    let server = start(config(4, 8));
+    let (c, base) = (client(), base(&server));
+    let url = format!("{base}/v1/chat/completions");
+    let together: Vec<_> = bodies
+        .iter()
+        .map(|b| {
+            let (c, url, b) = (c.clone(), url.clone(), b.clone());
+            tokio::spawn(async move { post(&c, &url, &b).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    let mut cached = Vec::new();
+    for t in together {
+        let (status, v) = t.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        cached.push((
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+            prompt,
+        ));
+        replies.push(reply(&v));
+    }
+    // All but one took the shared context (well over a hundred tokens) by copy.
+    let copied = cached.iter().filter(|(c, p)| *c >= 100 && c < p).count();
+    assert!(copied >= 2, "cached / prompt tokens: {cached:?}");
+    // Alone, on a server that never saw them: the same replies.
+    let fresh = start(config(1, 8));
+    let fresh_url = format!("{}/v1/chat/completions", common::base(&fresh));
+    for (b, want) in bodies.iter().zip(&replies) {
+        let (status, v) = post(&c, &fresh_url, b).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(&reply(&v), want, "a copied prefix changed a reply");
+    }
+}
