@@ -81,41 +81,26 @@ pub unsafe fn scores<B: KvBlock>(
 ) {
     assert!(hd.is_multiple_of(16) && (1..=MAX_GROUP).contains(&g));
     assert!(q.len() >= g * hd && s.len() >= g * n && k.len() >= span::<B>(n, stride, hd));
-    let mut j = 0;
-    // As many keys as leave no accumulator idle: the tree's cost is shared by `K · g` scores.
-    match g {
-        1 => {
-            while j + 16 <= n {
-                scores_of::<B, 16, 1>(q, g, hd, k, stride, n, j, scale, s);
-                j += 16;
+    // Keys by runs of K, as many as leave no accumulator idle (the tree's cost is shared by
+    // `K · g` scores); the rest one by one.
+    macro_rules! runs_of {
+        ($k:literal, $g:literal) => {{
+            let mut j = 0;
+            while j + $k <= n {
+                scores_of::<B, $k, $g>(q, g, hd, k, stride, n, j, scale, s);
+                j += $k;
             }
-        }
-        2 => {
-            while j + 8 <= n {
-                scores_of::<B, 8, 2>(q, g, hd, k, stride, n, j, scale, s);
-                j += 8;
-            }
-        }
-        3 => {
-            while j + 5 <= n {
-                scores_of::<B, 5, 3>(q, g, hd, k, stride, n, j, scale, s);
-                j += 5;
-            }
-        }
-        4 => {
-            while j + 4 <= n {
-                scores_of::<B, 4, 4>(q, g, hd, k, stride, n, j, scale, s);
-                j += 4;
-            }
-        }
-        5..=8 => {
-            while j + 2 <= n {
-                scores_of::<B, 2, 8>(q, g, hd, k, stride, n, j, scale, s);
-                j += 2;
-            }
-        }
-        _ => {}
+            j
+        }};
     }
+    let j = match g {
+        1 => runs_of!(16, 1),
+        2 => runs_of!(8, 2),
+        3 => runs_of!(5, 3),
+        4 => runs_of!(4, 4),
+        5..=8 => runs_of!(2, 8),
+        _ => 0,
+    };
     for j in j..n {
         scores_of::<B, 1, 16>(q, g, hd, k, stride, n, j, scale, s);
     }
