@@ -8,9 +8,10 @@
 //! Each job owns a [`Session`] while it runs, so no two requests ever share KV state; between
 //! requests the sessions wait in the [`SessionPool`], where a conversation that continues finds
 //! its prefix again; a job whose prompt begins as a running job's does takes a copy of that
-//! prefix's keys and values instead of prefilling it. A job whose client went away (its update channel closed) is cancelled
-//! before the next step, or skipped if it is still queued. A constrained reply (a JSON schema, a
-//! forced tool call) steps in the same batch, its draws held to its grammar by the engine.
+//! prefix's keys and values instead of prefilling it. A job whose client went away (its update
+//! channel closed) is cancelled before the next step, or skipped if it is still queued. A
+//! constrained reply (a JSON schema, a forced tool call) steps in the same batch, its draws held
+//! to its grammar by the engine.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -31,7 +32,7 @@ use crate::drafts::{DraftConfig, DraftPool};
 use crate::embeddings::EmbedJob;
 use crate::metrics::Metrics;
 use crate::reasoning::Budget;
-use crate::sessions::SessionPool;
+use crate::sessions::{common_prefix, SessionPool};
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -652,8 +653,4 @@ fn copies_prefixes(exec: &dyn Executor) -> bool {
         (Ok(mut a), Ok(mut b)) => b.copy_prefix(a.as_mut(), 0),
         _ => false,
     }
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

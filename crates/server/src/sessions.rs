@@ -82,7 +82,8 @@ fn oldest(sessions: &[(Session, u64)]) -> Option<usize> {
     (0..sessions.len()).min_by_key(|&i| sessions[i].1)
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+/// How many tokens `a` and `b` share at their start.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
