@@ -24,12 +24,15 @@ use crate::ops::softcap;
 use crate::simd::Isa;
 use crate::vecmath::{exp, exp_shift, max, softmax};
 
-/// The cache of one layer as attention reads it: `[pos - base][kv_dim]` keys and values, each
-/// in its format (`base` above 0: a sliding window's cache that has forgotten older positions).
+/// The cache of one layer as attention reads it: KV head `h`'s keys (and values) of position
+/// `pos` are the `hd` values from `(h · slots + pos - base) · hd` on, each in its format —
+/// a head's positions one after the other, so that attention reads each head's rows as one
+/// stream (`base` above 0: a sliding window's cache that has forgotten older positions).
 pub struct Cache<'a> {
     pub k: Rows<'a>,
     pub v: Rows<'a>,
-    pub kv_dim: usize,
+    /// Positions each head holds.
+    pub slots: usize,
     pub base: usize,
 }
 
@@ -37,13 +40,15 @@ impl Cache<'_> {
     /// The first value of position `pos`'s keys (or values) of KV head `kvh`.
     fn at(&self, pos: usize, kvh: usize, hd: usize) -> usize {
         debug_assert!(pos >= self.base, "position {pos} was forgotten");
-        (pos - self.base) * self.kv_dim + kvh * hd
+        debug_assert!(pos - self.base < self.slots, "position {pos} is not held");
+        (kvh * self.slots + pos - self.base) * hd
     }
 }
 
-/// The rows of `rows` from value `at` on, and the distance between positions, in blocks.
-fn from<B: KvBlock>(rows: &[B], at: usize, kv_dim: usize) -> (&[B], usize) {
-    (&rows[at / B::N..], kv_dim / B::N)
+/// The rows of `rows` from value `at` on, and the distance between positions (`hd` values),
+/// in blocks.
+fn from<B: KvBlock>(rows: &[B], at: usize, hd: usize) -> (&[B], usize) {
+    (&rows[at / B::N..], hd / B::N)
 }
 
 /// The positions a query at `pos` attends to: all up to it, or the window ending there.
@@ -106,7 +111,7 @@ fn update(
     let at = cache.at(keys.start, kvh, hd);
     let s = &mut scores[..g * n];
     each_format!(cache.k, Rows, k => {
-        let (k, stride) = from(k, at, cache.kv_dim);
+        let (k, stride) = from(k, at, hd);
         kvdot::scores(isa, q, g, hd, k, stride, n, a.scale, s)
     });
     for (h, row) in s.chunks_exact_mut(n).enumerate() {
@@ -125,7 +130,7 @@ fn update(
         }
     }
     each_format!(cache.v, Rows, v => {
-        let (v, stride) = from(v, at, cache.kv_dim);
+        let (v, stride) = from(v, at, hd);
         kvdot::mix(isa, s, g, hd, v, stride, n, acc)
     });
 }
@@ -168,7 +173,7 @@ fn part_tile(
     let at = cache.at(part.start, kvh, hd);
     let s = &mut scores[..g * n];
     each_format!(cache.k, Rows, k => {
-        let (k, stride) = from(k, at, cache.kv_dim);
+        let (k, stride) = from(k, at, hd);
         kvdot::scores(isa, q, g, hd, k, stride, n, a.scale, s)
     });
     for (h, row) in s.chunks_exact_mut(n).enumerate() {
@@ -179,7 +184,7 @@ fn part_tile(
     }
     acc.fill(0.0);
     each_format!(cache.v, Rows, v => {
-        let (v, stride) = from(v, at, cache.kv_dim);
+        let (v, stride) = from(v, at, hd);
         kvdot::mix(isa, s, g, hd, v, stride, n, acc)
     });
 }
@@ -241,14 +246,14 @@ pub fn attend_block(
         let span = w..(w + 2 * TILE - 1).min(hi);
         for (rows, out) in [(&cache.k, &mut *kw), (&cache.v, &mut *vw)] {
             each_format!(rows, Rows, r => {
-                let (r, stride) = from(r, cache.at(w, kvh, hd), cache.kv_dim);
+                let (r, stride) = from(r, cache.at(w, kvh, hd), hd);
                 kvdot::to_f32(isa, r, stride, span.len(), hd, out)
             });
         }
         let here = Cache {
             k: Rows::F32(&kw[..span.len() * hd]),
             v: Rows::F32(&vw[..span.len() * hd]),
-            kv_dim: hd,
+            slots: span.len(),
             base: w,
         };
         for (b, (q, over)) in queries.iter().enumerate() {
@@ -342,7 +347,7 @@ mod tests {
         over: Range<usize>,
         k: &[f32],
         v: &[f32],
-        kv_dim: usize,
+        slots: usize,
     ) -> Vec<f64> {
         let hd = a.head_dim;
         let mut out = vec![0f64; q.len()];
@@ -350,7 +355,7 @@ mod tests {
             let s: Vec<f64> = over
                 .clone()
                 .map(|j| {
-                    let kj = &k[j * kv_dim + kvh * hd..][..hd];
+                    let kj = &k[(kvh * slots + j) * hd..][..hd];
                     let d: f64 = qh.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum();
                     let cap = a.softcap.unwrap() as f64;
                     cap * (d * a.scale as f64 / cap).tanh()
@@ -361,7 +366,7 @@ mod tests {
             for (j, x) in over.clone().zip(&s) {
                 let w = (x - m).exp() / total;
                 for i in 0..hd {
-                    out[h * hd + i] += w * v[j * kv_dim + kvh * hd + i] as f64;
+                    out[h * hd + i] += w * v[(kvh * slots + j) * hd + i] as f64;
                 }
             }
         }
@@ -391,7 +396,7 @@ mod tests {
         let cache = |k, v| Cache {
             k,
             v,
-            kv_dim,
+            slots: len,
             base: 0,
         };
         let caches = [
@@ -452,7 +457,7 @@ mod tests {
                 }
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&outs[b]), bits(&want), "{isa:?} query {b}");
-                let exact = reference(&a, 1, q, over.clone(), k, v, kv_dim);
+                let exact = reference(&a, 1, q, over.clone(), k, v, len);
                 for (x, y) in outs[b].iter().zip(&exact) {
                     assert!(
                         (*x as f64 - y).abs() <= 2e-6,

@@ -224,7 +224,8 @@ fn copy_and_continue(
     let mut out = Vec::new();
     e.forward(src.as_mut(), &tokens[..held], Logits::None, &mut out)
         .unwrap();
-    let mut dst = e.new_state(cap).unwrap();
+    // Another capacity than the source's: each head's positions are elsewhere in it.
+    let mut dst = e.new_state(cap + 37).unwrap();
     if !dst.copy_prefix(src.as_mut(), len) {
         assert_eq!(dst.len(), 0, "{what}: a refused copy changes nothing");
         return false;

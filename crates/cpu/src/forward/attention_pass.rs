@@ -75,15 +75,18 @@ impl Forward<'_> {
                 heads.chunks_exact_mut(block).for_each(hadamard);
             }
         };
-        // Each row's keys or values (`values`) into its sequence's cache.
+        // Each row's keys or values (`values`) into its sequence's cache, head by head (`rows`
+        // are whole heads).
         let store =
             |buf: &SharedSlice<'_, f32>, values: bool, rows: Range<usize>, tokens: Range<usize>| {
                 for t in tokens {
                     let (seq, pos) = c.at(t);
                     let cache = if values { &seq.vc } else { &seq.kc };
-                    let at = seq.kv_value(li, kvd, pos);
-                    let src = buf.range(t * kvd + rows.start..t * kvd + rows.end);
-                    cache.store(at + rows.start, src);
+                    debug_assert!(rows.start % hd == 0 && rows.end % hd == 0);
+                    for h in rows.start / hd..rows.end / hd {
+                        let src = buf.range(t * kvd + h * hd..t * kvd + (h + 1) * hd);
+                        cache.store(seq.kv_value(li, h, hd, pos), src);
+                    }
                 }
             };
         self.product(&a.q.weight, a.q.bias.as_deref(), &v.q, hd, |r, t| {

@@ -252,6 +252,7 @@ impl Executor for CpuExecutor {
             .map(|l| {
                 l.attention().map_or(KvLayer::default(), |a| KvLayer {
                     dim: a.n_kv_heads * a.head_dim,
+                    head: a.head_dim,
                     window: a.window.filter(|_| !self.swa_full),
                 })
             })
@@ -618,15 +619,15 @@ impl Seq<'_> {
         Cache {
             k: self.kc.range(at.clone()),
             v: self.vc.range(at),
-            kv_dim: kvd,
+            slots: self.slots[li],
             base: self.base[li],
         }
     }
 
-    /// Where layer `li` keeps position `pos` (`kvd` values a position).
-    fn kv_value(&self, li: usize, kvd: usize, pos: usize) -> usize {
+    /// Where layer `li` keeps KV head `h`'s `hd` values of position `pos` (see [`Layers`]).
+    fn kv_value(&self, li: usize, h: usize, hd: usize, pos: usize) -> usize {
         debug_assert!((self.base[li]..self.base[li] + self.slots[li]).contains(&pos));
-        self.kv_at[li] + (pos - self.base[li]) * kvd
+        self.kv_at[li] + (h * self.slots[li] + pos - self.base[li]) * hd
     }
 }
 
