@@ -82,7 +82,7 @@ impl Forward<'_> {
                 for t in tokens {
                     let (seq, pos) = c.at(t);
                     let cache = if values { &seq.vc } else { &seq.kc };
-                    debug_assert!(rows.start % hd == 0 && rows.end % hd == 0);
+                    debug_assert!(rows.start.is_multiple_of(hd) && rows.end.is_multiple_of(hd));
                     for h in rows.start / hd..rows.end / hd {
                         let src = buf.range(t * kvd + h * hd..t * kvd + (h + 1) * hd);
                         cache.store(seq.kv_value(li, h, hd, pos), src);
