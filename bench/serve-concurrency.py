@@ -3,7 +3,9 @@
 
 Starts each server in turn (alternating, the one that goes first swapping every round, ROUNDS
 times) on the same GGUF file and thread count, sends N streamed requests of --max-tokens tokens at
-once for each N, and reports per server and N the medians over rounds of: the aggregate tokens/s
+once for each N (every N --repeat times a round, the Ns interleaved, the round keeping each
+measure's median: one run lasts well under a second, and this machine's memory bandwidth
+drifts), and reports per server and N the medians over rounds of: the aggregate tokens/s
 (completion tokens of all requests / wall time, prefill included), the per-stream decode tokens/s
 (a stream's tokens after its first / time from its first token to its last) and the p50 time to
 first token; with the ratios to the same server's single stream and to llama-server at the same N.
@@ -132,6 +134,8 @@ def main():
     ap.add_argument("--llama-cpp-python-version", default=llamacpp.DEFAULT_VERSION)
     ap.add_argument("-n", default="1,2,4,8", help="concurrent streams, comma-separated (first is the baseline)")
     ap.add_argument("-r", "--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each width within a round (interleaved; the round keeps their median)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048, help="context per stream")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -166,9 +170,16 @@ def run(a, model, exe):
             try:
                 wait_healthy(port, proc, name)
                 concurrent(port, 1, 8)  # warm-up
+                # Each width --repeat times, the widths interleaved; the round keeps each
+                # measure's median over its repeats.
+                runs = {}
+                for _ in range(a.repeat):
+                    for n in widths:
+                        runs.setdefault(n, []).append(concurrent(port, n, a.max_tokens))
                 for n in widths:
-                    results.setdefault((name, n), []).append(concurrent(port, n, a.max_tokens))
-                    llamacpp.log(f"round {rnd + 1} {name} N={n}: {results[(name, n)][-1]}")
+                    kept = tuple(statistics.median(r[i] for r in runs[n]) for i in range(3))
+                    results.setdefault((name, n), []).append(kept)
+                    llamacpp.log(f"round {rnd + 1} {name} N={n}: {kept}")
             finally:
                 proc.terminate()
                 proc.wait()
@@ -181,7 +192,8 @@ def run(a, model, exe):
     def med(name, n, i):
         return statistics.median(r[i] for r in results[(name, n)])
 
-    print(f"{Path(model).name}, {a.threads} threads, {a.max_tokens} tokens per stream, medians of {a.rounds} rounds")
+    print(f"{Path(model).name}, {a.threads} threads, {a.max_tokens} tokens per stream, medians of {a.rounds} rounds "
+          f"(each the median of {a.repeat} runs)")
     print("| server | streams | aggregate tok/s | vs own 1 stream | vs llama-server | per-stream tok/s | p50 TTFT ms |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, _ in servers:
