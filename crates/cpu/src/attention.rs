@@ -17,6 +17,7 @@ use std::ops::Range;
 
 use anelm_model::plan::Attention;
 
+use crate::kernels::prefetch;
 use crate::kv::Rows;
 use crate::kvblock::{each_format, KvBlock};
 use crate::kvdot;
@@ -42,6 +43,23 @@ impl Cache<'_> {
         debug_assert!(pos >= self.base, "position {pos} was forgotten");
         debug_assert!(pos - self.base < self.slots, "position {pos} is not held");
         (kvh * self.slots + pos - self.base) * hd
+    }
+}
+
+impl Cache<'_> {
+    /// Asks for KV head `kvh`'s keys and values of the positions `over` ahead of their use, at
+    /// most `budget` bytes of each; returns the bytes asked for.
+    pub fn prefetch(&self, over: Range<usize>, kvh: usize, hd: usize, budget: usize) -> usize {
+        let at = self.at(over.start, kvh, hd);
+        let values = at..at + over.len() * hd;
+        let mut asked = 0;
+        for rows in [&self.k, &self.v] {
+            let bytes = rows.bytes(values.clone());
+            let bytes = &bytes[..bytes.len().min(budget)];
+            prefetch(bytes);
+            asked += bytes.len();
+        }
+        asked
     }
 }
 

@@ -120,6 +120,18 @@ pub enum Rows<'a> {
     Q4_0(&'a [BlockQ4_0]),
 }
 
+impl Rows<'_> {
+    /// The bytes of the values `at` (whole blocks).
+    pub(crate) fn bytes(&self, at: std::ops::Range<usize>) -> &[u8] {
+        fn go<B: KvBlock>(r: &[B], at: std::ops::Range<usize>) -> &[u8] {
+            let b = &r[blocks::<B>(at)];
+            // SAFETY: every format is plain data, its bytes all initialised.
+            unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u8, size_of_val(b)) }
+        }
+        each_format!(self, Rows, r => go(r, at))
+    }
+}
+
 /// A [`KvVec`] as the threads of a pass share it (each writes the rows of its tokens).
 pub(crate) enum SharedRows<'a> {
     F32(SharedSlice<'a, f32>),

@@ -17,6 +17,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Thread `j`'s share of `n_chunks` chunks among `n` threads.
+fn share(j: usize, n: usize, n_chunks: usize) -> std::ops::Range<usize> {
+    j * n_chunks / n..(j + 1) * n_chunks / n
+}
+
 /// `spin_loop` iterations (about 20 ns each) before a waiting thread sleeps.
 const SPINS: u32 = 1 << 12;
 /// Yields of the core, after the spins, before a waiting thread sleeps.
@@ -299,7 +304,10 @@ impl Ctx<'_> {
         self.call.set(call.wrapping_add(1));
         assert!(n_chunks < 1 << 24, "at most 2^24 chunks per call");
         let n = self.n;
-        let share = |j: usize| (j * n_chunks / n, (j + 1) * n_chunks / n);
+        let share = |j: usize| {
+            let r = share(j, n, n_chunks);
+            (r.start, r.end)
+        };
         while let Some(c) = self.claim(self.ith, call, share(self.ith), true) {
             f(c);
         }
@@ -309,6 +317,12 @@ impl Ctx<'_> {
                 f(c);
             }
         }
+    }
+
+    /// The chunks of a [`Ctx::chunks`] call of `n_chunks` that this thread starts with (it
+    /// takes them unless another thread steals some first): to prepare their data ahead.
+    pub fn own_chunks(&self, n_chunks: usize) -> std::ops::Range<usize> {
+        share(self.ith, self.n, n_chunks)
     }
 
     /// Claims the first (`front`) or last unclaimed chunk of thread `j`'s share of call `call`,
@@ -367,6 +381,26 @@ impl Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_chunks_split_the_chunks_among_the_threads() {
+        for threads in [1, 2, 3, 4] {
+            let pool = Pool::new(threads);
+            for n_chunks in [0, 1, 3, 7, 64] {
+                let owned = Mutex::new(vec![0; n_chunks]);
+                pool.run(|ctx| {
+                    for c in ctx.own_chunks(n_chunks) {
+                        owned.lock().unwrap()[c] += 1;
+                    }
+                });
+                let owned = owned.into_inner().unwrap();
+                assert!(
+                    owned.iter().all(|&k| k == 1),
+                    "{threads} threads: {owned:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn calls_without_barriers_between_them_share_each_chunk_once() {

@@ -31,6 +31,9 @@ impl Forward<'_> {
             .chain(gate_w)
             .collect();
         self.prepare(Src::Xn, h, 0..n, &inputs);
+        if c.decode() || n <= SHORT_PASS {
+            self.prefetch_decode(a, li);
+        }
         // RoPE's cos and sin for each token, once per layer (layers may differ in frequencies).
         let mut angles = std::mem::take(&mut self.p.angles);
         if let Some(rope) = &a.rope {
@@ -175,6 +178,64 @@ impl Forward<'_> {
         self.residual(layer.post_attn_norm.as_ref());
     }
 
+    /// Fills `p.items` with each row's first item of [`Self::decode_attention`]; returns the
+    /// number of items.
+    fn decode_items(&mut self, a: &Attention) -> usize {
+        let mut starts = std::mem::take(&mut self.p.items);
+        starts.clear();
+        let items = DecodeItems {
+            a,
+            n: self.n,
+            threads: self.ctx.n,
+            c: self.c,
+            starts: &[],
+        };
+        let mut total = 0;
+        for t in 0..self.n {
+            starts.push(total);
+            let (_, n_parts, groups) = items.split(t);
+            total += a.n_kv_heads * groups * n_parts;
+        }
+        self.p.items = starts;
+        total
+    }
+
+    /// Asks for the keys and values this thread's items of [`Self::decode_attention`] will
+    /// read, at most [`PREFETCH_BYTES`]: called before the projections, so that the cache
+    /// (evicted by a step's stream of weights) comes from memory while they compute instead of
+    /// stalling attention's loads.
+    pub(super) fn prefetch_decode(&mut self, a: &Attention, li: usize) {
+        let total = self.decode_items(a);
+        let items = DecodeItems {
+            a,
+            n: self.n,
+            threads: self.ctx.n,
+            c: self.c,
+            starts: &self.p.items,
+        };
+        let kvd = a.n_kv_heads * a.head_dim;
+        let mine = self.ctx.own_chunks(total);
+        // Each item's first rows (where the hardware has no stream to follow yet) before any
+        // item's later ones.
+        let each = (PREFETCH_BYTES / mine.len().max(1)).max(4 << 10);
+        let mut budget = PREFETCH_BYTES;
+        let mut last = None;
+        for item in mine {
+            let DecodeItem { t, kvh, part, .. } = items.get(item);
+            // Another group of the same KV head's query heads reads the same rows.
+            if last.replace((t, kvh, part.start)) == Some((t, kvh, part.start)) {
+                continue;
+            }
+            // SAFETY: reads only; the rows are plain data whatever a thread writes into them.
+            let cache = unsafe { self.c.at(t).0.cache(li, kvd) };
+            let most = each.min(budget) / 2;
+            budget = budget.saturating_sub(cache.prefetch(part, kvh, a.head_dim, most));
+            if budget == 0 {
+                break;
+            }
+        }
+    }
+
     /// Attention of each row's token over its own sequence's positions up to its own (a decode
     /// step's one token per sequence, or the few tokens of a short pass), into `xn`. The threads
     /// share items of a row: a part of its positions and some query heads of one KV head —
@@ -190,45 +251,39 @@ impl Forward<'_> {
         rot_v: Option<usize>,
     ) {
         let (ctx, v, isa, c, n) = (self.ctx, self.v, self.isa, self.c, self.n);
-        let (hd, nh, g) = (a.head_dim, a.n_heads, a.n_heads / a.n_kv_heads);
+        let (hd, nh) = (a.head_dim, a.n_heads);
         let (qd, kvd) = (nh * hd, a.n_kv_heads * hd);
-        // Row `t`'s positions, their number of parts, and its groups of query heads.
-        let split = |t: usize| {
-            let over = positions(a, c.at(t).1);
-            let n_parts = parts(over.clone()).count();
-            let groups = (2 * ctx.n).div_ceil(n * a.n_kv_heads * n_parts).clamp(1, g);
-            (over, n_parts, groups)
+        let total = self.decode_items(a);
+        let items = DecodeItems {
+            a,
+            n,
+            threads: ctx.n,
+            c,
+            starts: &self.p.items,
         };
-        let p = &mut *self.p;
-        p.items.clear();
-        let mut total = 0;
-        for t in 0..n {
-            p.items.push(total);
-            let (_, n_parts, groups) = split(t);
-            total += a.n_kv_heads * groups * n_parts;
-        }
         // Head `j`'s output and statistics over part `s` of row `t` go to row
         // `t * MAX_PARTS * nh + s * nh + j`.
-        let (scores, starts) = (&mut p.scratch, &p.items);
+        let scores = &mut self.p.scratch;
         ctx.chunks(total, |item| {
-            let t = starts.partition_point(|&s| s <= item) - 1;
-            let (over, n_parts, groups) = split(t);
-            let i = item - starts[t];
-            let (kvh, sg, s) = (i / (groups * n_parts), i / n_parts % groups, i % n_parts);
-            let heads = kvh * g + sg * g / groups..kvh * g + (sg + 1) * g / groups;
+            let DecodeItem {
+                t,
+                kvh,
+                heads,
+                s,
+                part,
+            } = items.get(item);
             let q =
                 v.q.range(t * qd + heads.start * hd..t * qd + heads.end * hd);
             let base = t * MAX_PARTS * nh + s * nh;
             let rows = base + heads.start..base + heads.end;
             let out = v.part.range_mut(rows.start * hd..rows.end * hd);
             let stats = v.part_stats.range_mut(rows);
-            let part = parts(over).nth(s).expect("s < n_parts");
             let cache = c.at(t).0.cache(li, kvd);
             attend(isa, a, kvh, q, part, &cache, scores, out, stats);
         });
         ctx.barrier();
         for t in 0..n {
-            let n_parts = split(t).1;
+            let n_parts = items.split(t).1;
             let base = t * MAX_PARTS * nh;
             let (part, stats) = (
                 v.part.range(base * hd..(base + n_parts * nh) * hd),
@@ -247,6 +302,63 @@ impl Forward<'_> {
                     output_gate(out, v.z.range(at));
                 }
             }
+        }
+    }
+}
+
+/// The bytes of keys and values a thread asks for ahead of a decode step's attention, per
+/// layer: what the core's L2 keeps beside the projections' weights. Beyond it (a deep cache)
+/// the rows stream at the hardware prefetchers' pace anyway.
+const PREFETCH_BYTES: usize = 256 << 10;
+
+/// The items of a decode step's attention: (row, KV head, group of its query heads, part of
+/// the row's positions), in that nesting; `starts[t]` is row `t`'s first.
+struct DecodeItems<'a, 'c> {
+    a: &'a Attention,
+    n: usize,
+    threads: usize,
+    c: &'a super::Chunk<'c>,
+    starts: &'a [usize],
+}
+
+/// One of [`DecodeItems`]: query heads `heads` of KV head `kvh` over `part`, part `s` of row
+/// `t`'s positions.
+struct DecodeItem {
+    t: usize,
+    kvh: usize,
+    heads: Range<usize>,
+    s: usize,
+    part: Range<usize>,
+}
+
+impl DecodeItems<'_, '_> {
+    /// Row `t`'s positions, their number of parts, and its groups of query heads: enough items
+    /// for two per thread where the heads allow.
+    fn split(&self, t: usize) -> (Range<usize>, usize, usize) {
+        let a = self.a;
+        let over = positions(a, self.c.at(t).1);
+        let n_parts = parts(over.clone()).count();
+        let g = a.n_heads / a.n_kv_heads;
+        let groups = (2 * self.threads)
+            .div_ceil(self.n * a.n_kv_heads * n_parts)
+            .clamp(1, g);
+        (over, n_parts, groups)
+    }
+
+    fn get(&self, item: usize) -> DecodeItem {
+        let t = self.starts.partition_point(|&s| s <= item) - 1;
+        let (over, n_parts, groups) = self.split(t);
+        let g = self.a.n_heads / self.a.n_kv_heads;
+        let i = item - self.starts[t];
+        let (kvh, sg, s) = (i / (groups * n_parts), i / n_parts % groups, i % n_parts);
+        let heads = kvh * g + sg * g / groups..kvh * g + (sg + 1) * g / groups;
+        let part = parts(over).nth(s).expect("s < n_parts");
+        DecodeItem {
+            t,
+            kvh,
+            heads,
+            s,
+            part,
         }
     }
 }
