@@ -495,14 +495,25 @@ impl Generation<'_> {
         self.pending.pop_front()
     }
 
-    /// The first half of a batched step: a prefill chunk, or the check that the context has
-    /// room. Returns the token this generation feeds to the batched pass, if any.
-    pub(crate) fn batch_begin(&mut self, exec: &mut dyn Executor, start: Instant) -> Result<Feed> {
+    /// Whether the generation is still taking its prompt.
+    pub(crate) fn prefilling(&self) -> bool {
+        matches!(self.phase, Phase::Prefill)
+    }
+
+    /// The first half of a batched step: a prefill chunk (at most `chunk` tokens), or the check
+    /// that the context has room. Returns the token this generation feeds to the batched pass,
+    /// if any.
+    pub(crate) fn batch_begin(
+        &mut self,
+        exec: &mut dyn Executor,
+        start: Instant,
+        chunk: usize,
+    ) -> Result<Feed> {
         self.drawing = false;
         match self.phase {
             Phase::Done => Ok(Feed::Nothing),
             Phase::Prefill => {
-                let (chunk, step) = self.session.next_chunk(&self.prompt)?;
+                let (chunk, step) = self.session.next_chunk(&self.prompt, chunk)?;
                 self.step_started = Some(start);
                 Ok(Feed::Prompt { chunk, step })
             }

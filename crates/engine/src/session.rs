@@ -81,7 +81,7 @@ impl Session {
         prompt: &[u32],
         logits: &mut Vec<f32>,
     ) -> Result<PrefillStep> {
-        let (chunk, step) = self.next_chunk(prompt)?;
+        let (chunk, step) = self.next_chunk(prompt, PREFILL_CHUNK)?;
         let want = if step.done {
             Logits::Last
         } else {
@@ -93,8 +93,13 @@ impl Session {
 
     /// What the next [`Session::prefill_chunk`] feeds, without feeding it: the session is cut
     /// back to the longest prefix it shares with `prompt`, and the range of `prompt` that comes
-    /// next is returned with the step (a batched pass feeds it, then [`Session::appended`]).
-    pub(crate) fn next_chunk(&mut self, prompt: &[u32]) -> Result<(Range<usize>, PrefillStep)> {
+    /// next (at most `most` tokens, at most [`PREFILL_CHUNK`]) is returned with the step (a
+    /// batched pass feeds it, then [`Session::appended`]).
+    pub(crate) fn next_chunk(
+        &mut self,
+        prompt: &[u32],
+        most: usize,
+    ) -> Result<(Range<usize>, PrefillStep)> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -108,7 +113,7 @@ impl Session {
         // A recurrent state may keep less than asked (it cannot go back): reuse what it kept.
         self.truncate(common.min(prompt.len() - 1));
         let reused = self.tokens.len();
-        let end = (reused + PREFILL_CHUNK).min(prompt.len());
+        let end = (reused + most.clamp(1, PREFILL_CHUNK)).min(prompt.len());
         let done = end == prompt.len();
         Ok((reused..end, PrefillStep { reused, done }))
     }

@@ -148,3 +148,81 @@ fn smollm2_batched_generations_equal_solo_generations() {
 fn gemma3_batched_generations_equal_solo_generations() {
     batched_equals_solo(GEMMA3);
 }
+
+/// Steps until a long prompt's first token, beside a decoding generation (`beside`) or alone,
+/// with `batch`; and what the long prompt's generation gave.
+fn long_prompt_steps(
+    exec: &mut CpuExecutor,
+    model: &LoadedModel,
+    batch: &mut Batch,
+    beside: bool,
+) -> (usize, Output) {
+    let text = "The river ran past the old mill and the quiet farms. ".repeat(90);
+    let long = Input::Messages(vec![Message::user(&format!("Summarise: {text}"))]);
+    let mut s_long = Session::new(&*exec, 2048).unwrap();
+    let mut s_other = Session::new(&*exec, 2048).unwrap();
+    let mut other = s_other
+        .generate(model, &input(3), params(3, false))
+        .unwrap();
+    // The other generation is decoding before the long prompt comes.
+    if beside {
+        while other.pop_event().is_none() {
+            batch.step(exec, &mut [&mut other]).unwrap();
+        }
+    }
+    let mut g = s_long
+        .generate(
+            model,
+            &long,
+            GenerateParams {
+                max_tokens: 4,
+                ..params(0, false)
+            },
+        )
+        .unwrap();
+    let mut out = Output::default();
+    let mut first = None;
+    for step in 1.. {
+        if g.is_finished() {
+            break;
+        }
+        let mut live: Vec<&mut Generation<'_>> = vec![&mut g];
+        if beside && !other.is_finished() {
+            live.push(&mut other);
+        }
+        batch.step(exec, &mut live).unwrap();
+        while let Some(e) = g.pop_event() {
+            if first.is_none() && matches!(e, Event::Token { .. }) {
+                first = Some(step);
+            }
+            out.take(e);
+        }
+        while other.pop_event().is_some() {}
+    }
+    (
+        first.expect("the long prompt's generation drew a token"),
+        out,
+    )
+}
+
+// A long prompt beside a decoding generation goes in chunks sized to the step budget (here so
+// small that every chunk is the fewest allowed), alone in full chunks; its output is the same.
+#[test]
+fn a_long_prompt_beside_decoding_takes_budgeted_chunks() {
+    let model = Arc::new(LoadedModel::load(&model_path(SMOLLM2)).unwrap());
+    let mut exec = CpuExecutor::new(model.model.clone(), 2);
+    let (alone, want) = long_prompt_steps(&mut exec, &model, &mut Batch::new(), false);
+    let tight = &mut Batch::with_step_budget(std::time::Duration::from_micros(1));
+    let (beside, got) = long_prompt_steps(&mut exec, &model, tight, true);
+    let prompt_len: usize = 1000; // at least: 90 sentences of 11 words
+    assert!(
+        alone <= prompt_len.div_ceil(anelm_engine::session::PREFILL_CHUNK) + 2,
+        "{alone}"
+    );
+    assert!(
+        beside >= prompt_len / anelm_engine::batch::MIN_CHUNK,
+        "{beside} steps beside a decoding generation, {alone} alone"
+    );
+    assert!(!want.ids.is_empty());
+    assert_eq!(got, want, "the long prompt's output depends on its chunks");
+}
