@@ -269,3 +269,120 @@ async fn concurrent_requests_with_a_shared_prefix_prefill_it_once() {
         assert_eq!(&reply(&v), want, "a copied prefix changed a reply");
     }
 }
+
+/// A fixed-seed mixture of what a busy server sees — arrivals at random moments, requests that
+/// share a system prompt or are identical, a completion whose prompt begins another's, long
+/// prompts prefilled in budgeted chunks beside decoding ones, seeded sampling, and clients that
+/// leave — gives every request that stays its reply alone, in two rounds.
+#[tokio::test]
+async fn a_random_mixture_of_requests_each_get_their_solo_reply() {
+    let server = start(config(4, 32));
+    let (c, base) = (client(), base(&server));
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let story =
+        "The river ran past the old mill, the quiet farms and the stone bridge. ".repeat(70);
+    let system = "You are a careful assistant. Answer briefly and precisely. ".repeat(4);
+    let mut requests: Vec<(String, Value)> = Vec::new();
+    for i in 0..14 {
+        let max_tokens = 3 + next(37);
+        let (path, body) = match next(6) {
+            0 => (
+                "chat/completions",
+                serde_json::json!({"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
+                    "messages": [{"role": "system", "content": system},
+                                 {"role": "user", "content": format!("Tell me about topic {}.", next(4))}]}),
+            ),
+            1 => (
+                "chat/completions",
+                chat("Write a poem about the sea.", max_tokens as u32),
+            ),
+            2 => (
+                "chat/completions",
+                chat(
+                    &format!(
+                        "Summarise: {}",
+                        &story[..200 + next(story.len() as u64 - 200) as usize]
+                    ),
+                    max_tokens as u32,
+                ),
+            ),
+            3 => (
+                "completions",
+                serde_json::json!({"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
+                    "prompt": &story[..[60, 300, 1500, 3000][next(4) as usize]]}),
+            ),
+            4 => (
+                "chat/completions",
+                serde_json::json!({"model": MODEL, "max_tokens": max_tokens, "temperature": 0.9,
+                    "seed": next(3), "messages": [{"role": "user", "content": "Name some fruits."}]}),
+            ),
+            _ => (
+                "completions",
+                serde_json::json!({"model": MODEL, "max_tokens": max_tokens,
+                    "temperature": 0, "prompt": format!("Once upon a time{}", " there was".repeat(i))}),
+            ),
+        };
+        requests.push((format!("{base}/v1/{path}"), body));
+    }
+    let text = |v: &Value| {
+        let choice = &v["choices"][0];
+        choice["text"]
+            .as_str()
+            .or(choice["message"]["content"].as_str())
+            .unwrap_or_else(|| panic!("a reply: {v}"))
+            .to_string()
+    };
+    let mut solo = Vec::new();
+    for (url, body) in &requests {
+        let (status, v) = post(&c, url, body).await;
+        assert_eq!(status, 200, "{v}");
+        solo.push(text(&v));
+    }
+    for round in 0..2 {
+        let tasks: Vec<_> = requests
+            .iter()
+            .map(|(url, body)| {
+                let (c, url, body) = (c.clone(), url.clone(), body.clone());
+                let (delay, leaves) = (next(800), next(8) == 0);
+                let task = tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    post(&c, &url, &body).await
+                });
+                if leaves {
+                    let abort = task.abort_handle();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(delay + 30)).await;
+                        abort.abort();
+                    });
+                }
+                task
+            })
+            .collect();
+        let mut kept = 0;
+        for (i, t) in tasks.into_iter().enumerate() {
+            let Ok((status, v)) = t.await else {
+                continue;
+            };
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(
+                text(&v),
+                solo[i],
+                "round {round}: request {i} differs from alone"
+            );
+            kept += 1;
+        }
+        assert!(
+            kept >= requests.len() / 2,
+            "round {round}: only {kept} stayed"
+        );
+    }
+    let h = health(&c, &base).await;
+    assert!(h["widest_step"].as_u64().unwrap() >= 3, "{h}");
+    assert_eq!(h["failed"], 0, "{h}");
+}
