@@ -31,8 +31,11 @@ impl Forward<'_> {
             .chain(gate_w)
             .collect();
         self.prepare(Src::Xn, h, 0..n, &inputs);
-        if c.decode() || n <= SHORT_PASS {
-            self.prefetch_decode(a, li);
+        // A decode step or a short pass: decode attention's items, counted once for the layer,
+        // and their keys and values asked for while the projections compute.
+        let decode = (c.decode() || n <= SHORT_PASS).then(|| self.decode_items(a));
+        if let Some(total) = decode {
+            self.prefetch_decode(a, li, total);
         }
         // RoPE's cos and sin for each token, once per layer (layers may differ in frequencies).
         let mut angles = std::mem::take(&mut self.p.angles);
@@ -111,8 +114,8 @@ impl Forward<'_> {
         self.p.angles = angles;
         ctx.barrier();
 
-        if c.decode() || n <= SHORT_PASS {
-            self.decode_attention(a, li, rot_v);
+        if let Some(total) = decode {
+            self.decode_attention(a, li, rot_v, total);
             self.prepare(Src::Xn, qd, 0..n, &[&a.o.weight]);
         } else {
             // Runs of several tokens (a prefill; beside it, other sequences' runs, one token
@@ -200,12 +203,11 @@ impl Forward<'_> {
         total
     }
 
-    /// Asks for the keys and values this thread's items of [`Self::decode_attention`] will
-    /// read, at most [`PREFETCH_BYTES`]: called before the projections, so that the cache
+    /// Asks for the keys and values this thread's items of [`Self::decode_attention`] (`total`,
+    /// from [`Self::decode_items`]) will read, at most [`PREFETCH_BYTES`]: called before the projections, so that the cache
     /// (evicted by a step's stream of weights) comes from memory while they compute instead of
     /// stalling attention's loads.
-    pub(super) fn prefetch_decode(&mut self, a: &Attention, li: usize) {
-        let total = self.decode_items(a);
+    pub(super) fn prefetch_decode(&mut self, a: &Attention, li: usize, total: usize) {
         let items = DecodeItems {
             a,
             n: self.n,
@@ -243,17 +245,18 @@ impl Forward<'_> {
     /// not change a head's result; how the positions are split does, and [`parts`] splits them
     /// by their number only, so a row's result does not depend on the others). After the
     /// barrier every thread combines the parts for itself (no barrier of its own).
-    /// Values held rotated over blocks of `rot_v` are rotated back on the output.
+    /// Values held rotated over blocks of `rot_v` are rotated back on the output. `total`: the
+    /// items, from [`Self::decode_items`].
     pub(super) unsafe fn decode_attention(
         &mut self,
         a: &Attention,
         li: usize,
         rot_v: Option<usize>,
+        total: usize,
     ) {
         let (ctx, v, isa, c, n) = (self.ctx, self.v, self.isa, self.c, self.n);
         let (hd, nh) = (a.head_dim, a.n_heads);
         let (qd, kvd) = (nh * hd, a.n_kv_heads * hd);
-        let total = self.decode_items(a);
         let items = DecodeItems {
             a,
             n,
