@@ -18,6 +18,8 @@ Standard library only. Not run in CI. Example:
   bench/serve-concurrency.py -m ~/.cache/anelm/models/SmolLM2-135M-Instruct.Q4_1.gguf -n 1,2,4,8 -r 3
   bench/serve-concurrency.py -m SMOLLM2.gguf -m GEMMA3.gguf -n 1,4,8   (one model after the other)
   bench/serve-concurrency.py -m M --bin target/release/anelm --bin /old/anelm --no-llama
+  bench/serve-concurrency.py -m M --no-llama --anelm-args=--lookup --anelm-args= \
+      --prompt-file bench/speculative/summarise.txt --prompt-file bench/speculative/river.txt
 """
 
 import argparse
@@ -46,11 +48,12 @@ def free_port():
     return port
 
 
-def ask(port, i, max_tokens):
+def ask(port, i, max_tokens, prompts):
     """One streamed greedy chat request; returns (tokens, seconds to first token, seconds in all)."""
+    content = prompts[i % len(prompts)] if prompts else f"Write a very long story about dragon number {i}."
     body = {
         "model": "bench",
-        "messages": [{"role": "user", "content": f"Write a very long story about dragon number {i}."}],
+        "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -86,13 +89,13 @@ def ask(port, i, max_tokens):
     return tokens, (first or end) - start, end - start
 
 
-def concurrent(port, n, max_tokens):
+def concurrent(port, n, max_tokens, prompts=None):
     results = [None] * n
     errors = []
 
     def one(i):
         try:
-            results[i] = ask(port, i, max_tokens)
+            results[i] = ask(port, i, max_tokens, prompts)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -140,6 +143,12 @@ def main():
     ap.add_argument("--ctx", type=int, default=2048, help="context per stream")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", help="write the raw rounds here")
+    ap.add_argument("--anelm-args", action="append",
+                    help="extra arguments of anelm serve, one configuration per use (repeatable: each "
+                         "binary runs with each; e.g. --anelm-args=--lookup --anelm-args=)")
+    ap.add_argument("--prompt-file", action="append",
+                    help="a file whose text is a request's message (repeatable: stream i takes file i mod "
+                         "count; default: a long story per stream)")
     a = ap.parse_args()
     exe = None
     if not a.no_llama:
@@ -153,10 +162,15 @@ def run(a, model, exe):
     widths = [int(x) for x in a.n.split(",")]
     slots = max(widths)
     servers = []
+    prompts = [Path(f).read_text() for f in a.prompt_file or []]
     for b in a.bin or [str(ROOT / "target" / "release" / "anelm")]:
-        servers.append((f"anelm ({b})" if a.bin and len(a.bin) > 1 else "anelm", lambda port, b=b: [
-            b, "serve", "-m", model, "-t", str(a.threads), "--parallel", str(slots),
-            "--ctx", str(a.ctx), "--alias", "bench", "--port", str(port)]))
+        for extra in a.anelm_args or [""]:
+            name = f"anelm ({b})" if a.bin and len(a.bin) > 1 else "anelm"
+            if extra:
+                name += f" {extra}"
+            servers.append((name, lambda port, b=b, extra=extra: [
+                b, "serve", "-m", model, "-t", str(a.threads), "--parallel", str(slots),
+                "--ctx", str(a.ctx), "--alias", "bench", "--port", str(port)] + extra.split()))
     if exe:
         servers.append(("llama-server", lambda port: [
             exe, "-m", model, "-t", str(a.threads), "-tb", str(a.threads), "-np", str(slots),
@@ -175,7 +189,7 @@ def run(a, model, exe):
                 runs = {}
                 for _ in range(a.repeat):
                     for n in widths:
-                        runs.setdefault(n, []).append(concurrent(port, n, a.max_tokens))
+                        runs.setdefault(n, []).append(concurrent(port, n, a.max_tokens, prompts))
                 for n in widths:
                     kept = tuple(statistics.median(r[i] for r in runs[n]) for i in range(3))
                     results.setdefault((name, n), []).append(kept)

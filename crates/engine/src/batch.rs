@@ -5,7 +5,9 @@
 //!
 //! A generation may join or leave between any two steps (the caller holds the list); each
 //! step's events are queued on their generation ([`Generation::pop_event`]). Greedy outputs are
-//! what each generation gives alone: the executor's batched rows equal its solo rows.
+//! what each generation gives alone: the executor's batched rows equal its solo rows. A
+//! speculative generation's verifying run joins the pass like a prompt chunk, so drafting and
+//! batching compose: the weights are read once for every sequence's drafted tokens.
 //!
 //! A prompt beside decoding generations goes in chunks sized to a time budget per step (from
 //! the rate of the steps before), so that a long prompt delays the others' next tokens by about
@@ -14,11 +16,12 @@
 
 use std::time::{Duration, Instant};
 
-use anelm_model::{Executor, KvState};
+use anelm_model::{Executor, KvState, Run};
 
 use crate::error::Result;
 use crate::generate::{Feed, Generation};
 use crate::session::PREFILL_CHUNK;
+use crate::speculative::{Beside, PassTime};
 
 /// What a step carrying prompt chunks may take while other generations wait for their next
 /// token, by default.
@@ -32,7 +35,7 @@ pub const MIN_CHUNK: usize = 64;
 pub struct Batch {
     rows: Vec<f32>,
     tokens: Vec<u32>,
-    lens: Vec<usize>,
+    runs: Vec<Run>,
     feeds: Vec<Feed>,
     budget: Duration,
     /// Rows a second of the steps that carried prompt chunks (a decayed mean).
@@ -55,7 +58,7 @@ impl Batch {
         Batch {
             rows: Vec::new(),
             tokens: Vec::new(),
-            lens: Vec::new(),
+            runs: Vec::new(),
             feeds: Vec::new(),
             budget,
             rate: None,
@@ -79,9 +82,11 @@ impl Batch {
     }
 
     /// One step of every generation in `gens` that has not finished: a decoding generation
-    /// draws its next token, a prompt takes its next prefill chunk, the tokens of all of them
-    /// going through the executor as one pass of runs ([`Executor::forward_runs`]). Events
-    /// queue on each generation. On an error no generation has drawn a token this step.
+    /// draws its next token, a speculative one verifies its drafted tokens (and emits those
+    /// kept and one of its own), a prompt takes its next prefill chunk, the tokens of all of
+    /// them going through the executor as one pass of runs ([`Executor::forward_runs`]).
+    /// Events queue on each generation. On an error of the pass no generation has drawn a
+    /// token this step.
     pub fn step(
         &mut self,
         exec: &mut dyn Executor,
@@ -89,25 +94,54 @@ impl Batch {
     ) -> Result<()> {
         let start = Instant::now();
         self.tokens.clear();
-        self.lens.clear();
+        self.runs.clear();
         self.feeds.clear();
         let chunk = self.chunk(gens);
-        for g in gens.iter_mut() {
-            let feed = g.batch_begin(exec, start, chunk)?;
+        // The plain runs first, then the speculative generations, each weighing its drafted
+        // tokens against the pass the runs before it make already.
+        let mut feeds: Vec<Option<Feed>> = gens.iter().map(|_| None).collect();
+        let mut beside = Beside::default();
+        for drafting in [false, true] {
+            for (g, f) in gens.iter_mut().zip(&mut feeds) {
+                if g.drafting() != drafting {
+                    continue;
+                }
+                let feed = g.batch_begin(start, chunk, beside)?;
+                let (tokens, emitting) = match &feed {
+                    Feed::Nothing => (0, false),
+                    Feed::Token(_) => (1, true),
+                    Feed::Prompt { chunk, step } => (chunk.len(), step.done),
+                    Feed::Verify(run) => (run.len, true),
+                };
+                beside.tokens += tokens;
+                beside.emitting += usize::from(emitting);
+                *f = Some(feed);
+            }
+        }
+        for (g, feed) in gens.iter().zip(feeds) {
+            let feed = feed.expect("every generation was asked for its feed");
             match &feed {
                 Feed::Nothing => {}
                 Feed::Token(t) => {
                     self.tokens.push(*t);
-                    self.lens.push(1);
+                    self.runs.push(Run::last(1));
                 }
-                Feed::Prompt { chunk, .. } => {
+                Feed::Prompt { chunk, step } => {
                     self.tokens
                         .extend_from_slice(g.prompt_tokens(chunk.clone()));
-                    self.lens.push(chunk.len());
+                    self.runs.push(Run {
+                        len: chunk.len(),
+                        logits: usize::from(step.done),
+                    });
+                }
+                Feed::Verify(run) => {
+                    self.tokens.extend_from_slice(g.verify_tokens());
+                    self.runs.push(*run);
                 }
             }
             self.feeds.push(feed);
         }
+        let mut secs = 0.0;
         if !self.tokens.is_empty() {
             let mut states: Vec<&mut dyn KvState> = gens
                 .iter_mut()
@@ -116,29 +150,46 @@ impl Batch {
                 .map(|(g, _)| g.state_mut())
                 .collect();
             let pass = Instant::now();
-            exec.forward_runs(&mut states, &self.lens, &self.tokens, &mut self.rows)?;
-            let secs = pass.elapsed().as_secs_f64();
+            exec.forward_runs(&mut states, &self.runs, &self.tokens, &mut self.rows)?;
+            secs = pass.elapsed().as_secs_f64();
             let prompt = self.feeds.iter().any(|f| matches!(f, Feed::Prompt { .. }));
             if prompt && secs > 0.0 {
                 let now = self.tokens.len() as f64 / secs;
                 self.rate = Some(self.rate.map_or(now, |r| 0.5 * r + 0.5 * now));
             }
         }
+        // What speculative generations learn their pass costs from: passes of decode and
+        // verifying runs (a prompt's chunk costs what prefill costs, not what drafting adds).
+        let prompt = self.feeds.iter().any(|f| matches!(f, Feed::Prompt { .. }));
+        let pass = PassTime {
+            secs,
+            tokens: self.tokens.len(),
+            timed: !prompt,
+        };
         let vocab = exec.vocab_size();
-        let mut rows = self.rows.chunks_exact(vocab);
+        let (mut at, mut result) = (0, Ok(()));
+        let mut rows = |n: usize| {
+            at += n * vocab;
+            &self.rows[at - n * vocab..at]
+        };
         for (g, feed) in gens.iter_mut().zip(self.feeds.drain(..)) {
             match feed {
                 Feed::Nothing => g.batch_end(None),
-                Feed::Token(token) => {
-                    let row = rows.next().expect("a row per fed run");
-                    g.batch_end(Some((token, row)));
-                }
+                Feed::Token(token) => g.batch_end(Some((token, rows(1)))),
                 Feed::Prompt { chunk, step } => {
-                    let row = rows.next().expect("a row per fed run");
+                    let row = rows(usize::from(step.done));
                     g.batch_end_prompt(chunk, step, row);
+                }
+                Feed::Verify(run) => {
+                    let these = rows(run.logits);
+                    let judged = g.batch_end_verify(exec, these, pass);
+                    // The others' steps complete; the first error is reported after them.
+                    if result.is_ok() {
+                        result = judged;
+                    }
                 }
             }
         }
-        Ok(())
+        result
     }
 }

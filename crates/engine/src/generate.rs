@@ -11,7 +11,7 @@ use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anelm_model::{Executor, Logits};
+use anelm_model::{Executor, Logits, Run};
 use anelm_tokenize::Tokenizer;
 
 use crate::constraint::Constraint;
@@ -20,7 +20,7 @@ use crate::loaded::LoadedModel;
 use crate::prompt::{prepare, Input, Overflow};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::session::{PrefillStep, Session};
-use crate::speculative::{SpecStats, Speculation};
+use crate::speculative::{Beside, PassTime, SpecStats, Speculation};
 use crate::stop::{StopScan, StopStrings};
 use crate::utf8_stream::Utf8Stream;
 
@@ -161,6 +161,9 @@ pub(crate) enum Feed {
         chunk: Range<usize>,
         step: PrefillStep,
     },
+    /// A speculative step's run: the token drawn last and the drafted ones
+    /// ([`Generation::verify_tokens`]), to verify.
+    Verify(Run),
 }
 
 enum Phase {
@@ -495,19 +498,24 @@ impl Generation<'_> {
         self.pending.pop_front()
     }
 
+    /// Whether the next batched step verifies drafted tokens (decoding speculatively).
+    pub(crate) fn drafting(&self) -> bool {
+        self.speculation.is_some() && matches!(self.phase, Phase::Decode(Some(_)))
+    }
+
     /// Whether the generation is still taking its prompt.
     pub(crate) fn prefilling(&self) -> bool {
         matches!(self.phase, Phase::Prefill)
     }
 
-    /// The first half of a batched step: a prefill chunk (at most `chunk` tokens), or the check
-    /// that the context has room. Returns the token this generation feeds to the batched pass,
-    /// if any.
+    /// The first half of a batched step: a prefill chunk (at most `chunk` tokens), a drafted
+    /// run to verify, or the check that the context has room. Returns what this generation
+    /// feeds to the batched pass, if anything.
     pub(crate) fn batch_begin(
         &mut self,
-        exec: &mut dyn Executor,
         start: Instant,
         chunk: usize,
+        beside: Beside,
     ) -> Result<Feed> {
         self.drawing = false;
         match self.phase {
@@ -518,10 +526,10 @@ impl Generation<'_> {
                 Ok(Feed::Prompt { chunk, step })
             }
             Phase::Decode(Some(feed)) if self.speculation.is_some() => {
-                // A verifying pass has several tokens: it runs on its own, not in the batch.
                 self.step_started = Some(start);
-                self.speculative_step(exec, feed)?;
-                Ok(Feed::Nothing)
+                Ok(self
+                    .batch_draft(feed, beside)?
+                    .map_or(Feed::Nothing, Feed::Verify))
             }
             Phase::Decode(feed) => {
                 self.step_started = Some(start);
@@ -570,6 +578,21 @@ impl Generation<'_> {
             self.logits.extend_from_slice(row);
         }
         self.prefilled(step, start);
+    }
+
+    /// The second half of a batched step that verified drafted tokens: `rows` are the logits
+    /// of its run.
+    pub(crate) fn batch_end_verify(
+        &mut self,
+        exec: &mut dyn Executor,
+        rows: &[f32],
+        pass: PassTime,
+    ) -> Result<()> {
+        let result = self.batch_judge(exec, rows, pass);
+        if let Some(s) = self.step_started.take() {
+            self.timings.decode += s.elapsed();
+        }
+        result
     }
 
     /// Whether the session has room for one more token; finishes the generation if not.

@@ -1,14 +1,16 @@
 //! Batched generation on the real models: four conversations advanced together (one batched
 //! executor pass per token), joining and finishing at different steps, give exactly what each
-//! gives alone — greedy, and sampled with a seed — tokens, text and finish.
+//! gives alone — greedy, and sampled with a seed — tokens, text and finish; and so do they when
+//! some of them decode speculatively (prompt lookup, a draft model), their verifying runs in the
+//! same passes as the others' tokens.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use anelm_cpu::CpuExecutor;
 use anelm_engine::{
-    Batch, Event, FinishReason, GenerateParams, Generation, Input, LoadedModel, Message,
-    SamplingParams, Session,
+    Batch, DraftModel, Event, FinishReason, GenerateParams, Generation, Input, LoadedModel,
+    Message, PromptLookup, SamplingParams, Session, SpecStats, Speculation,
 };
 use anelm_testkit::{model as model_path, GEMMA3, SMOLLM2};
 
@@ -75,13 +77,51 @@ fn solo(exec: &mut CpuExecutor, model: &LoadedModel, i: usize, sampled: bool) ->
     out
 }
 
-/// All four in batched steps; prompt `i` joins at step `join[i]`.
+/// With `spec`, prompts 0 and 2 decode by prompt lookup and prompt 3 with a draft model (the
+/// model itself, on its own executor); prompt 1 plainly.
+fn speculation(model: &LoadedModel, i: usize) -> Option<Speculation> {
+    match i {
+        0 | 2 => Some(Speculation::new(Box::new(PromptLookup::default()), 6).unwrap()),
+        3 => {
+            let exec = CpuExecutor::new(model.model.clone(), 1);
+            let drafter = DraftModel::new(Box::new(exec), 512).unwrap();
+            Some(Speculation::new(Box::new(drafter), 3).unwrap())
+        }
+        _ => None,
+    }
+}
+
+/// Prompt `i` alone, with its speculation.
+fn solo_speculative(
+    exec: &mut CpuExecutor,
+    model: &LoadedModel,
+    i: usize,
+    sampled: bool,
+) -> Output {
+    let mut session = Session::new(&*exec, 512).unwrap();
+    let mut g = session
+        .generate(model, &input(i), params(i, sampled))
+        .unwrap();
+    if let Some(s) = speculation(model, i) {
+        g.speculate(s).unwrap();
+    }
+    let mut out = Output::default();
+    while let Some(e) = g.next_event(exec).unwrap() {
+        out.take(e);
+    }
+    out
+}
+
+/// All four in batched steps; prompt `i` joins at step `join[i]`; with `spec`, speculative as
+/// [`speculation`] says.
 fn batched(
     exec: &mut CpuExecutor,
     model: &LoadedModel,
     join: [usize; 4],
     sampled: bool,
-) -> (Vec<Output>, usize) {
+    spec: bool,
+) -> (Vec<Output>, usize, Vec<SpecStats>) {
+    let mut stats = vec![SpecStats::default(); 4];
     let mut sessions: Vec<Session> = (0..4).map(|_| Session::new(&*exec, 512).unwrap()).collect();
     let mut gens: Vec<Option<Generation<'_>>> = (0..4).map(|_| None).collect();
     let mut outs: Vec<Output> = (0..4).map(|_| Output::default()).collect();
@@ -92,7 +132,11 @@ fn batched(
         for i in 0..4 {
             if join[i] == step {
                 let s = pending[i].take().unwrap();
-                gens[i] = Some(s.generate(model, &input(i), params(i, sampled)).unwrap());
+                let mut g = s.generate(model, &input(i), params(i, sampled)).unwrap();
+                if let Some(sp) = speculation(model, i).filter(|_| spec) {
+                    g.speculate(sp).unwrap();
+                }
+                gens[i] = Some(g);
             }
         }
         let mut live: Vec<&mut Generation<'_>> = gens
@@ -105,15 +149,18 @@ fn batched(
         }
         widest = widest.max(live.len());
         batch.step(exec, &mut live).unwrap();
-        for (g, out) in gens.iter_mut().zip(&mut outs) {
+        for ((g, out), stats) in gens.iter_mut().zip(&mut outs).zip(&mut stats) {
             if let Some(g) = g {
                 while let Some(e) = g.pop_event() {
+                    if let Event::Finish(f) = &e {
+                        *stats = f.speculative;
+                    }
                     out.take(e);
                 }
             }
         }
     }
-    (outs, widest)
+    (outs, widest, stats)
 }
 
 fn batched_equals_solo(file: &str) {
@@ -126,7 +173,7 @@ fn batched_equals_solo(file: &str) {
             .collect();
         assert!(want.iter().all(|o| o.reason.is_some() && !o.ids.is_empty()));
         for join in [[0, 0, 0, 0], [0, 3, 1, 6]] {
-            let (got, widest) = batched(&mut exec, &model, join, sampled);
+            let (got, widest, _) = batched(&mut exec, &model, join, sampled, false);
             let all = if join == [0; 4] { 4 } else { 3 };
             assert!(widest >= all, "{file}: {widest} at most in one step");
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -135,6 +182,31 @@ fn batched_equals_solo(file: &str) {
                     "{file}: prompt {i} (sampled {sampled}, joins {join:?}) differs from alone"
                 );
             }
+        }
+        // Speculative beside plain, in the same passes: greedy, the plain output itself;
+        // seeded sampling (whose drafting schedule depends on the tokens alone), what the same
+        // speculation gives alone.
+        let want_spec: Vec<Output> = if sampled {
+            (0..4)
+                .map(|i| solo_speculative(&mut exec, &model, i, sampled))
+                .collect()
+        } else {
+            want
+        };
+        let (got, widest, stats) = batched(&mut exec, &model, [0, 2, 0, 1], sampled, true);
+        assert!(widest >= 4, "{file}: {widest} at most in one step");
+        // The model drafting for itself has its drafts kept: fewer passes than tokens.
+        let own = (stats[3], got[3].completion_tokens);
+        assert!(
+            own.0.accepted > 0 && own.0.target_passes < own.1,
+            "{file}: the self-draft of prompt 3 did not speculate: {own:?}"
+        );
+        assert_eq!(stats[1], SpecStats::default(), "{file}: prompt 1 is plain");
+        for (i, (g, w)) in got.iter().zip(&want_spec).enumerate() {
+            assert_eq!(
+                g, w,
+                "{file}: speculative prompt {i} (sampled {sampled}) differs from alone"
+            );
         }
     }
 }

@@ -51,6 +51,33 @@ impl Logits {
     }
 }
 
+/// One sequence's part of a pass of runs ([`Executor::forward_runs`]): `len` tokens appended
+/// to its state, and the logits after the last `logits` of them wanted — one for a decode
+/// token or a prompt's last chunk, none for a chunk inside a prompt, the whole run for a
+/// verifying pass of drafted tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub len: usize,
+    pub logits: usize,
+}
+
+impl Run {
+    /// A run of `len` tokens with the logits after its last one.
+    pub fn last(len: usize) -> Run {
+        Run { len, logits: 1 }
+    }
+
+    /// The same selection as a [`Logits`] of a single sequence's pass.
+    pub fn selection(self) -> Logits {
+        match self.logits {
+            0 => Logits::None,
+            1 => Logits::Last,
+            n if n >= self.len => Logits::All,
+            n => Logits::Tail(n),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
@@ -63,7 +90,8 @@ pub enum ExecError {
     BatchMismatch { states: usize, tokens: usize },
     #[error(
         "a pass of {states} states was given {runs} runs of {tokens} tokens in all \
-         (one run of at least one token per state, covering the tokens)"
+         (one run of at least one token per state, covering the tokens, wanting at most its \
+         own tokens' logits)"
     )]
     RunMismatch {
         states: usize,
@@ -158,32 +186,33 @@ pub trait Executor: Send {
         forward_each(self, states, tokens, out)
     }
 
-    /// One pass of several sequences, each appending a run of tokens (a decode token, or a
-    /// chunk of a prompt): the `lens[i]` tokens of `tokens` that follow the earlier runs go to
-    /// `states[i]`, and `out` gets the logits after each run's last token, one row of `vocab`
-    /// floats per sequence, in order, replacing its contents. Each row is what
-    /// [`Executor::forward`] of that run alone gives (bit for bit); an executor that batches
-    /// reads its weights once for all the tokens. The default runs the one-token runs as one
-    /// [`Executor::forward_batch`] step and each longer run by itself. On an error no state has
-    /// advanced, unless the executor failed mid-step (see [`Executor::forward_batch`]).
+    /// One pass of several sequences, each appending a run of tokens (a decode token, a chunk
+    /// of a prompt, a verifying pass's drafted tokens): the `runs[i].len` tokens of `tokens`
+    /// that follow the earlier runs go to `states[i]`, and `out` gets the logits after the last
+    /// `runs[i].logits` tokens of each run, rows of `vocab` floats, in order, replacing its
+    /// contents. Each row is what [`Executor::forward`] of that run alone gives (bit for bit);
+    /// an executor that batches reads its weights once for all the tokens. The default runs the
+    /// one-token runs as one [`Executor::forward_batch`] step and each longer run by itself. On
+    /// an error no state has advanced, unless the executor failed mid-step (see
+    /// [`Executor::forward_batch`]).
     fn forward_runs(
         &mut self,
         states: &mut [&mut dyn KvState],
-        lens: &[usize],
+        runs: &[Run],
         tokens: &[u32],
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError> {
         let vocab = self.vocab_size();
-        check_runs(states, lens, tokens, vocab)?;
+        check_runs(states, runs, tokens, vocab)?;
         let mut singles: Vec<&mut dyn KvState> = Vec::new();
         let mut single_tokens = Vec::new();
         let mut at = 0;
-        for (s, &len) in states.iter_mut().zip(lens) {
-            if len == 1 {
+        for (s, run) in states.iter_mut().zip(runs) {
+            if run.len == 1 {
                 singles.push(&mut **s);
                 single_tokens.push(tokens[at]);
             }
-            at += len;
+            at += run.len;
         }
         let mut batch = Vec::new();
         if !singles.is_empty() {
@@ -191,16 +220,19 @@ pub trait Executor: Send {
         }
         drop(singles);
         out.clear();
-        let (mut row, mut next_single, mut at) = (Vec::new(), 0, 0);
-        for (s, &len) in states.iter_mut().zip(lens) {
-            if len == 1 {
-                out.extend_from_slice(&batch[next_single * vocab..(next_single + 1) * vocab]);
+        let (mut rows, mut next_single, mut at) = (Vec::new(), 0, 0);
+        for (s, run) in states.iter_mut().zip(runs) {
+            if run.len == 1 {
+                if run.logits == 1 {
+                    out.extend_from_slice(&batch[next_single * vocab..(next_single + 1) * vocab]);
+                }
                 next_single += 1;
             } else {
-                self.forward(&mut **s, &tokens[at..at + len], Logits::Last, &mut row)?;
-                out.extend_from_slice(&row);
+                let toks = &tokens[at..at + run.len];
+                self.forward(&mut **s, toks, run.selection(), &mut rows)?;
+                out.extend_from_slice(&rows);
             }
-            at += len;
+            at += run.len;
         }
         Ok(())
     }
@@ -266,29 +298,31 @@ pub fn forward_each<E: Executor + ?Sized>(
 }
 
 /// The checks of [`Executor::forward_runs`] that need no executor: a run of at least one token
-/// per state, the runs covering the tokens, every token in the vocabulary, and room for each
-/// run in its state.
+/// per state wanting at most its own tokens' logits, the runs covering the tokens, every token
+/// in the vocabulary, and room for each run in its state.
 pub fn check_runs(
     states: &[&mut dyn KvState],
-    lens: &[usize],
+    runs: &[Run],
     tokens: &[u32],
     vocab: usize,
 ) -> Result<(), ExecError> {
-    if states.len() != lens.len() || lens.contains(&0) || lens.iter().sum::<usize>() != tokens.len()
+    if states.len() != runs.len()
+        || runs.iter().any(|r| r.len == 0 || r.logits > r.len)
+        || runs.iter().map(|r| r.len).sum::<usize>() != tokens.len()
     {
         return Err(ExecError::RunMismatch {
             states: states.len(),
-            runs: lens.len(),
+            runs: runs.len(),
             tokens: tokens.len(),
         });
     }
     if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
         return Err(ExecError::TokenOutOfRange { id, vocab });
     }
-    for (s, &len) in states.iter().zip(lens) {
-        if s.len() + len > s.capacity() {
+    for (s, run) in states.iter().zip(runs) {
+        if s.len() + run.len > s.capacity() {
             return Err(ExecError::ContextFull {
-                needed: s.len() + len,
+                needed: s.len() + run.len,
                 capacity: s.capacity(),
             });
         }

@@ -22,7 +22,7 @@ use std::time::Instant;
 use anelm_model::plan::{Ffn, GatedMlp, Layer, Linear, Mixer};
 use anelm_model::{
     check_batch, check_runs, checked_state, ExecError, Executor, KvState, Logits, Model,
-    RouteChoice, Weight,
+    RouteChoice, Run, Weight,
 };
 
 use crate::adaptive::Adaptive;
@@ -364,77 +364,75 @@ impl Executor for CpuExecutor {
     /// The runs go through the layers as the rows of one chunk (several chunks when they
     /// exceed the buffers' rows): each product reads its weight once for all of them, each
     /// row's arithmetic what it is alone, and attention and the recurrent layers run per
-    /// sequence on its own state over its own run — so a prompt chunk joins the decode tokens
-    /// of the other sequences in one pass, and each row is what its run alone gives.
+    /// sequence on its own state over its own run — so a prompt chunk or a verifying pass
+    /// joins the decode tokens of the other sequences in one pass, and each row is what its
+    /// run alone gives. Only the wanted rows go through the head.
     fn forward_runs(
         &mut self,
         states: &mut [&mut dyn KvState],
-        lens: &[usize],
+        runs: &[Run],
         tokens: &[u32],
         out: &mut Vec<f32>,
     ) -> Result<(), ExecError> {
         let vocab = self.model.config.vocab_size;
-        check_runs(states, lens, tokens, vocab)?;
-        if lens.iter().all(|&l| l == 1) {
+        check_runs(states, runs, tokens, vocab)?;
+        if runs.iter().all(|&r| r == Run::last(1)) {
             return self.forward_batch(states, tokens, out);
         }
         let mut kvs = Vec::with_capacity(states.len());
         let mut at = 0;
-        for (s, &len) in states.iter_mut().zip(lens) {
+        for (s, run) in states.iter_mut().zip(runs) {
             kvs.push(checked_state::<CpuKv>(
                 &mut **s,
                 self.id,
-                &tokens[at..at + len],
+                &tokens[at..at + run.len],
                 vocab,
             )?);
-            at += len;
+            at += run.len;
         }
         self.route_gaps.clear();
         self.route_ties.clear();
         out.clear();
-        out.resize(lens.len() * vocab, 0.0);
+        out.resize(runs.iter().map(|r| r.logits).sum::<usize>() * vocab, 0.0);
         // Passes of whole runs, in order, each at most MAX_BATCH tokens; a longer run goes
         // alone, in chunks, as `forward` takes it.
-        let (mut first, mut at) = (0, 0);
-        while first < lens.len() {
+        let (mut first, mut at, mut row_at) = (0, 0, 0);
+        while first < runs.len() {
             let mut end = first + 1;
-            let mut n = lens[first];
-            while end < lens.len() && n + lens[end] <= MAX_BATCH && lens[first] <= MAX_BATCH {
-                n += lens[end];
+            let mut n = runs[first].len;
+            while end < runs.len() && n + runs[end].len <= MAX_BATCH && runs[first].len <= MAX_BATCH
+            {
+                n += runs[end].len;
                 end += 1;
             }
-            let row_out = &mut out[first * vocab..end * vocab];
+            let wanted: usize = runs[first..end].iter().map(|r| r.logits).sum();
+            let row_out = &mut out[row_at * vocab..(row_at + wanted) * vocab];
             let toks = &tokens[at..at + n];
-            if lens[first] > MAX_BATCH {
-                let mut row = Vec::new();
+            if runs[first].len > MAX_BATCH {
+                let mut rows = Vec::new();
                 let state: &mut dyn KvState = &mut *kvs[first];
-                self.forward(state, toks, Logits::Last, &mut row)?;
-                row_out.copy_from_slice(&row);
+                self.forward(state, toks, runs[first].selection(), &mut rows)?;
+                row_out.copy_from_slice(&rows);
             } else {
                 self.reserve(n);
                 if n == end - first {
                     self.bufs.reserve_decode(n);
                 }
-                let mut rows = Vec::with_capacity(end - first);
+                let mut rows = Vec::with_capacity(wanted);
                 let mut last = 0;
-                for &len in &lens[first..end] {
-                    last += len;
-                    rows.push(last - 1);
+                for run in &runs[first..end] {
+                    last += run.len;
+                    rows.extend(last - run.logits..last);
                 }
-                self.run(
-                    &mut kvs[first..end],
-                    &lens[first..end],
-                    toks,
-                    &rows,
-                    row_out,
-                    false,
-                );
+                let lens: Vec<usize> = runs[first..end].iter().map(|r| r.len).collect();
+                self.run(&mut kvs[first..end], &lens, toks, &rows, row_out, false);
                 if let Some(cap) = self.model.final_softcap {
                     softcap(row_out, cap);
                 }
             }
             first = end;
             at += n;
+            row_at += wanted;
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
 //! What a verifying pass costs, learnt from the target's own passes: a pass of `n` tokens takes
 //! about what one token's pass takes on an accelerator or a memory-bound CPU, and nearly `n`
 //! times that where the weights sit in cache — the right number of drafted tokens differs as much.
+//! In a batched step the other sequences' tokens are in the pass already: drafted tokens cost
+//! what they add to that pass.
 
 /// Relative cost of the target's passes by their number of tokens, from their timings: a
 /// decayed mean per length where it was seen, a decayed least-squares line `α + β·tokens`
@@ -30,10 +32,6 @@ impl PassCost {
 
     pub fn set_default(&mut self, default: f64) {
         self.default = default;
-    }
-
-    pub fn default(&self) -> f64 {
-        self.default
     }
 
     /// A pass of `tokens` tokens took `secs`.
@@ -74,13 +72,20 @@ impl PassCost {
             .or_else(|| self.line(tokens))
     }
 
-    /// What a pass verifying `drafted` tokens (so of `drafted + 1`) costs relative to a plain
-    /// one-token pass.
-    pub fn relative(&self, drafted: usize) -> f64 {
-        match (self.secs(1), self.secs(drafted + 1)) {
-            (Some(one), Some(n)) if one > 0.0 => (n / one).max(1.0),
-            _ => 1.0 + self.default * drafted as f64,
+    /// What a pass of `base + drafted` tokens costs relative to one of `base` tokens (`base`
+    /// ≥ 1: the fed token and the other sequences' tokens of a batched pass).
+    pub fn relative(&self, base: usize, drafted: usize) -> f64 {
+        let base = base.max(1);
+        match (self.secs(base), self.secs(base + drafted)) {
+            (Some(b), Some(n)) if b > 0.0 => (n / b).max(1.0),
+            _ => self.fixed(base, drafted),
         }
+    }
+
+    /// [`PassCost::relative`] by the default cost per token alone.
+    pub fn fixed(&self, base: usize, drafted: usize) -> f64 {
+        let pass = |tokens: usize| 1.0 + self.default * (tokens - 1) as f64;
+        pass(base.max(1) + drafted) / pass(base.max(1))
     }
 }
 
@@ -91,8 +96,10 @@ mod tests {
     #[test]
     fn the_default_holds_until_passes_are_timed() {
         let c = PassCost::new(0.2, 9);
-        assert!((c.relative(4) - 1.8).abs() < 1e-12);
-        assert_eq!(c.relative(0), 1.0);
+        assert!((c.relative(1, 4) - 1.8).abs() < 1e-12);
+        assert_eq!(c.relative(1, 0), 1.0);
+        // Beside three other tokens: 2.4 / 1.6.
+        assert!((c.relative(4, 4) - 1.5).abs() < 1e-12);
     }
 
     #[test]
@@ -105,14 +112,30 @@ mod tests {
             }
         }
         // Seen lengths come from their means, the others from the line.
-        assert!((c.relative(2) - 1.1).abs() < 1e-9, "{}", c.relative(2));
-        assert!((c.relative(7) - 1.35).abs() < 1e-9, "{}", c.relative(7));
+        assert!(
+            (c.relative(1, 2) - 1.1).abs() < 1e-9,
+            "{}",
+            c.relative(1, 2)
+        );
+        assert!(
+            (c.relative(1, 7) - 1.35).abs() < 1e-9,
+            "{}",
+            c.relative(1, 7)
+        );
+        // Beside four other tokens, from the line: 13 ms / 12 ms.
+        assert!((c.relative(5, 2) - 13.0 / 12.0).abs() < 1e-9);
         // Seen only at one length apart from one: still a line through both.
         let mut c = PassCost::new(0.2, 9);
         c.observe(1, 0.01);
         c.observe(4, 0.04);
-        assert!((c.relative(3) - 4.0).abs() < 1e-9);
-        assert!((c.relative(5) - 6.0).abs() < 1e-9, "{}", c.relative(5));
+        assert!((c.relative(1, 3) - 4.0).abs() < 1e-9);
+        assert!(
+            (c.relative(1, 5) - 6.0).abs() < 1e-9,
+            "{}",
+            c.relative(1, 5)
+        );
+        // Where the weights sit in cache, beside 3 other tokens 4 more tokens double the pass.
+        assert!((c.relative(4, 4) - 2.0).abs() < 1e-9);
     }
 
     #[test]
@@ -123,6 +146,6 @@ mod tests {
         c.observe(0, 1.0);
         c.observe(2, f64::NAN);
         c.observe(2, -1.0);
-        assert!((c.relative(2) - 1.5).abs() < 1e-12);
+        assert!((c.relative(1, 2) - 1.5).abs() < 1e-12);
     }
 }

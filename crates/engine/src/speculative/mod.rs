@@ -43,6 +43,25 @@ pub struct Speculation {
     /// Plain steps since the last drafted pass.
     idle: usize,
     pub(crate) proposal: Proposal,
+    /// The tokens of the pass in progress: the session's, the fed token, the drafted ones.
+    pub(crate) context: Vec<u32>,
+}
+
+/// The other runs of a batched pass, as a speculative generation weighs its drafting: their
+/// tokens, and how many of them emit a token (decoding sequences; not a prompt's chunk).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Beside {
+    pub tokens: usize,
+    pub emitting: usize,
+}
+
+/// A batched pass as the speculative generations in it see it: its time, its tokens in all,
+/// and whether they may learn pass costs from it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PassTime {
+    pub secs: f64,
+    pub tokens: usize,
+    pub timed: bool,
 }
 
 /// Before timings (and always for seeded draws), a verifying pass is taken to cost this much
@@ -73,6 +92,7 @@ impl Speculation {
             counts: [PRIOR; CLASSES],
             idle: 0,
             proposal: Proposal::default(),
+            context: Vec::new(),
         })
     }
 
@@ -102,10 +122,15 @@ impl Speculation {
 
     /// What a pass verifying `drafted` tokens costs relative to a plain pass.
     pub fn relative_cost(&self, drafted: usize) -> f64 {
+        self.cost_beside(Beside::default(), drafted)
+    }
+
+    /// What `drafted` tokens add to a pass that holds the fed token and `beside`'s.
+    fn cost_beside(&self, beside: Beside, drafted: usize) -> f64 {
         if self.timed {
-            self.cost.relative(drafted)
+            self.cost.relative(1 + beside.tokens, drafted)
         } else {
-            1.0 + self.cost.default() * drafted as f64
+            self.cost.fixed(1, drafted)
         }
     }
 
@@ -116,14 +141,23 @@ impl Speculation {
         }
     }
 
-    /// How many drafted tokens of confidence `class` to verify now (at most `limit`).
-    pub(crate) fn wanted(&mut self, limit: usize, class: usize) -> usize {
+    /// How many drafted tokens of confidence `class` to verify now (at most `limit`), in a
+    /// pass with `beside`'s runs: the most tokens the pass emits per unit of its cost. Beside
+    /// other sequences the pass's fixed cost is shared already, so drafting pays less. A
+    /// fixed cost (seeded draws) ignores `beside`: a batch does not change such a schedule.
+    pub(crate) fn wanted(&mut self, limit: usize, class: usize, beside: Beside) -> usize {
         let a = self.acceptance_estimate(class);
-        let (mut best, mut best_gain, mut kept, mut emitted) = (0, 1.0, 1.0, 1.0);
+        let beside = if self.timed {
+            beside
+        } else {
+            Beside::default()
+        };
+        let others = beside.emitting as f64;
+        let (mut best, mut best_gain, mut kept, mut emitted) = (0, 1.0 + others, 1.0, 1.0);
         for n in 1..=self.k.min(limit) {
             kept *= a;
             emitted += kept;
-            let gain = emitted / self.relative_cost(n);
+            let gain = (others + emitted) / self.cost_beside(beside, n);
             if gain > best_gain {
                 (best, best_gain) = (n, gain);
             }
@@ -227,9 +261,17 @@ mod tests {
         }
         assert!(s.acceptance_estimate(1) < 0.1);
         assert!(s.acceptance_estimate(3) > 0.9);
-        assert_eq!(s.wanted(8, 1), 0, "a poor class is not verified");
-        assert_eq!(s.wanted(8, 3), 8, "a good class drafts all it may");
-        assert_eq!(s.wanted(5, 3), 5, "within the limit");
+        assert_eq!(
+            s.wanted(8, 1, Beside::default()),
+            0,
+            "a poor class is not verified"
+        );
+        assert_eq!(
+            s.wanted(8, 3, Beside::default()),
+            8,
+            "a good class drafts all it may"
+        );
+        assert_eq!(s.wanted(5, 3, Beside::default()), 5, "within the limit");
         // An unseen class keeps the prior.
         assert!((s.acceptance_estimate(2) - 2.0 / 3.0).abs() < 1e-12);
         // Classes past the last are folded into it.
@@ -247,10 +289,14 @@ mod tests {
             s.record(2, 0, true, 1);
         }
         for _ in 0..PROBE_AFTER {
-            assert_eq!(s.wanted(4, 1), 0);
+            assert_eq!(s.wanted(4, 1, Beside::default()), 0);
             s.record(0, 0, false, 1);
         }
-        assert_eq!(s.wanted(4, 1), 1, "one token probes the estimate");
+        assert_eq!(
+            s.wanted(4, 1, Beside::default()),
+            1,
+            "one token probes the estimate"
+        );
     }
 
     #[test]
@@ -265,16 +311,47 @@ mod tests {
         let a = s.acceptance_estimate(0);
         assert!((0.5..0.75).contains(&a), "{a}");
         s.timed = false;
-        let fixed = s.wanted(8, 0);
+        let fixed = s.wanted(8, 0, Beside::default());
         assert!((1..8).contains(&fixed), "{fixed}");
         s.timed = true;
         for n in [1, 4, 9] {
             s.observe(n, 0.010 + 0.0001 * n as f64);
         }
-        assert_eq!(s.wanted(8, 0), 8);
+        assert_eq!(s.wanted(8, 0, Beside::default()), 8);
         // Timings ignored when the schedule must not depend on them.
         s.timed = false;
-        assert_eq!(s.wanted(8, 0), fixed);
+        assert_eq!(s.wanted(8, 0, Beside::default()), fixed);
+    }
+
+    #[test]
+    fn beside_a_batch_drafting_pays_less() {
+        // Weights in cache: a pass costs 1 ms plus 1 ms a token. Alone, drafting at an
+        // acceptance of 0.6 pays; beside seven decoding sequences the pass's fixed cost is
+        // shared already and it does not.
+        let mut s = lookup(8);
+        for _ in 0..10 {
+            s.record(3, 3, true, 0);
+            s.record(3, 1, true, 0);
+        }
+        for n in [1, 2, 5, 8, 12] {
+            s.observe(n, 0.001 + 0.001 * n as f64);
+        }
+        assert!(s.wanted(8, 0, Beside::default()) >= 1);
+        let batch = Beside {
+            tokens: 7,
+            emitting: 7,
+        };
+        assert_eq!(s.wanted(8, 0, batch), 0);
+        // Memory-bound (a pass costs about the same whatever its tokens): draft beside them too.
+        for _ in 0..10 {
+            for n in [1, 4, 8, 12, 16] {
+                s.observe(n, 0.010 + 0.0001 * n as f64);
+            }
+        }
+        assert!(s.wanted(8, 0, batch) >= 4, "{}", s.wanted(8, 0, batch));
+        // A fixed cost gives the same schedule beside a batch as alone.
+        s.fix_cost(0.2);
+        assert_eq!(s.wanted(8, 0, batch), s.wanted(8, 0, Beside::default()));
     }
 
     #[test]

@@ -4,10 +4,11 @@
 
 use std::time::Instant;
 
-use anelm_model::{Executor, Logits};
+use anelm_model::{Executor, Logits, Run};
 
 use super::accept::{judge, Verdict};
 use super::drafter::sync;
+use super::{Beside, PassTime};
 use crate::error::Result;
 use crate::generate::Generation;
 use crate::sampler::logprobs;
@@ -32,13 +33,29 @@ impl Generation<'_> {
         feed: u32,
         spec: &mut super::Speculation,
     ) -> Result<()> {
+        let n = self.draft(feed, spec, Beside::default())?;
+        let base = self.session.tokens().len();
+        let started = Instant::now();
+        let logits = if n == 0 { Logits::Last } else { Logits::All };
+        self.session
+            .run(exec, &spec.context[base..], logits, &mut self.logits)?;
+        let secs = started.elapsed().as_secs_f64();
+        spec.observe(n + 1, secs);
+        self.judge_pass(exec, spec, n, secs)
+    }
+
+    /// The first half of a speculative step: `spec.context` becomes the session's tokens, the
+    /// fed token and the drafted tokens the target is to verify (in a pass with `beside`'s
+    /// runs); returns how many were drafted (zero: a plain step).
+    fn draft(&mut self, feed: u32, spec: &mut super::Speculation, beside: Beside) -> Result<usize> {
         let base = self.session.tokens().len();
         // At most `remaining` tokens may still be emitted, one of them the target's own; the
         // session must hold the fed token and every drafted one.
         let remaining = self.max_tokens.saturating_sub(self.usage.completion_tokens);
         let room = self.session.capacity().saturating_sub(base + 1);
         let limit = remaining.saturating_sub(1).min(room);
-        let mut context = Vec::with_capacity(base + 1);
+        let context = &mut spec.context;
+        context.clear();
         context.extend_from_slice(self.session.tokens());
         context.push(feed);
         spec.proposal.clear();
@@ -49,36 +66,41 @@ impl Generation<'_> {
             0
         } else if spec.drafter.free() {
             spec.drafter
-                .propose(&context, spec.k.min(limit), &mut spec.proposal)?;
+                .propose(&spec.context, spec.k.min(limit), &mut spec.proposal)?;
             let class = spec.proposal.class;
-            spec.wanted(spec.proposal.tokens.len().min(limit), class)
+            spec.wanted(spec.proposal.tokens.len().min(limit), class, beside)
         } else {
-            let k = spec.wanted(limit, 0);
+            let k = spec.wanted(limit, 0, beside);
             if k > 0 {
-                spec.drafter.propose(&context, k, &mut spec.proposal)?;
+                spec.drafter.propose(&spec.context, k, &mut spec.proposal)?;
             }
             spec.proposal.tokens.len().min(k)
         };
-        let proposal = &spec.proposal;
-        let class = proposal.class;
+        spec.context.extend_from_slice(&spec.proposal.tokens[..n]);
+        Ok(n)
+    }
+
+    /// The second half: the target has run over `spec.context` past the session's tokens
+    /// (which the session now holds, `secs` the pass), its logits in `self.logits` — the last
+    /// row only when nothing was drafted, else every row. Emits the kept drafted tokens and the
+    /// target's own, and rolls the session back to what was kept.
+    fn judge_pass(
+        &mut self,
+        exec: &mut dyn Executor,
+        spec: &mut super::Speculation,
+        n: usize,
+        secs: f64,
+    ) -> Result<()> {
+        let class = spec.proposal.class;
         self.spec_stats.target_passes += 1;
         if n == 0 {
             spec.record(0, 0, false, class);
-            let started = Instant::now();
-            self.session
-                .run(exec, &[feed], Logits::Last, &mut self.logits)?;
-            spec.observe(1, started.elapsed().as_secs_f64());
             self.draw();
             return Ok(());
         }
-        context.extend_from_slice(&proposal.tokens[..n]);
-        let started = Instant::now();
-        self.session
-            .run(exec, &context[base..], Logits::All, &mut self.logits)?;
-        let secs = started.elapsed().as_secs_f64();
-        spec.observe(n + 1, secs);
+        let base = spec.context.len() - n - 1;
+        let context = std::mem::take(&mut spec.context);
         let proposal = &spec.proposal;
-
         let vocab = exec.vocab_size();
         let rows = std::mem::take(&mut self.logits);
         let (mut row, mut p, mut residual) = (Vec::new(), Vec::new(), Vec::new());
@@ -140,8 +162,61 @@ impl Generation<'_> {
         self.session.truncate(want);
         if self.session.tokens().len() < want {
             // A recurrent state could not go back: rebuild it.
-            sync(exec, &mut self.session, &context[..want], &mut self.logits)?;
+            let synced = sync(exec, &mut self.session, &context[..want], &mut self.logits);
+            spec.context = context;
+            return synced;
         }
+        spec.context = context;
         Ok(())
+    }
+
+    /// The first half of a batched speculative step: drafts after `feed` and returns the run
+    /// to verify ([`Generation::verify_tokens`]: the fed token and the drafted ones, every row
+    /// wanted; a single token with its last row when nothing was drafted), or `None` when the
+    /// context is full.
+    pub(crate) fn batch_draft(&mut self, feed: u32, beside: Beside) -> Result<Option<Run>> {
+        if !self.room() {
+            return Ok(None);
+        }
+        let Some(mut spec) = self.speculation.take() else {
+            unreachable!("a speculative step needs a drafter");
+        };
+        let drafted = self.draft(feed, &mut spec, beside);
+        self.speculation = Some(spec);
+        let n = drafted?;
+        Ok(Some(Run {
+            len: n + 1,
+            logits: n + 1,
+        }))
+    }
+
+    /// The tokens of the run [`Generation::batch_draft`] returned.
+    pub(crate) fn verify_tokens(&self) -> &[u32] {
+        let context = self.speculation.as_ref().map_or(&[][..], |s| &s.context);
+        &context[self.session.tokens().len().min(context.len())..]
+    }
+
+    /// The second half: the batched `pass` ran the run [`Generation::batch_draft`] returned;
+    /// `rows` are its logits.
+    pub(crate) fn batch_judge(
+        &mut self,
+        exec: &mut dyn Executor,
+        rows: &[f32],
+        pass: PassTime,
+    ) -> Result<()> {
+        let Some(mut spec) = self.speculation.take() else {
+            unreachable!("a speculative step needs a drafter");
+        };
+        let base = self.session.tokens().len();
+        let n = spec.context.len() - base - 1;
+        self.session.appended(&spec.context[base..]);
+        self.logits.clear();
+        self.logits.extend_from_slice(rows);
+        if pass.timed {
+            spec.observe(pass.tokens, pass.secs);
+        }
+        let result = self.judge_pass(exec, &mut spec, n, pass.secs);
+        self.speculation = Some(spec);
+        result
     }
 }
