@@ -167,10 +167,12 @@ impl Batch {
             timed: !prompt,
         };
         let vocab = exec.vocab_size();
-        let (mut at, mut result) = (0, Ok(()));
+        let mut result = Ok(());
+        let mut rest: &mut [f32] = &mut self.rows;
         let mut rows = |n: usize| {
-            at += n * vocab;
-            &self.rows[at - n * vocab..at]
+            let (these, tail) = std::mem::take(&mut rest).split_at_mut(n * vocab);
+            rest = tail;
+            these
         };
         for (g, feed) in gens.iter_mut().zip(self.feeds.drain(..)) {
             match feed {

@@ -552,16 +552,20 @@ impl Generation<'_> {
         self.session.state_mut()
     }
 
-    /// The second half of a batched step: takes the logits after the fed token (`fed`: the
-    /// token and its row) and draws the next token.
-    pub(crate) fn batch_end(&mut self, fed: Option<(u32, &[f32])>) {
-        if let Some((token, row)) = fed {
-            self.session.appended(&[token]);
-            self.logits.clear();
-            self.logits.extend_from_slice(row);
-        }
-        if std::mem::take(&mut self.drawing) {
-            self.draw();
+    /// The second half of a batched step: draws the next token from the logits after the fed
+    /// token (`fed`: the token and its row, which the draw may change — it is not copied), or
+    /// from the prefill's.
+    pub(crate) fn batch_end(&mut self, fed: Option<(u32, &mut [f32])>) {
+        let drawing = std::mem::take(&mut self.drawing);
+        match fed {
+            Some((token, row)) => {
+                self.session.appended(&[token]);
+                if drawing {
+                    self.draw_from(row);
+                }
+            }
+            None if drawing => self.draw(),
+            None => {}
         }
         if let Some(s) = self.step_started.take() {
             self.timings.decode += s.elapsed();
@@ -622,17 +626,25 @@ impl Generation<'_> {
 
     /// Draws the next token from the logits (or takes the next forced one).
     pub(crate) fn draw(&mut self) {
+        let mut logits = std::mem::take(&mut self.logits);
+        self.draw_from(&mut logits);
+        self.logits = logits;
+    }
+
+    /// Draws the next token from `logits` (which the sampler adjusts in place), or takes the
+    /// next forced one.
+    fn draw_from(&mut self, logits: &mut [f32]) {
         let id = match self.forced.pop_front() {
             Some(id) => id,
             None => {
                 if let Some(c) = &mut self.constraint {
-                    c.mask(&mut self.logits);
+                    c.mask(logits);
                 }
-                self.sampler.adjust(&mut self.logits, self.session.tokens());
-                self.sampler.choose(&self.logits)
+                self.sampler.adjust(logits, self.session.tokens());
+                self.sampler.choose(logits)
             }
         };
-        let logprob = self.top_logprobs.map(|n| logprobs(&self.logits, id, n));
+        let logprob = self.top_logprobs.map(|n| logprobs(logits, id, n));
         self.emit(id, logprob);
     }
 
