@@ -299,15 +299,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn cheap_passes_draft_further() {
-        // Acceptance 0.6: at 0.2 per drafted token a few tokens pay; where a pass of nine
-        // tokens costs what one does, all of them do.
+    /// A lookup of k = 8 whose class-0 acceptance estimate is about 0.6.
+    fn accepting_about_60_percent() -> Speculation {
         let mut s = lookup(8);
         for _ in 0..10 {
             s.record(3, 3, true, 0);
             s.record(3, 1, true, 0);
         }
+        s
+    }
+
+    #[test]
+    fn cheap_passes_draft_further() {
+        // Acceptance 0.6: at 0.2 per drafted token a few tokens pay; where a pass of nine
+        // tokens costs what one does, all of them do.
+        let mut s = accepting_about_60_percent();
         let a = s.acceptance_estimate(0);
         assert!((0.5..0.75).contains(&a), "{a}");
         s.timed = false;
@@ -328,11 +334,7 @@ mod tests {
         // Weights in cache: a pass costs 1 ms plus 1 ms a token. Alone, drafting at an
         // acceptance of 0.6 pays; beside seven decoding sequences the pass's fixed cost is
         // shared already and it does not.
-        let mut s = lookup(8);
-        for _ in 0..10 {
-            s.record(3, 3, true, 0);
-            s.record(3, 1, true, 0);
-        }
+        let mut s = accepting_about_60_percent();
         for n in [1, 2, 5, 8, 12] {
             s.observe(n, 0.001 + 0.001 * n as f64);
         }
