@@ -45,6 +45,8 @@ pub struct Speculation {
     pub(crate) proposal: Proposal,
     /// The tokens of the pass in progress: the session's, the fed token, the drafted ones.
     pub(crate) context: Vec<u32>,
+    /// What its drafted tokens were estimated to cost, relative to the pass without them.
+    pub(crate) estimate: f64,
 }
 
 /// The other runs of a batched pass, as a speculative generation weighs its drafting: their
@@ -93,6 +95,7 @@ impl Speculation {
             idle: 0,
             proposal: Proposal::default(),
             context: Vec::new(),
+            estimate: 1.0,
         })
     }
 
