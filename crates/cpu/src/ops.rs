@@ -16,26 +16,41 @@ fn sum8(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 }
 
 pub fn norm_row(norm: &Norm, row: &mut [f32]) {
+    let (shift, scale) = norm_stats(norm, row);
+    for (v, w) in row.iter_mut().zip(&norm.weight) {
+        *v = ((*v - shift) * scale) * w;
+    }
+    if let Some(b) = &norm.bias {
+        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+    }
+}
+
+/// `dst = norm(src)`: what [`norm_row`] makes of a copy of `src`, bit for bit, without the copy
+/// (a decode step normed every row twice a layer on each thread after copying it).
+pub fn norm_into(norm: &Norm, src: &[f32], dst: &mut [f32]) {
+    let (shift, scale) = norm_stats(norm, src);
+    for ((d, &v), w) in dst.iter_mut().zip(src).zip(&norm.weight) {
+        *d = ((v - shift) * scale) * w;
+    }
+    if let Some(b) = &norm.bias {
+        dst.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+    }
+}
+
+/// What a norm makes of each value `v` of `row`: `(v − shift) · scale · w` (then `+ b`); RMS
+/// norm shifts by zero, which leaves every value as it is.
+fn norm_stats(norm: &Norm, row: &[f32]) -> (f32, f32) {
     let n = row.len() as f32;
     match norm.kind {
         NormKind::Rms => {
             let ss = sum8(row, |v| v * v);
-            let inv = 1.0 / (ss / n + norm.eps).sqrt();
-            for (v, w) in row.iter_mut().zip(&norm.weight) {
-                *v = (*v * inv) * w;
-            }
+            (0.0, 1.0 / (ss / n + norm.eps).sqrt())
         }
         NormKind::Layer => {
             let mean = sum8(row, |v| v) / n;
             let var = sum8(row, |v| (v - mean) * (v - mean)) / n;
-            let inv = 1.0 / (var + norm.eps).sqrt();
-            for (v, w) in row.iter_mut().zip(&norm.weight) {
-                *v = (*v - mean) * inv * w;
-            }
+            (mean, 1.0 / (var + norm.eps).sqrt())
         }
-    }
-    if let Some(b) = &norm.bias {
-        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
     }
 }
 

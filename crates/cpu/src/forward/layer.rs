@@ -10,7 +10,7 @@ use super::buffers::{Private, Views};
 use super::Chunk;
 use crate::kernels::{select, select_exact, Kernel};
 use crate::matmul::{matmul, Input, Product};
-use crate::ops::norm_row;
+use crate::ops::{norm_into, norm_row};
 use crate::pool::Ctx;
 use crate::q8::ActKind;
 use crate::resident::Resident;
@@ -122,9 +122,11 @@ impl Forward<'_> {
         let h = self.m.config.hidden_size;
         let p = &mut *self.p;
         for t in 0..self.n {
-            let xn = &mut p.xn[t * h..(t + 1) * h];
-            xn.copy_from_slice(&p.x[t * h..(t + 1) * h]);
-            norm_row(norm, xn);
+            norm_into(
+                norm,
+                &p.x[t * h..(t + 1) * h],
+                &mut p.xn[t * h..(t + 1) * h],
+            );
         }
     }
 
@@ -175,9 +177,8 @@ impl Forward<'_> {
         let h = self.m.config.hidden_size;
         let p = &mut *self.p;
         for (i, &t) in rows.iter().enumerate() {
-            let xn = &mut p.xn[i * h..(i + 1) * h];
-            xn.copy_from_slice(&p.x[t * h..(t + 1) * h]);
-            norm_row(&self.m.final_norm, xn);
+            let (x, xn) = (&p.x[t * h..(t + 1) * h], &mut p.xn[i * h..(i + 1) * h]);
+            norm_into(&self.m.final_norm, x, xn);
         }
         if self.c.hidden {
             // The normed rows are the output; the caller's thread writes them.
