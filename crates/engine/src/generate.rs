@@ -589,7 +589,7 @@ impl Generation<'_> {
     pub(crate) fn batch_end_verify(
         &mut self,
         exec: &mut dyn Executor,
-        rows: &[f32],
+        rows: &mut [f32],
         pass: PassTime,
     ) -> Result<()> {
         let result = self.batch_judge(exec, rows, pass);
@@ -633,7 +633,7 @@ impl Generation<'_> {
 
     /// Draws the next token from `logits` (which the sampler adjusts in place), or takes the
     /// next forced one.
-    fn draw_from(&mut self, logits: &mut [f32]) {
+    pub(crate) fn draw_from(&mut self, logits: &mut [f32]) {
         let id = match self.forced.pop_front() {
             Some(id) => id,
             None => {

@@ -41,7 +41,10 @@ impl Generation<'_> {
             .run(exec, &spec.context[base..], logits, &mut self.logits)?;
         let secs = started.elapsed().as_secs_f64();
         spec.observe(n + 1, secs);
-        self.judge_pass(exec, spec, n, secs)
+        let mut rows = std::mem::take(&mut self.logits);
+        let judged = self.judge_pass(exec, spec, n, secs, &mut rows);
+        self.logits = rows;
+        judged
     }
 
     /// The first half of a speculative step: `spec.context` becomes the session's tokens, the
@@ -82,28 +85,28 @@ impl Generation<'_> {
     }
 
     /// The second half: the target has run over `spec.context` past the session's tokens
-    /// (which the session now holds, `secs` the pass), its logits in `self.logits` — the last
-    /// row only when nothing was drafted, else every row. Emits the kept drafted tokens and the
-    /// target's own, and rolls the session back to what was kept.
+    /// (which the session now holds, `secs` the pass), its logits `rows` — the last row only
+    /// when nothing was drafted, else every row (the sampler may change them). Emits the kept
+    /// drafted tokens and the target's own, and rolls the session back to what was kept.
     fn judge_pass(
         &mut self,
         exec: &mut dyn Executor,
         spec: &mut super::Speculation,
         n: usize,
         secs: f64,
+        rows: &mut [f32],
     ) -> Result<()> {
         let class = spec.proposal.class;
         self.spec_stats.target_passes += 1;
         if n == 0 {
             spec.record(0, 0, false, class);
-            self.draw();
+            self.draw_from(rows);
             return Ok(());
         }
         let base = spec.context.len() - n - 1;
         let context = std::mem::take(&mut spec.context);
         let proposal = &spec.proposal;
         let vocab = exec.vocab_size();
-        let rows = std::mem::take(&mut self.logits);
         let (mut row, mut p, mut residual) = (Vec::new(), Vec::new(), Vec::new());
         let mut kept = n + 1;
         let (accepted_before, drafted_before) = (self.spec_stats.accepted, self.spec_stats.drafted);
@@ -142,7 +145,6 @@ impl Generation<'_> {
                 break;
             }
         }
-        self.logits = rows;
         let judged = self.spec_stats.drafted - drafted_before;
         tracing::trace!(
             "speculative pass at {base}: {n} drafted (class {class}), {judged} judged, {} kept, \
@@ -198,11 +200,11 @@ impl Generation<'_> {
     }
 
     /// The second half: the batched `pass` ran the run [`Generation::batch_draft`] returned;
-    /// `rows` are its logits.
+    /// `rows` are its logits (the sampler may change them).
     pub(crate) fn batch_judge(
         &mut self,
         exec: &mut dyn Executor,
-        rows: &[f32],
+        rows: &mut [f32],
         pass: PassTime,
     ) -> Result<()> {
         let Some(mut spec) = self.speculation.take() else {
@@ -211,12 +213,10 @@ impl Generation<'_> {
         let base = self.session.tokens().len();
         let n = spec.context.len() - base - 1;
         self.session.appended(&spec.context[base..]);
-        self.logits.clear();
-        self.logits.extend_from_slice(rows);
         if pass.timed {
             spec.observe(pass.tokens, pass.secs);
         }
-        let result = self.judge_pass(exec, &mut spec, n, pass.secs);
+        let result = self.judge_pass(exec, &mut spec, n, pass.secs, rows);
         self.speculation = Some(spec);
         result
     }
