@@ -184,7 +184,7 @@ impl Batch {
                 }
                 Feed::Verify(run) => {
                     let these = rows(run.logits);
-                    let judged = g.batch_end_verify(exec, these, pass);
+                    let judged = g.batch_judge(exec, these, pass);
                     // The others' steps complete; the first error is reported after them.
                     if result.is_ok() {
                         result = judged;

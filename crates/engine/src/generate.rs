@@ -20,7 +20,7 @@ use crate::loaded::LoadedModel;
 use crate::prompt::{prepare, Input, Overflow};
 use crate::sampler::{logprobs, Sampler, SamplingParams, TokenLogprob};
 use crate::session::{PrefillStep, Session};
-use crate::speculative::{Beside, PassTime, SpecStats, Speculation};
+use crate::speculative::{Beside, SpecStats, Speculation};
 use crate::stop::{StopScan, StopStrings};
 use crate::utf8_stream::Utf8Stream;
 
@@ -417,9 +417,7 @@ impl Generation<'_> {
                 Phase::Decode(feed) => {
                     self.step_started = Some(start);
                     self.step(exec, feed)?;
-                    if let Some(s) = self.step_started.take() {
-                        self.timings.decode += s.elapsed();
-                    }
+                    self.step_done();
                 }
             }
         }
@@ -567,9 +565,7 @@ impl Generation<'_> {
             None if drawing => self.draw(),
             None => {}
         }
-        if let Some(s) = self.step_started.take() {
-            self.timings.decode += s.elapsed();
-        }
+        self.step_done();
     }
 
     /// The second half of a batched step that fed a prompt chunk (`row`: the logits after its
@@ -584,19 +580,11 @@ impl Generation<'_> {
         self.prefilled(step, start);
     }
 
-    /// The second half of a batched step that verified drafted tokens: `rows` are the logits
-    /// of its run.
-    pub(crate) fn batch_end_verify(
-        &mut self,
-        exec: &mut dyn Executor,
-        rows: &mut [f32],
-        pass: PassTime,
-    ) -> Result<()> {
-        let result = self.batch_judge(exec, rows, pass);
+    /// Counts the decode step in progress, if any, into the timings.
+    pub(crate) fn step_done(&mut self) {
         if let Some(s) = self.step_started.take() {
             self.timings.decode += s.elapsed();
         }
-        result
     }
 
     /// Whether the session has room for one more token; finishes the generation if not.
@@ -702,9 +690,7 @@ impl Generation<'_> {
                 }
             }
         }
-        if let Some(s) = self.step_started.take() {
-            self.timings.decode += s.elapsed();
-        }
+        self.step_done();
         self.pending.push_back(Event::Finish(Finish {
             reason,
             usage: self.usage,

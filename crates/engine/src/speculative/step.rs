@@ -199,8 +199,9 @@ impl Generation<'_> {
         &context[self.session.tokens().len().min(context.len())..]
     }
 
-    /// The second half: the batched `pass` ran the run [`Generation::batch_draft`] returned;
-    /// `rows` are its logits (the sampler may change them).
+    /// The second half of a batched speculative step: the batched `pass` ran the run
+    /// [`Generation::batch_draft`] returned; `rows` are its logits (the sampler may change
+    /// them).
     pub(crate) fn batch_judge(
         &mut self,
         exec: &mut dyn Executor,
@@ -218,6 +219,7 @@ impl Generation<'_> {
         }
         let result = self.judge_pass(exec, &mut spec, n, pass.secs, rows);
         self.speculation = Some(spec);
+        self.step_done();
         result
     }
 }
