@@ -141,6 +141,7 @@ impl Batch {
             }
             self.feeds.push(feed);
         }
+        let prompt = self.feeds.iter().any(|f| matches!(f, Feed::Prompt { .. }));
         let mut secs = 0.0;
         if !self.tokens.is_empty() {
             let mut states: Vec<&mut dyn KvState> = gens
@@ -152,7 +153,6 @@ impl Batch {
             let pass = Instant::now();
             exec.forward_runs(&mut states, &self.runs, &self.tokens, &mut self.rows)?;
             secs = pass.elapsed().as_secs_f64();
-            let prompt = self.feeds.iter().any(|f| matches!(f, Feed::Prompt { .. }));
             if prompt && secs > 0.0 {
                 let now = self.tokens.len() as f64 / secs;
                 self.rate = Some(self.rate.map_or(now, |r| 0.5 * r + 0.5 * now));
@@ -160,7 +160,6 @@ impl Batch {
         }
         // What speculative generations learn their pass costs from: passes of decode and
         // verifying runs (a prompt's chunk costs what prefill costs, not what drafting adds).
-        let prompt = self.feeds.iter().any(|f| matches!(f, Feed::Prompt { .. }));
         let pass = PassTime {
             secs,
             tokens: self.tokens.len(),
