@@ -26,16 +26,7 @@ pub fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
     )
 }
 
-/// Index of the largest value; ties go to the lowest index (llama.cpp's greedy sampler).
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use anelm_model::argmax;
 
 /// A top-2 gap below this fraction of the largest |logit| is within fp16 noise.
 pub const NEAR_TIE: f32 = 3e-3;

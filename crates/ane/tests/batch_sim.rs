@@ -9,16 +9,12 @@ use std::sync::Arc;
 use anelm_ane::{AneExecutor, DevicePath, LoweringOptions, SimDevice, Strategy};
 use anelm_engine::LoadedModel;
 use anelm_model::{Executor, KvState, Logits};
-use anelm_testkit::{ids, repo_tiny, shared_json, tiny};
+use anelm_testkit::{argmax, ids, repo_tiny, shared_json, tiny};
 
 /// Prompts of different lengths for three sequences (the fixture's ids, cut).
 fn prompts(reference: &serde_json::Value) -> Vec<Vec<u32>> {
     let long = ids(&reference["cases"]["long"]["input_ids"]);
     vec![long[..5].to_vec(), long[..17].to_vec(), long.clone()]
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    anelm_testkit::argmax(row)
 }
 
 /// `slots`: the fused strategy's batch width (ignored by the projection strategy).

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anelm_ane::exec::FallbackExecutor;
 use anelm_cpu::CpuExecutor;
 use anelm_model::{ExecError, Executor, KvState, Logits};
+use anelm_testkit::argmax;
 
 /// The CPU engine as a "device" that fails with a device error from its `fail_at`-th forward on.
 struct Flaky {
@@ -95,10 +96,6 @@ fn a_failing_device_hands_over_to_the_cpu_mid_sequence() {
             "{e2:?}"
         );
     }
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    anelm_testkit::argmax(row)
 }
 
 /// Batched steps on a device that fails part-way through one of them (after some of its

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use anelm_cpu::{CpuExecutor, CpuOptions};
 use anelm_model::{Executor, Logits};
+use anelm_testkit::argmax;
 use serde_json::Value;
 
 const MARGIN: f64 = 0.5;
@@ -42,16 +43,6 @@ fn ids(v: &Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Largest top-10 |difference| from llama.cpp: with f32 products (the same bits on AVX2 and

@@ -357,3 +357,14 @@ pub fn check_batch(
     }
     Ok(())
 }
+
+/// Index of the largest logit; ties go to the lowest id, as llama.cpp's greedy sampler does.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -19,8 +19,8 @@ use std::path::Path;
 
 pub use error::{ModelError, Result};
 pub use exec::{
-    check_batch, check_runs, checked_state, forward_each, ExecError, Executor, KvState, Logits,
-    OwnedState, RouteChoice, Run, ROUTE_NEAR_TIE,
+    argmax, check_batch, check_runs, checked_state, forward_each, ExecError, Executor, KvState,
+    Logits, OwnedState, RouteChoice, Run, ROUTE_NEAR_TIE,
 };
 pub use families::{gguf_family, hf_family};
 pub use model::{Family, Model, ModelConfig, ModelSource};

@@ -172,16 +172,7 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// Index of the largest value (lowest index on ties).
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use anelm_model::argmax;
 
 /// Runs ../shared/tools/validate_mlpackage.py --json on a package: (exit code, report). Exit 0
 /// means valid, 1 invalid; a setup problem (exit 2) fails the test.
