@@ -2,23 +2,31 @@
 //! about what one token's pass takes on an accelerator or a memory-bound CPU, and nearly `n`
 //! times that where the weights sit in cache — the right number of drafted tokens differs as much.
 //! In a batched step the other sequences' tokens are in the pass already: drafted tokens cost
-//! what they add to that pass.
+//! what they add to that pass. A machine's speed drifts (memory bandwidth shared with other
+//! work), so a length not seen for a while is read off the line through all recent passes.
 
 /// Relative cost of the target's passes by their number of tokens, from their timings: a
-/// decayed mean per length where it was seen, a decayed least-squares line `α + β·tokens`
+/// decayed mean per length where it was seen lately, a decayed least-squares line `α + β·tokens`
 /// elsewhere, and a fixed per-token cost until both lengths 1 and another were seen.
 #[derive(Clone, Debug)]
 pub(crate) struct PassCost {
     /// Per-token cost relative to a one-token pass used until timings say otherwise.
     default: f64,
-    /// Decayed mean seconds of a pass of `i + 1` tokens.
-    mean: Vec<Option<f64>>,
+    /// Decayed mean seconds of a pass of `i + 1` tokens, and the number of the observation
+    /// that last updated it.
+    mean: Vec<Option<(f64, u64)>>,
+    /// Passes observed.
+    seen: u64,
     /// Decayed sums for the line: weight, Σx, Σy, Σx², Σxy.
     sums: [f64; 5],
 }
 
 /// Weight of the past per observed pass.
 const DECAY: f64 = 0.8;
+/// A length's mean is stale once this many passes of other lengths followed its last one: the
+/// line, which every pass updates, says more of the machine's speed now (its weight of a pass
+/// that old is below 3 %).
+const STALE: u64 = 16;
 
 impl PassCost {
     /// For passes of at most `max_tokens` tokens.
@@ -26,6 +34,7 @@ impl PassCost {
         PassCost {
             default,
             mean: vec![None; max_tokens.max(1)],
+            seen: 0,
             sums: [0.0; 5],
         }
     }
@@ -39,8 +48,10 @@ impl PassCost {
         if tokens == 0 || !secs.is_finite() || secs <= 0.0 {
             return;
         }
+        self.seen += 1;
         if let Some(m) = self.mean.get_mut(tokens - 1) {
-            *m = Some(m.map_or(secs, |m| DECAY * m + (1.0 - DECAY) * secs));
+            let mean = m.map_or(secs, |(m, _)| DECAY * m + (1.0 - DECAY) * secs);
+            *m = Some((mean, self.seen));
         }
         let x = tokens as f64;
         for (s, v) in self.sums.iter_mut().zip([1.0, x, secs, x * x, x * secs]) {
@@ -65,11 +76,11 @@ impl PassCost {
     }
 
     fn secs(&self, tokens: usize) -> Option<f64> {
-        self.mean
-            .get(tokens.wrapping_sub(1))
-            .copied()
-            .flatten()
-            .or_else(|| self.line(tokens))
+        let mean = self.mean.get(tokens.wrapping_sub(1)).copied().flatten();
+        match mean {
+            Some((m, at)) if self.seen - at < STALE => Some(m),
+            _ => self.line(tokens).or(mean.map(|(m, _)| m)),
+        }
     }
 
     /// What a pass of `base + drafted` tokens costs relative to one of `base` tokens (`base`
@@ -136,6 +147,29 @@ mod tests {
         );
         // Where the weights sit in cache, beside 3 other tokens 4 more tokens double the pass.
         assert!((c.relative(4, 4) - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_length_not_seen_lately_follows_the_line() {
+        let mut c = PassCost::new(0.2, 9);
+        // Plain passes while the machine was slow (20 ms), then only verifying passes of 4
+        // and 5 tokens once it is twice as fast: 10 ms plus 1 ms a token.
+        for _ in 0..4 {
+            c.observe(1, 0.020);
+        }
+        for i in 0..8 {
+            c.observe(4 + i % 2, 0.010 + 0.001 * (4 + i % 2) as f64);
+        }
+        // Still recent, the slow plain passes make drafting look free.
+        assert_eq!(c.relative(1, 3), 1.0);
+        for i in 0..STALE {
+            c.observe(4 + (i % 2) as usize, 0.010 + 0.001 * (4 + i % 2) as f64);
+        }
+        // Stale, they give way to the line, which the recent passes dominate (11 ms for one
+        // token through them alone; the old slow ones, far out at one token, still pull it up
+        // a little): drafting is no longer taken to be free.
+        let r = c.relative(1, 3);
+        assert!((1.1..=14.0 / 11.0).contains(&r), "{r}");
     }
 
     #[test]
