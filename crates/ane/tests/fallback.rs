@@ -7,36 +7,7 @@ use std::sync::Arc;
 use anelm_ane::exec::FallbackExecutor;
 use anelm_cpu::CpuExecutor;
 use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::argmax;
-
-/// The CPU engine as a "device" that fails with a device error from its `fail_at`-th forward on.
-struct Flaky {
-    inner: CpuExecutor,
-    calls: usize,
-    fail_at: usize,
-}
-
-impl Executor for Flaky {
-    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
-        self.inner.new_state(capacity)
-    }
-    fn forward(
-        &mut self,
-        state: &mut dyn KvState,
-        tokens: &[u32],
-        logits: Logits,
-        out: &mut Vec<f32>,
-    ) -> Result<(), ExecError> {
-        self.calls += 1;
-        if self.calls >= self.fail_at {
-            return Err(ExecError::Device("fake: evaluating chunk0: refused".into()));
-        }
-        self.inner.forward(state, tokens, logits, out)
-    }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-}
+use anelm_testkit::{argmax, Around};
 
 fn greedy(e: &mut dyn Executor, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut s = e.new_state(64).unwrap();
@@ -65,11 +36,11 @@ fn a_failing_device_hands_over_to_the_cpu_mid_sequence() {
         let w = warnings.clone();
         let cpu_model = m.clone();
         let mut e = FallbackExecutor::new(
-            Box::new(Flaky {
-                inner: CpuExecutor::new(m.clone(), 1),
-                calls: 0,
+            // The CPU engine as a device that stops working at its `fail_at`-th pass.
+            Box::new(Around::failing_from(
+                CpuExecutor::new(m.clone(), 1),
                 fail_at,
-            }),
+            )),
             move || Box::new(CpuExecutor::new(cpu_model, 1)),
             move |why| {
                 assert!(why.contains("chunk0"), "{why}");
@@ -112,11 +83,11 @@ fn a_batch_on_a_failing_device_goes_on_on_the_cpu() {
     for fail_at in [2, 3, 4, 7] {
         let cpu_model = m.clone();
         let mut e = FallbackExecutor::new(
-            Box::new(Flaky {
-                inner: CpuExecutor::new(m.clone(), 1),
-                calls: 0,
+            // The CPU engine as a device that stops working at its `fail_at`-th pass.
+            Box::new(Around::failing_from(
+                CpuExecutor::new(m.clone(), 1),
                 fail_at,
-            }),
+            )),
             move || Box::new(CpuExecutor::new(cpu_model, 1)),
             |_| {},
         );

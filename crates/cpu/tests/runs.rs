@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use anelm_cpu::CpuExecutor;
-use anelm_model::{ExecError, Executor, KvState, Logits, Run};
-use anelm_testkit::{any_tiny, model, token_ids as ids, EVERY_LAYER_KIND, GEMMA3, SMOLLM2};
+use anelm_model::{Executor, KvState, Logits, Run};
+use anelm_testkit::{any_tiny, model, token_ids as ids, Around, EVERY_LAYER_KIND, GEMMA3, SMOLLM2};
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -174,30 +174,10 @@ fn runs_in_one_pass_equal_runs_alone_on_the_real_models() {
     }
 }
 
-/// An executor that batches nothing itself: `forward_runs` is the trait's default.
-struct Plain(CpuExecutor);
-
-impl Executor for Plain {
-    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
-        self.0.new_state(capacity)
-    }
-    fn forward(
-        &mut self,
-        state: &mut dyn KvState,
-        tokens: &[u32],
-        logits: Logits,
-        out: &mut Vec<f32>,
-    ) -> Result<(), ExecError> {
-        self.0.forward(state, tokens, logits, out)
-    }
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-}
-
 #[test]
 fn the_default_runs_agree_and_passes_longer_than_the_buffers_split() {
-    let mut plain = Plain(tiny_exec("qwen3", 2));
+    // An executor that batches nothing itself: `forward_runs` is the trait's default.
+    let mut plain = Around::plain(tiny_exec("qwen3", 2));
     assert_eq!(runs_equal_solo(&mut plain, "default", &cases()), 12);
     // Runs past one pass's 512 rows: the runs are grouped into several passes.
     let mut exec = tiny_exec("llama", 2);

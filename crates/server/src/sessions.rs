@@ -89,69 +89,25 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use std::any::Any;
-
-    use anelm_model::{ExecError, Executor, KvState, Logits};
+    use anelm_testkit::FnExec;
 
     use super::*;
 
-    /// Counts positions; its logits are zeros.
-    struct Counter {
-        len: usize,
-        capacity: usize,
-    }
-
-    impl KvState for Counter {
-        fn len(&self) -> usize {
-            self.len
-        }
-        fn capacity(&self) -> usize {
-            self.capacity
-        }
-        fn truncate(&mut self, len: usize) {
-            self.len = self.len.min(len);
-        }
-        fn as_any_mut(&mut self) -> &mut dyn Any {
-            self
-        }
-    }
-
-    struct Exec;
-
-    impl Executor for Exec {
-        fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
-            Ok(Box::new(Counter { len: 0, capacity }))
-        }
-        fn forward(
-            &mut self,
-            state: &mut dyn KvState,
-            tokens: &[u32],
-            _: Logits,
-            out: &mut Vec<f32>,
-        ) -> Result<(), ExecError> {
-            let kv = state
-                .as_any_mut()
-                .downcast_mut::<Counter>()
-                .ok_or(ExecError::ForeignState)?;
-            kv.len += tokens.len();
-            out.clear();
-            out.resize(4, 0.0);
-            Ok(())
-        }
-        fn vocab_size(&self) -> usize {
-            4
-        }
+    /// An executor whose logits are zeros.
+    fn exec() -> FnExec {
+        FnExec::new(32, |_, _| {})
     }
 
     /// A session holding `tokens`.
     fn holding(tokens: &[u32]) -> Session {
-        let mut s = Session::new(&Exec, 64).unwrap();
-        s.prefill(&mut Exec, tokens, &mut Vec::new()).unwrap();
+        let mut e = exec();
+        let mut s = Session::new(&e, 64).unwrap();
+        s.prefill(&mut e, tokens, &mut Vec::new()).unwrap();
         s
     }
 
     fn fresh() -> Result<Session> {
-        Session::new(&Exec, 64)
+        Session::new(&exec(), 64)
     }
 
     #[test]

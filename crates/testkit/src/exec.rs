@@ -97,3 +97,82 @@ impl Executor for FnExec {
         self.vocab
     }
 }
+
+/// What [`Around`] runs instead of its inner executor's `forward`: it gets the inner executor
+/// and the call's arguments.
+pub type ForwardFn = dyn FnMut(
+        &mut dyn Executor,
+        &mut dyn KvState,
+        &[u32],
+        Logits,
+        &mut Vec<f32>,
+    ) -> Result<(), ExecError>
+    + Send;
+
+/// A real executor with its `forward` wrapped (to fail at some call, to count calls), everything
+/// else passed through. Its `forward_runs` is the trait's default, so it also stands for an
+/// executor that batches nothing itself.
+pub struct Around {
+    inner: Box<dyn Executor>,
+    forward: Box<ForwardFn>,
+}
+
+impl Around {
+    pub fn new(
+        inner: impl Executor + 'static,
+        forward: impl FnMut(
+                &mut dyn Executor,
+                &mut dyn KvState,
+                &[u32],
+                Logits,
+                &mut Vec<f32>,
+            ) -> Result<(), ExecError>
+            + Send
+            + 'static,
+    ) -> Around {
+        Around {
+            inner: Box::new(inner),
+            forward: Box::new(forward),
+        }
+    }
+
+    /// Every call passed through unchanged.
+    pub fn plain(inner: impl Executor + 'static) -> Around {
+        Around::new(inner, |e, state, tokens, logits, out| {
+            e.forward(state, tokens, logits, out)
+        })
+    }
+
+    /// Fails with a device error from the `fail_at`-th forward pass on (counting from 1), as a
+    /// device that stops working does.
+    pub fn failing_from(inner: impl Executor + 'static, fail_at: usize) -> Around {
+        let mut calls = 0;
+        Around::new(inner, move |e, state, tokens, logits, out| {
+            calls += 1;
+            if calls >= fail_at {
+                return Err(ExecError::Device("fake: evaluating chunk0: refused".into()));
+            }
+            e.forward(state, tokens, logits, out)
+        })
+    }
+}
+
+impl Executor for Around {
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
+        self.inner.new_state(capacity)
+    }
+
+    fn forward(
+        &mut self,
+        state: &mut dyn KvState,
+        tokens: &[u32],
+        logits: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ExecError> {
+        (self.forward)(self.inner.as_mut(), state, tokens, logits, out)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+}

@@ -9,7 +9,7 @@ pub mod fake_hub;
 use serde_json::Value;
 
 pub mod exec;
-pub use exec::{FnExec, TokenState};
+pub use exec::{Around, FnExec, TokenState};
 
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
