@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{chat_logprobs, stream_end, usage_json, StreamOptions};
+use super::{chat_logprobs, envelope, stream_end, whole_reply, StreamOptions};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
@@ -334,15 +334,15 @@ impl Reply {
                 })
             })
             .collect();
-        json!({
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.app.model.id,
-            "choices": choices,
-            "usage": usage_json(&stream::total_usage(&finishes)),
-            "timings": stream::timings(&finishes),
-        })
+        let (id, model) = (&self.id, &self.app.model.id);
+        whole_reply(
+            "chat.completion",
+            id,
+            self.created,
+            model,
+            choices.into(),
+            &finishes,
+        )
     }
 
     /// The reply's text and tool calls (none when the request declared no tools).
@@ -362,17 +362,15 @@ impl Reply {
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.app.model.id,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            chunk["usage"] = u;
-        }
-        chunk
+        let (id, model) = (&self.id, &self.app.model.id);
+        envelope(
+            "chat.completion.chunk",
+            id,
+            self.created,
+            model,
+            choices,
+            usage,
+        )
     }
 }
 

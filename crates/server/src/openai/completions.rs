@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{stream_end, usage_json, StreamOptions};
+use super::{envelope, stream_end, whole_reply, StreamOptions};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::extract::{from_fields, JsonBody};
@@ -175,15 +175,15 @@ impl Reply {
                 })
             })
             .collect();
-        json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.app.model.id,
-            "choices": choices,
-            "usage": usage_json(&stream::total_usage(&finishes)),
-            "timings": stream::timings(&finishes),
-        })
+        let (id, model) = (&self.id, &self.app.model.id);
+        whole_reply(
+            "text_completion",
+            id,
+            self.created,
+            model,
+            choices.into(),
+            &finishes,
+        )
     }
 
     /// The legacy logprobs object: tokens, their logprobs, and the alternatives as maps.
@@ -223,17 +223,8 @@ impl Reply {
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.app.model.id,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            chunk["usage"] = u;
-        }
-        chunk
+        let (id, model) = (&self.id, &self.app.model.id);
+        envelope("text_completion", id, self.created, model, choices, usage)
     }
 }
 

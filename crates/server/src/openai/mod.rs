@@ -49,6 +49,45 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
+/// What a completion object or chunk of `object` ("chat.completion", "text_completion", …)
+/// says of itself — its id, creation time and model — around its choices; a chunk adds the
+/// usage where asked for (`Some(null)` on every chunk but the last, then the usage itself).
+pub fn envelope(
+    object: &str,
+    id: &str,
+    created: u64,
+    model: &str,
+    choices: Value,
+    usage: Option<Value>,
+) -> Value {
+    let mut v = json!({
+        "id": id,
+        "object": object,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    });
+    if let Some(u) = usage {
+        v["usage"] = u;
+    }
+    v
+}
+
+/// A whole (not streamed) completion object: its choices, the usage and timings of `finishes`.
+pub fn whole_reply(
+    object: &str,
+    id: &str,
+    created: u64,
+    model: &str,
+    choices: Value,
+    finishes: &[&Finish],
+) -> Value {
+    let mut v = envelope(object, id, created, model, choices, None);
+    v["usage"] = usage_json(&total_usage(finishes));
+    v["timings"] = timings(finishes);
+    v
+}
+
 /// OpenAI's usage object.
 pub fn usage_json(u: &Usage) -> Value {
     json!({
