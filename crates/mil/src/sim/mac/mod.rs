@@ -24,6 +24,7 @@ mod avx512;
 
 /// Columns from which the vectorised forms run along the columns (below: along the channels).
 /// The same for every instruction set, so that a product has the same bits on every machine.
+#[cfg(target_arch = "x86_64")]
 const COLUMN_FORM_FROM: usize = 16;
 
 /// Rows of `y` one parallel task computes (at least).
@@ -111,6 +112,7 @@ impl Form {
     /// Every form this CPU runs (for tests).
     #[cfg(test)]
     fn available() -> Vec<Form> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut v = vec![Form::Reference];
         #[cfg(target_arch = "x86_64")]
         {
