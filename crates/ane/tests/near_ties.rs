@@ -3,13 +3,12 @@
 //! a near-tie is reported as such — both with an executor whose logits are perturbed at a chosen
 //! step, on the tiny llama fixture.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anelm_ane::compare::{compare_greedy, top2_gap, PromptCase, PromptComparison, NEAR_TIE};
 use anelm_cpu::CpuExecutor;
-use anelm_model::{ExecError, Executor, KvState, Logits};
-use anelm_testkit::{ids, shared_json, tiny};
+use anelm_model::{Executor, Logits};
+use anelm_testkit::{ids, shared_json, tiny, Around};
 
 const N_GREEDY: usize = 12;
 
@@ -28,60 +27,38 @@ enum Nudge {
 }
 
 /// The CPU engine with the logits of forward call `step` of every sequence (0: after the
-/// prompt, then one per greedy token) nudged.
-struct Perturbed {
-    inner: CpuExecutor,
-    step: usize,
-    nudge: Nudge,
-    calls: AtomicUsize,
-}
-
-impl Perturbed {
-    fn new(step: usize, nudge: Nudge) -> Self {
-        let model = Arc::new(anelm_model::load(&tiny("llama")).unwrap());
-        Perturbed {
-            inner: CpuExecutor::new(model, 2),
-            step,
-            nudge,
-            calls: AtomicUsize::new(0),
-        }
-    }
+/// prompt, then one per greedy token) nudged. A call's number is read off its sequence's
+/// length: the prompt goes in whole, then a token a call.
+fn perturbed(step: usize, nudge: Nudge) -> Around {
+    let model = Arc::new(anelm_model::load(&tiny("llama")).unwrap());
+    let prompt_len = prompt().ids.len();
+    Around::new(
+        CpuExecutor::new(model, 2),
+        move |e, state, tokens, logits, out| {
+            let before = state.len();
+            e.forward(state, tokens, logits, out)?;
+            let call = if before == 0 {
+                0
+            } else {
+                before + 1 - prompt_len
+            };
+            if call == step {
+                let (first, second) = top2(out);
+                match nudge {
+                    Nudge::None => {}
+                    Nudge::RaiseRunnerUp { by } => out[second] = out[first] + by,
+                    Nudge::CloseRunnerUp { by } => out[second] = out[first] - by,
+                }
+            }
+            Ok(())
+        },
+    )
 }
 
 fn top2(row: &[f32]) -> (usize, usize) {
     let mut idx: Vec<usize> = (0..row.len()).collect();
     idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
     (idx[0], idx[1])
-}
-
-impl Executor for Perturbed {
-    fn new_state(&self, capacity: usize) -> Result<Box<dyn KvState>, ExecError> {
-        self.calls.store(0, Ordering::Relaxed);
-        self.inner.new_state(capacity)
-    }
-
-    fn forward(
-        &mut self,
-        state: &mut dyn KvState,
-        tokens: &[u32],
-        logits: Logits,
-        out: &mut Vec<f32>,
-    ) -> Result<(), ExecError> {
-        self.inner.forward(state, tokens, logits, out)?;
-        if self.calls.fetch_add(1, Ordering::Relaxed) == self.step {
-            let (first, second) = top2(out);
-            match self.nudge {
-                Nudge::None => {}
-                Nudge::RaiseRunnerUp { by } => out[second] = out[first] + by,
-                Nudge::CloseRunnerUp { by } => out[second] = out[first] - by,
-            }
-        }
-        Ok(())
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
 }
 
 fn prompt() -> PromptCase {
@@ -92,14 +69,14 @@ fn prompt() -> PromptCase {
     }
 }
 
-fn compare(device: &mut Perturbed, reference: &mut Perturbed) -> PromptComparison {
+fn compare(device: &mut Around, reference: &mut Around) -> PromptComparison {
     let (mut out, _, _) = compare_greedy(device, reference, &[prompt()], N_GREEDY).unwrap();
     out.remove(0)
 }
 
 /// The reference's logits before every greedy step.
 fn reference_steps() -> Vec<Vec<f32>> {
-    let mut e = Perturbed::new(usize::MAX, Nudge::None);
+    let mut e = perturbed(usize::MAX, Nudge::None);
     let p = prompt();
     let mut state = e.new_state(p.ids.len() + N_GREEDY).unwrap();
     let mut logits = Vec::new();
@@ -118,8 +95,8 @@ fn reference_steps() -> Vec<Vec<f32>> {
 #[test]
 fn identical_runs_are_the_same() {
     let r = compare(
-        &mut Perturbed::new(usize::MAX, Nudge::None),
-        &mut Perturbed::new(usize::MAX, Nudge::None),
+        &mut perturbed(usize::MAX, Nudge::None),
+        &mut perturbed(usize::MAX, Nudge::None),
     );
     assert!(r.greedy_same() && r.same_but_near_ties(), "{r:?}");
     assert_eq!(r.divergence, None);
@@ -136,8 +113,8 @@ fn a_real_difference_is_reported_where_it_parts() {
     let gap = top2_gap(&steps[step]);
     assert!(gap > NEAR_TIE, "the clearest step's gap {gap}");
     let r = compare(
-        &mut Perturbed::new(step, Nudge::RaiseRunnerUp { by: 1.0 }),
-        &mut Perturbed::new(usize::MAX, Nudge::None),
+        &mut perturbed(step, Nudge::RaiseRunnerUp { by: 1.0 }),
+        &mut perturbed(usize::MAX, Nudge::None),
     );
     let d = r.divergence.expect("the runs part");
     assert_eq!(d.step, step, "{r:?}");
@@ -157,8 +134,8 @@ fn parting_at_a_near_tie_of_the_reference_is_called_so() {
     let tiny_gap = 1e-4 * scale;
     // The reference holds its choice by a hair; the device takes the other one.
     let r = compare(
-        &mut Perturbed::new(step, Nudge::RaiseRunnerUp { by: tiny_gap }),
-        &mut Perturbed::new(step, Nudge::CloseRunnerUp { by: tiny_gap }),
+        &mut perturbed(step, Nudge::RaiseRunnerUp { by: tiny_gap }),
+        &mut perturbed(step, Nudge::CloseRunnerUp { by: tiny_gap }),
     );
     let d = r.divergence.expect("the runs part");
     assert_eq!(d.step, step, "{r:?}");
