@@ -2,7 +2,8 @@
 //! teacher-forced agreement on prompt + llama.cpp's 32 greedy tokens wherever llama.cpp's own
 //! top-1/top-2 margin is at least 0.5 (and at least one such step per prompt), and the top-10
 //! logits after each prompt within a stated bound of llama.cpp's `precise` run: 0.46 with f32
-//! products, 0.7 with the default 8-bit activations. The models come from
+//! products, 0.7 with the default 8-bit activations (or, where larger, how far llama.cpp's own
+//! default and precise runs of the prompt differ). The models come from
 //! scripts/fetch-models.py.
 
 use std::path::{Path, PathBuf};
@@ -51,8 +52,11 @@ fn ids(v: &Value) -> Vec<u32> {
 /// way a value rounds follows any reordering of a sum upstream, so the second bound is the
 /// spread over kernels that compute the same thing: measured 2026-12-06 at most 0.5757 with the
 /// AVX2 kernels (Gemma 3 `capital`, 0.3461 with AVX-512) and 0.6339 with AVX-512 (`code` against
-/// the default run, 0.3957 with AVX2). llama.cpp's own default and precise runs differ by up
-/// to 1.2.
+/// the default run). Where llama.cpp's own default and precise runs differ by more than that
+/// (Gemma 3's `code`: 1.33, `french`: 0.72), the prompt is that sensitive to rounding and the
+/// 8-bit bound is llama.cpp's own spread: on an AVX2-only AMD EPYC (Zen 3), 2026-12-07, `code`
+/// came 0.8577 from the default run with the AVX2 kernels and 0.7358 with the scalar reference
+/// kernels (`ANELM_ISA=scalar`), against 0.3169 with f32 products.
 const TOP10_EXACT: f64 = 0.46;
 const TOP10_Q8: f64 = 0.7;
 
@@ -61,6 +65,23 @@ const TOP10_Q8: f64 = 0.7;
 /// llama.cpp precise 25.301, default 24.220) agree with each other, so there the bound applies
 /// to the default run.
 const PRECISE_IS_THE_OUTLIER: &[(&str, &str)] = &[("gemma-3-270m-q4_k_m.gguf", "code")];
+
+/// The largest top-10 |difference| between llama.cpp's default and precise runs of a prompt,
+/// over the tokens both lists hold: how far rounding alone moves that prompt's logits.
+fn own_spread(p: &Value) -> f64 {
+    let top = |v: &Value| -> Vec<(u64, f64)> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["id"].as_u64().unwrap(), e["logit"].as_f64().unwrap()))
+            .collect()
+    };
+    let precise = top(&p["precise"]["top10_after_prompt"]);
+    top(&p["top10_after_prompt"])
+        .iter()
+        .filter_map(|&(id, l)| precise.iter().find(|e| e.0 == id).map(|e| (l - e.1).abs()))
+        .fold(0f64, f64::max)
+}
 
 /// `exact`: f32 products for the quantised weights too, instead of the default 8-bit activations.
 fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
@@ -129,9 +150,14 @@ fn check_model(gguf: &str, fixture_name: &str, exact: bool) {
         } else {
             (precise, "precise")
         };
+        let bound = if exact {
+            bound
+        } else {
+            bound.max(own_spread(p))
+        };
         assert!(
             judged <= bound,
-            "{name}: top-10 logits differ from llama.cpp's {against} run by {judged:.4} > {bound} (precise {precise:.4}, default {default:.4})"
+            "{name}: top-10 logits differ from llama.cpp's {against} run by {judged:.4} > {bound:.4} (precise {precise:.4}, default {default:.4})"
         );
     }
 }
