@@ -42,6 +42,11 @@ pub struct Speculation {
     counts: [(f64, f64); CLASSES],
     /// Plain steps since the last drafted pass.
     idle: usize,
+    /// Plain steps after which a poor estimate is probed: doubled by each probe that keeps
+    /// nothing (up to [`PROBE_MAX`]), back to [`PROBE_AFTER`] once a drafted token is kept.
+    probe_after: usize,
+    /// Whether the pass in progress is such a probe.
+    probing: bool,
     pub(crate) proposal: Proposal,
     /// The tokens of the pass in progress: the session's, the fed token, the drafted ones.
     pub(crate) context: Vec<u32>,
@@ -72,8 +77,10 @@ pub(crate) struct PassTime {
 pub const DEFAULT_COST: f64 = 0.2;
 /// Weight of the past in the acceptance estimate, per pass.
 const DECAY: f64 = 0.9;
-/// Plain steps after which one token is drafted again to refresh the estimate.
+/// Plain steps after which one token is drafted again to refresh the estimate, at first.
 const PROBE_AFTER: usize = 8;
+/// The longest wait between probes of a text the drafter keeps missing.
+const PROBE_MAX: usize = 64;
 /// Accepted tokens and rejections assumed before any pass (an estimate of 2/3).
 const PRIOR: (f64, f64) = (1.0, 0.5);
 
@@ -93,6 +100,8 @@ impl Speculation {
             fixed: false,
             counts: [PRIOR; CLASSES],
             idle: 0,
+            probe_after: PROBE_AFTER,
+            probing: false,
             proposal: Proposal::default(),
             context: Vec::new(),
             estimate: 1.0,
@@ -165,7 +174,8 @@ impl Speculation {
                 (best, best_gain) = (n, gain);
             }
         }
-        if best == 0 && limit > 0 && self.idle >= PROBE_AFTER {
+        self.probing = best == 0 && limit > 0 && self.idle >= self.probe_after;
+        if self.probing {
             best = 1;
         }
         best
@@ -180,6 +190,12 @@ impl Speculation {
             return;
         }
         self.idle = 0;
+        if accepted > 0 {
+            self.probe_after = PROBE_AFTER;
+        } else if self.probing {
+            self.probe_after = (2 * self.probe_after).min(PROBE_MAX);
+        }
+        self.probing = false;
         let (acc, rej) = &mut self.counts[class.min(CLASSES - 1)];
         *acc = DECAY * *acc + accepted as f64;
         *rej = DECAY * *rej + f64::from(u8::from(rejected));
@@ -300,6 +316,39 @@ mod tests {
             1,
             "one token probes the estimate"
         );
+    }
+
+    #[test]
+    fn probes_that_keep_nothing_come_ever_more_rarely() {
+        let mut s = lookup(4);
+        s.timed = false;
+        for _ in 0..20 {
+            s.record(2, 0, true, 1);
+        }
+        // Steps between probes while every probe misses: 8, 16, 32, then 64 at most.
+        let mut gaps = Vec::new();
+        for _ in 0..6 {
+            let mut gap = 0;
+            while s.wanted(4, 1, Beside::default()) == 0 {
+                s.record(0, 0, false, 1);
+                gap += 1;
+                assert!(gap <= PROBE_MAX, "no probe within {PROBE_MAX} steps");
+            }
+            gaps.push(gap);
+            s.record(1, 0, true, 1);
+        }
+        assert_eq!(gaps, [8, 16, 32, 64, 64, 64]);
+        // A probe that keeps its token brings the next one back to the first wait.
+        while s.wanted(4, 1, Beside::default()) == 0 {
+            s.record(0, 0, false, 1);
+        }
+        s.record(1, 1, false, 1);
+        let mut gap = 0;
+        while s.wanted(4, 1, Beside::default()) == 0 {
+            s.record(0, 0, false, 1);
+            gap += 1;
+        }
+        assert_eq!(gap, PROBE_AFTER);
     }
 
     /// A lookup of k = 8 whose class-0 acceptance estimate is about 0.6.
