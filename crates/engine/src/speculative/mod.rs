@@ -301,54 +301,40 @@ mod tests {
     }
 
     #[test]
-    fn a_poor_class_is_probed_after_idle_steps() {
+    fn a_poor_class_is_probed_ever_more_rarely_while_probes_keep_nothing() {
         let mut s = lookup(4);
         s.timed = false;
         for _ in 0..20 {
             s.record(2, 0, true, 1);
         }
-        for _ in 0..PROBE_AFTER {
-            assert_eq!(s.wanted(4, 1, Beside::default()), 0);
-            s.record(0, 0, false, 1);
-        }
-        assert_eq!(
-            s.wanted(4, 1, Beside::default()),
-            1,
-            "one token probes the estimate"
-        );
-    }
-
-    #[test]
-    fn probes_that_keep_nothing_come_ever_more_rarely() {
-        let mut s = lookup(4);
-        s.timed = false;
-        for _ in 0..20 {
-            s.record(2, 0, true, 1);
-        }
-        // Steps between probes while every probe misses: 8, 16, 32, then 64 at most.
-        let mut gaps = Vec::new();
-        for _ in 0..6 {
+        // Plain steps until the next probe, which drafts one token.
+        let until_probe = |s: &mut Speculation| {
             let mut gap = 0;
-            while s.wanted(4, 1, Beside::default()) == 0 {
-                s.record(0, 0, false, 1);
+            loop {
+                match s.wanted(4, 1, Beside::default()) {
+                    0 => s.record(0, 0, false, 1),
+                    n => {
+                        assert_eq!(n, 1, "one token probes the estimate");
+                        return gap;
+                    }
+                }
                 gap += 1;
                 assert!(gap <= PROBE_MAX, "no probe within {PROBE_MAX} steps");
             }
-            gaps.push(gap);
-            s.record(1, 0, true, 1);
-        }
-        assert_eq!(gaps, [8, 16, 32, 64, 64, 64]);
+        };
+        // While every probe misses: 8, 16, 32, then 64 at most.
+        let gaps: Vec<usize> = (0..6)
+            .map(|_| {
+                let gap = until_probe(&mut s);
+                s.record(1, 0, true, 1);
+                gap
+            })
+            .collect();
+        assert_eq!(gaps, [PROBE_AFTER, 16, 32, 64, 64, 64]);
         // A probe that keeps its token brings the next one back to the first wait.
-        while s.wanted(4, 1, Beside::default()) == 0 {
-            s.record(0, 0, false, 1);
-        }
+        until_probe(&mut s);
         s.record(1, 1, false, 1);
-        let mut gap = 0;
-        while s.wanted(4, 1, Beside::default()) == 0 {
-            s.record(0, 0, false, 1);
-            gap += 1;
-        }
-        assert_eq!(gap, PROBE_AFTER);
+        assert_eq!(until_probe(&mut s), PROBE_AFTER);
     }
 
     /// A lookup of k = 8 whose class-0 acceptance estimate is about 0.6.
