@@ -131,9 +131,11 @@ unsafe fn sixteen<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const 
 /// i16 sums of four chunks (Q5: weights ≤ 31, activations ≤ 127 in magnitude) or eight (Q4: ≤ 15)
 /// cannot overflow, so one `madd` widens them to 32 bits. Q8_0's quants are signed again and
 /// their signs moved onto the activations, as in the row kernel. At most four input rows (their
-/// sums for both halves fill the registers; the float sums wait in `out`). Measured against
-/// reading the two halves one after the other (alternating, one thread, 1536 × 2304): 8–13 %
-/// faster for Q4 at one to eight rows, 18–26 % for Q8_0.
+/// sums for both halves fill the registers; the float sums wait in `out`). Against reading the
+/// two halves one after the other (alternating in one process, one thread, 1536 × 2304, AVX2-only
+/// Zen 3): 6–18 % less time for Q4 at one to eight rows, 10–23 % for Q8_0, 2–10 % for Q5 at one
+/// or two; the same sums to the bit. Q8_0 by nibbles of the biased quants instead of signs (no
+/// `sign` per token, twice the `maddubs`) measured 0–9 % slower.
 #[inline(always)]
 unsafe fn wide<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
     g: *const u8,
