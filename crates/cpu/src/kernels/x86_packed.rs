@@ -135,7 +135,8 @@ unsafe fn sixteen<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const 
 /// two halves one after the other (alternating in one process, one thread, 1536 × 2304, AVX2-only
 /// Zen 3): 6–18 % less time for Q4 at one to eight rows, 10–23 % for Q8_0, 2–10 % for Q5 at one
 /// or two; the same sums to the bit. Q8_0 by nibbles of the biased quants instead of signs (no
-/// `sign` per token, twice the `maddubs`) measured 0–9 % slower.
+/// `sign` per token, twice the `maddubs`) took 0.92–1.13 of the half-by-half time, signs
+/// 0.77–0.90: the kernel is bound by all its vector operations, not by the multiplies alone.
 #[inline(always)]
 unsafe fn wide<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
     g: *const u8,
