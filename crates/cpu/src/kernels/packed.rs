@@ -9,8 +9,10 @@
 //! mapped one in memory.
 //!
 //! Layout: groups of sixteen rows (the last padded with zero rows), each a run of block columns:
-//! `d` (16 × f16), `m` (16 × f16, Q4_1/Q5_1 only), the fifth-bit masks (Q5: eight u64, bit
-//! `4r + i` of mask `j` for value `4j + i` of row `r`), then the quants in chunks of 64 bytes,
+//! `d` (16 × f16), `m` (16 × f16, Q4_1/Q5_1 only), the fifth bits (Q5: 64 bytes of bit planes,
+//! bit `j` of byte `4r + i` for value `4j + i` of row `r` — byte `x` lines up with byte `x` of
+//! every quant chunk, so chunk `j`'s fifth bits are one AND and one shift away, or one test
+//! into an AVX-512 mask), then the quants in chunks of 64 bytes,
 //! bytes `4r..4r + 4` of a chunk from row `r`: Q4/Q5 four chunks, chunk `k` of file bytes
 //! `4k..4k + 4` (values `4k + i` in the low nibbles, `16 + 4k + i` in the high ones); Q8_0 eight
 //! chunks, chunk `j` of values `4j..4j + 4` (each `q + 128`).
@@ -93,8 +95,9 @@ impl Layout {
         self.masks_at() + if self.five { 64 } else { 0 }
     }
 
-    /// The chunk of item `v` of row `lane` (a value for masks and Q8_0, a nibble byte for
-    /// Q4/Q5) and its place (bit or byte) in the chunk.
+    /// The chunk of item `v` of row `lane` (a value for Q8_0 and the fifth bits, a nibble byte
+    /// for Q4/Q5) and its byte in the chunk (for the fifth bits: the chunk is the bit, in the
+    /// byte of the planes).
     fn place(lane: usize, v: usize) -> (usize, usize) {
         (v / 4, 4 * lane + v % 4)
     }
@@ -133,8 +136,8 @@ pub fn pack_into<'a>(
             if lay.five {
                 let qh = u32::from_le_bytes(blk[qh_at..qh_at + 4].try_into().expect("4 bytes"));
                 for v in (0..32).filter(|v| qh >> v & 1 == 1) {
-                    let (j, bit) = Layout::place(lane, v);
-                    col[lay.masks_at() + 8 * j + bit / 8] |= 1 << (bit % 8);
+                    let (j, at) = Layout::place(lane, v);
+                    col[lay.masks_at() + at] |= 1 << j;
                 }
             }
             let q = lay.quants_at();
@@ -172,9 +175,8 @@ pub fn unpack_row(p: &Packed<'_>, r: usize, dst: &mut [u8]) {
         if lay.five {
             let mut qh = 0u32;
             for v in 0..32 {
-                let (j, bit) = Layout::place(lane, v);
-                let byte = col[lay.masks_at() + 8 * j + bit / 8];
-                qh |= u32::from(byte >> (bit % 8) & 1) << v;
+                let (j, at) = Layout::place(lane, v);
+                qh |= u32::from(col[lay.masks_at() + at] >> j & 1) << v;
             }
             blk[qh_at..qh_at + 4].copy_from_slice(&qh.to_le_bytes());
         }

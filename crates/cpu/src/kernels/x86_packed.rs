@@ -6,7 +6,6 @@
 use std::arch::x86_64::*;
 
 use super::packed::{Layout, ROWS};
-use super::x86::{Avx2, Ops};
 use crate::q8::Q8Row;
 use crate::simd::Isa;
 
@@ -94,8 +93,9 @@ unsafe fn sixteen<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const 
                 }
                 if FIVE {
                     let high = _mm512_set1_epi8(0x10);
+                    let planes = _mm512_loadu_si512(p.add(masks_at) as *const _);
                     for (j, wj) in w.iter_mut().enumerate() {
-                        let k = std::ptr::read_unaligned(p.add(masks_at + 8 * j) as *const u64);
+                        let k = _mm512_test_epi8_mask(planes, _mm512_set1_epi8((1u8 << j) as i8));
                         *wj = _mm512_mask_add_epi8(*wj, k, *wj, high);
                     }
                 }
@@ -122,6 +122,19 @@ unsafe fn sixteen<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const 
         for (t, a) in acc.iter().enumerate() {
             _mm512_storeu_ps(out.as_mut_ptr().add((t * groups + gi) * ROWS), *a);
         }
+    }
+}
+
+/// Chunk `j`'s fifth bits (Q5) as 0x10 in each byte, from one half's bit planes (bit `j` of
+/// byte `x` belongs to byte `x` of chunk `j`).
+#[inline(always)]
+unsafe fn fifth(planes: __m256i, j: usize) -> __m256i {
+    let bit = _mm256_and_si256(planes, _mm256_set1_epi8((1u8 << j) as i8));
+    // Within each byte: bit j to bit 4.
+    if j < 4 {
+        _mm256_sll_epi16(bit, _mm_cvtsi32_si128(4 - j as i32))
+    } else {
+        _mm256_srl_epi16(bit, _mm_cvtsi32_si128(j as i32 - 4))
     }
 }
 
@@ -181,6 +194,13 @@ unsafe fn wide<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: 
             }
         } else {
             let mut s16 = [[_mm256_setzero_si256(); 2]; T];
+            let planes = [0, 32].map(|h| {
+                if FIVE {
+                    _mm256_loadu_si256(p.add(masks_at + h) as *const __m256i)
+                } else {
+                    _mm256_setzero_si256()
+                }
+            });
             for j in 0..8 {
                 // j < 4: low nibbles of chunk j; j ≥ 4: high nibbles of chunk j - 4.
                 let (v0, v1) = (load(64 * (j % 4)), load(64 * (j % 4) + 32));
@@ -193,9 +213,8 @@ unsafe fn wide<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: 
                     )
                 };
                 if FIVE {
-                    let k = std::ptr::read_unaligned(p.add(masks_at + 8 * j) as *const u64);
-                    w0 = _mm256_or_si256(w0, Avx2::bits_to_bytes(k as u32, 0x10));
-                    w1 = _mm256_or_si256(w1, Avx2::bits_to_bytes((k >> 32) as u32, 0x10));
+                    w0 = _mm256_or_si256(w0, fifth(planes[0], j));
+                    w1 = _mm256_or_si256(w1, fifth(planes[1], j));
                 }
                 for t in 0..T {
                     let a = _mm256_set1_epi32(xq[t].add(8 * b + j).read_unaligned());
@@ -250,8 +269,8 @@ unsafe fn wide<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: 
 
 /// The AVX2 kernel for Q5 with more than two input rows: a group as two halves of eight rows,
 /// each a pass over the group's block columns (the second reads them from cache), since both
-/// halves' 16-bit and 32-bit sums of three or more rows do not fit the sixteen registers and a
-/// second pass of [`wide`] would unpack the fifth bits again.
+/// halves' 16-bit and 32-bit sums of three or more rows do not fit the sixteen registers (passes
+/// of two rows of [`wide`], which unpack each block again, measured slower at four and eight).
 #[inline(always)]
 unsafe fn halves<const HAS_M: bool, const T: usize>(
     data: &[u8],
@@ -292,10 +311,9 @@ unsafe fn halves<const HAS_M: bool, const T: usize>(
                     w[k] = _mm256_and_si256(v, nib);
                     w[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
                 }
+                let planes = _mm256_loadu_si256(p.add(masks_at + 32 * h) as *const __m256i);
                 for (j, wj) in w.iter_mut().enumerate() {
-                    let k = std::ptr::read_unaligned(p.add(masks_at + 8 * j) as *const u64);
-                    let bits = (k >> (32 * h)) as u32;
-                    *wj = _mm256_or_si256(*wj, Avx2::bits_to_bytes(bits, 0x10));
+                    *wj = _mm256_or_si256(*wj, fifth(planes, j));
                 }
                 for t in 0..T {
                     let x = xq[t].add(b * 8);
