@@ -358,13 +358,80 @@ pub fn check_batch(
     Ok(())
 }
 
-/// Index of the largest logit; ties go to the lowest id, as llama.cpp's greedy sampler does.
+/// Index of the largest logit; ties go to the lowest id, as llama.cpp's greedy sampler does
+/// (NaNs are passed over; 0 when there is nothing else). Two passes the compiler vectorises —
+/// the largest value in independent lanes, then the first block and place that hold it — since
+/// a serial scan that reloads the best so far took about a tenth of a millisecond for Gemma 3's
+/// 262144 logits, on one thread, per token.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let blocks = logits.chunks_exact(LANES);
+    let tail = blocks.remainder();
+    for block in blocks {
+        for (m, &v) in lanes.iter_mut().zip(block) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    best as u32
+    let max = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let first = logits
+        .chunks(LANES)
+        .position(|block| block.iter().fold(false, |hit, &v| hit | (v == max)))
+        .and_then(|b| {
+            let at = logits[b * LANES..].iter().position(|&v| v == max)?;
+            Some(b * LANES + at)
+        });
+    first.unwrap_or(0) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    /// The serial definition: the first index whose value no earlier one exceeds.
+    fn reference(logits: &[f32]) -> u32 {
+        let mut best: Option<usize> = None;
+        for (i, &v) in logits.iter().enumerate() {
+            if !v.is_nan() && best.is_none_or(|b| v > logits[b]) {
+                best = Some(i);
+            }
+        }
+        best.unwrap_or(0) as u32
+    }
+
+    #[test]
+    fn the_first_largest_wins_at_every_length_and_place() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in (0..70).chain([1000, 262_144]) {
+            for _ in 0..20 {
+                // Few distinct values, so that ties are common; now and then NaN and infinities.
+                let v: Vec<f32> = (0..len)
+                    .map(|_| match next() % 40 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 => -0.0,
+                        n => (n % 7) as f32 - 3.0,
+                    })
+                    .collect();
+                assert_eq!(argmax(&v), reference(&v), "{v:?}");
+            }
+        }
+        assert_eq!(argmax(&[]), 0);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -1.0]), 1);
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+        let mut big = vec![0.0f32; 262_144];
+        big[200_001] = 1.0;
+        big[262_143] = 1.0;
+        assert_eq!(argmax(&big), 200_001);
+    }
 }

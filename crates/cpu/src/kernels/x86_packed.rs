@@ -1,7 +1,7 @@
 //! The kernels of the sixteen-row packed layout ([`super::packed`]): AVX-512 VNNI holds a
-//! group's sixteen rows in one register, AVX2 in two of eight. Both keep each row's sums in its
-//! own 32-bit lane, so no block needs a horizontal sum, and both take up to eight input rows per
-//! pass over the weights.
+//! group's sixteen rows in one register, AVX2 in two of eight read together. Both keep each
+//! row's sums in its own 32-bit lane, so no block needs a horizontal sum, and both take up to
+//! eight input rows per call (AVX2 in passes of at most four over a group's blocks).
 
 use std::arch::x86_64::*;
 
