@@ -1,7 +1,7 @@
 //! The kernels of the sixteen-row packed layout ([`super::packed`]): AVX-512 VNNI holds a
 //! group's sixteen rows in one register, AVX2 in two of eight read together. Both keep each
 //! row's sums in its own 32-bit lane, so no block needs a horizontal sum, and both take up to
-//! eight input rows per call (AVX2 in passes of at most four over a group's blocks).
+//! eight input rows per call (AVX2 in passes of up to six over a group's blocks).
 
 use std::arch::x86_64::*;
 
@@ -143,11 +143,13 @@ unsafe fn fifth(planes: __m256i, j: usize) -> __m256i {
 /// values per row is `maddubs` (u8 × i8 → pairs of i16) against the broadcast activations; the
 /// i16 sums of four chunks (Q5: weights ≤ 31, activations ≤ 127 in magnitude) or eight (Q4: ≤ 15)
 /// cannot overflow, so one `madd` widens them to 32 bits. Q8_0's quants are signed again and
-/// their signs moved onto the activations, as in the row kernel. At most four input rows (their
-/// sums for both halves fill the registers; the float sums wait in `out`). Against reading the
+/// their signs moved onto the activations, as in the row kernel. At most four input rows, six
+/// for Q4 (their sums for both halves fill the registers; the float sums wait in `out`). Against
+/// reading the
 /// two halves one after the other (alternating in one process, one thread, 1536 × 2304, AVX2-only
-/// Zen 3): 6–18 % less time for Q4 at one to eight rows, 10–23 % for Q8_0, 2–10 % for Q5 at one
-/// or two; the same sums to the bit. Q8_0 by nibbles of the biased quants instead of signs (no
+/// Zen 3), in passes of four: 6–18 % less time for Q4 at one to eight rows, 10–23 % for Q8_0, 2–10 % for Q5 at one
+/// or two; the same sums to the bit. Q4's five and six rows in one pass rather than four and the
+/// rest: 5–14 % and 9–11 % less. Q8_0 by nibbles of the biased quants instead of signs (no
 /// `sign` per token, twice the `maddubs`) took 0.92–1.13 of the half-by-half time, signs
 /// 0.77–0.90: the kernel is bound by all its vector operations, not by the multiplies alone.
 #[inline(always)]
@@ -340,8 +342,8 @@ unsafe fn halves<const HAS_M: bool, const T: usize>(
     }
 }
 
-/// The AVX2 kernel over every group: [`wide`], the input rows in passes of at most four (Q5:
-/// two, and [`halves`] for more than two).
+/// The AVX2 kernel over every group: [`wide`], the input rows in passes of at most four (Q4: six
+/// at once where there are no more; Q5: two, and [`halves`] for more than two).
 #[inline(always)]
 unsafe fn avx2<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
     data: &[u8],
@@ -367,7 +369,14 @@ unsafe fn avx2<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: 
                 wide::<HAS_M, FIVE, EIGHT, $n>(g, nb, lay, xq, xd, xsum, out)
             }};
         }
-        let most = if FIVE { 2 } else { 4 };
+        // Q4 fits six rows' 16-bit sums in the registers: up to six in one pass, more in
+        // passes of four and the rest (six and one, or six and two, measured slower).
+        let most = match (FIVE, EIGHT) {
+            (true, _) => 2,
+            (_, true) => 4,
+            _ if T <= 6 => 6,
+            _ => 4,
+        };
         let mut from = 0;
         while from < T {
             let n = most.min(T - from);
@@ -375,7 +384,9 @@ unsafe fn avx2<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: 
                 1 => pass!(from, 1),
                 2 => pass!(from, 2),
                 3 => pass!(from, 3),
-                _ => pass!(from, 4),
+                4 => pass!(from, 4),
+                5 => pass!(from, 5),
+                _ => pass!(from, 6),
             }
             from += n;
         }
