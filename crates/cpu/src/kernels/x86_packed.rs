@@ -144,14 +144,15 @@ unsafe fn fifth(planes: __m256i, j: usize) -> __m256i {
 /// i16 sums of four chunks (Q5: weights ≤ 31, activations ≤ 127 in magnitude) or eight (Q4: ≤ 15)
 /// cannot overflow, so one `madd` widens them to 32 bits. Q8_0's quants are signed again and
 /// their signs moved onto the activations, as in the row kernel. At most four input rows, six
-/// for Q4 (their sums for both halves fill the registers; the float sums wait in `out`). Against
-/// reading the
-/// two halves one after the other (alternating in one process, one thread, 1536 × 2304, AVX2-only
-/// Zen 3), in passes of four: 6–18 % less time for Q4 at one to eight rows, 10–23 % for Q8_0, 2–10 % for Q5 at one
-/// or two; the same sums to the bit. Q4's five and six rows in one pass rather than four and the
-/// rest: 5–14 % and 9–11 % less. Q8_0 by nibbles of the biased quants instead of signs (no
-/// `sign` per token, twice the `maddubs`) took 0.92–1.13 of the half-by-half time, signs
-/// 0.77–0.90: the kernel is bound by all its vector operations, not by the multiplies alone.
+/// for Q4 (their sums for both halves fill the registers; the float sums wait in `out`).
+///
+/// Against reading the two halves one after the other (alternating in one process, one thread,
+/// 1536 × 2304, AVX2-only Zen 3), in passes of four: 6–18 % less time for Q4 at one to eight
+/// rows, 10–23 % for Q8_0, 2–10 % for Q5 at one or two; the same sums to the bit. Q4's five and
+/// six rows in one pass rather than four and the rest: 5–14 % and 9–11 % less. Q8_0 by nibbles
+/// of the biased quants instead of signs (no `sign` per token, twice the `maddubs`) took
+/// 0.92–1.13 of the half-by-half time, signs 0.77–0.90: the kernel is bound by all its vector
+/// operations, not by the multiplies alone.
 #[inline(always)]
 unsafe fn wide<const HAS_M: bool, const FIVE: bool, const EIGHT: bool, const T: usize>(
     g: *const u8,
