@@ -3,9 +3,9 @@
 
 Starts each server in turn (alternating, the one that goes first swapping every round, ROUNDS
 times) on the same GGUF file and thread count, sends N streamed requests of --max-tokens tokens at
-once for each N (every N --repeat times a round, the Ns interleaved, the round keeping each
-measure's median: one run lasts well under a second, and this machine's memory bandwidth
-drifts), and reports per server and N the medians over rounds of: the aggregate tokens/s
+once for each N (every N --repeat times a round, the Ns interleaved in an order that rotates, the
+round keeping each measure's median: one run lasts well under a second, this machine's memory
+bandwidth drifts, and a run right after another can be slower), and reports per server and N the medians over rounds of: the aggregate tokens/s
 (completion tokens of all requests / wall time, prefill included), the per-stream decode tokens/s
 (a stream's tokens after its first / time from its first token to its last) and the p50 time to
 first token; with the ratios to the same server's single stream and to llama-server at the same N.
@@ -184,11 +184,13 @@ def run(a, model, exe):
             try:
                 wait_healthy(port, proc, name)
                 concurrent(port, 1, 8)  # warm-up
-                # Each width --repeat times, the widths interleaved; the round keeps each
-                # measure's median over its repeats.
+                # Each width --repeat times, the widths interleaved, their order rotating from
+                # one pass to the next (of two identical runs back to back the second was 3-4 %
+                # slower on an EPYC); the round keeps each measure's median over its repeats.
                 runs = {}
-                for _ in range(a.repeat):
-                    for n in widths:
+                for k in range(a.repeat):
+                    shift = (rnd * a.repeat + k) % len(widths)
+                    for n in widths[shift:] + widths[:shift]:
                         runs.setdefault(n, []).append(concurrent(port, n, a.max_tokens, prompts))
                 for n in widths:
                     kept = tuple(statistics.median(r[i] for r in runs[n]) for i in range(3))
