@@ -89,3 +89,19 @@ fn mix_q8_0_avx2(b: Bencher, shape: (usize, usize, usize)) {
 fn mix_q8_0_avx512(b: Bencher, shape: (usize, usize, usize)) {
     run::<BlockQ8_0>(b, Isa::Avx512, shape, true);
 }
+
+/// A row of shifted scores through exp (a softmax before its normalisation): a tile's 64 and a
+/// deep cache's 4096 positions, the scores' maximum subtracted as attention does.
+#[divan::bench(args = [64, 4096])]
+fn exp_shift_avx2(b: Bencher, n: usize) {
+    if !Isa::available().contains(&Isa::Avx2) {
+        return;
+    }
+    let x: Vec<f32> = values(n, 4).iter().map(|v| 8.0 * v).collect();
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut row = x.clone();
+    b.counter(ItemsCount::new(n)).bench_local(|| {
+        row.copy_from_slice(&x);
+        divan::black_box(anelm_cpu::vecmath::exp_shift(Isa::Avx2, &mut row, m));
+    });
+}

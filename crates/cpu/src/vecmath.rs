@@ -138,9 +138,22 @@ mod x86 {
 
     #[inline(always)]
     unsafe fn exp8(x: __m256) -> __m256 {
+        exp8_of::<true>(x)
+    }
+
+    /// [`exp8`]; `ANY`: of any input, else of inputs at most 0 (or NaN) only, such as a
+    /// softmax's shifted scores. There `n ≥ -126` where the result is not flushed to 0 (below
+    /// `MIN`), so `2^n` is one normal float: `p · 2^n` rounds once, as `p · 2^h · 2^(n-h)` does
+    /// (its first product is exact) — the same bits without the split or the clamp at `MAX`.
+    #[inline(always)]
+    unsafe fn exp8_of<const ANY: bool>(x: __m256) -> __m256 {
         let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
         let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(MIN));
-        let x = _mm256_min_ps(x, _mm256_set1_ps(MAX));
+        let x = if ANY {
+            _mm256_min_ps(x, _mm256_set1_ps(MAX))
+        } else {
+            x
+        };
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
         );
@@ -155,15 +168,19 @@ mod x86 {
             p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
         }
         let ni = _mm256_cvtps_epi32(n);
-        // h = trunc(n / 2), as the scalar code's integer division.
-        let h = _mm256_srai_epi32::<1>(_mm256_add_epi32(ni, _mm256_srli_epi32::<31>(ni)));
         let pow = |e: __m256i| {
             _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
                 e,
                 _mm256_set1_epi32(127),
             )))
         };
-        let y = _mm256_mul_ps(_mm256_mul_ps(p, pow(h)), pow(_mm256_sub_epi32(ni, h)));
+        let y = if ANY {
+            // h = trunc(n / 2), as the scalar code's integer division.
+            let h = _mm256_srai_epi32::<1>(_mm256_add_epi32(ni, _mm256_srli_epi32::<31>(ni)));
+            _mm256_mul_ps(_mm256_mul_ps(p, pow(h)), pow(_mm256_sub_epi32(ni, h)))
+        } else {
+            _mm256_mul_ps(p, pow(ni))
+        };
         let y = _mm256_andnot_ps(under, y);
         _mm256_blendv_ps(y, x, nan)
     }
@@ -292,7 +309,14 @@ mod x86 {
         let vm = _mm256_set1_ps(m);
         let mut vsum = _mm256_setzero_ps();
         for i in (0..n8).step_by(8) {
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vm));
+            let d = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vm);
+            // A softmax's `m` is the maximum: every lane at most 0, the short form.
+            let above = _mm256_cmp_ps::<_CMP_GT_OQ>(d, _mm256_setzero_ps());
+            let e = if _mm256_movemask_ps(above) == 0 {
+                exp8_of::<false>(d)
+            } else {
+                exp8(d)
+            };
             _mm256_storeu_ps(p.add(i), e);
             vsum = _mm256_add_ps(vsum, e);
         }
@@ -335,6 +359,18 @@ mod x86 {
         _mm256_storeu_ps(out.as_mut_ptr(), exp8(_mm256_loadu_ps(x.as_ptr())));
         out
     }
+
+    /// For the tests: the short form of exp over eight lanes at most 0.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_lanes_nonpositive(x: [f32; 8]) -> [f32; 8] {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(
+            out.as_mut_ptr(),
+            exp8_of::<false>(_mm256_loadu_ps(x.as_ptr())),
+        );
+        out
+    }
 }
 
 #[cfg(test)]
@@ -360,8 +396,63 @@ mod tests {
         assert!(exp(88.3).is_finite());
     }
 
+    /// The short form of the SIMD exp (inputs at most 0, a softmax's) against the scalar exp,
+    /// bit for bit: a sweep of the negative floats down to -110 by their bit patterns (every
+    /// 997th), the ends around `MIN` where results turn subnormal and then 0, and the specials.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_short_exp_matches_scalar_over_the_nonpositive_floats() {
+        if !Isa::available().contains(&Isa::Avx2) {
+            return;
+        }
+        let end = (-110f32).to_bits();
+        let mut xs: Vec<f32> = ((-0f32).to_bits()..end)
+            .step_by(997)
+            .map(f32::from_bits)
+            .collect();
+        let near =
+            |v: f32| (-40..=40).map(move |k| f32::from_bits((v.to_bits() as i64 + k) as u32));
+        xs.extend(
+            near(MIN)
+                .chain(near(-87.0))
+                .chain(near(-0.5 * std::f32::consts::LN_2)),
+        );
+        xs.extend([
+            0.0,
+            -0.0,
+            -1e-30,
+            -1e-45,
+            -103.9,
+            -104.0,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        xs.retain(|v| v.is_nan() || *v <= 0.0);
+        while xs.len() % 8 != 0 {
+            xs.push(-1.0);
+        }
+        for chunk in xs.chunks_exact(8) {
+            let x: [f32; 8] = chunk.try_into().expect("eight lanes");
+            // SAFETY: Avx2 is available.
+            let got = unsafe { x86::exp_lanes_nonpositive(x) };
+            for (g, v) in got.iter().zip(x) {
+                assert_eq!(g.to_bits(), exp(v).to_bits(), "exp({v:e})");
+            }
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     proptest! {
+        #[test]
+        fn the_short_exp_of_nonpositive_inputs_matches_scalar_bitwise(x in prop::array::uniform8(-110f32..=0f32)) {
+            prop_assume!(Isa::available().contains(&Isa::Avx2));
+            // SAFETY: Avx2 is available.
+            let got = unsafe { x86::exp_lanes_nonpositive(x) };
+            for (g, v) in got.iter().zip(x) {
+                prop_assert_eq!(g.to_bits(), exp(v).to_bits(), "exp({})", v);
+            }
+        }
+
         #[test]
         fn simd_exp_matches_scalar_bitwise(x in prop::array::uniform8(-100f32..100f32)) {
             prop_assume!(Isa::available().contains(&Isa::Avx2));
