@@ -428,7 +428,7 @@ mod tests {
             f32::NAN,
         ]);
         xs.retain(|v| v.is_nan() || *v <= 0.0);
-        while xs.len() % 8 != 0 {
+        while !xs.len().is_multiple_of(8) {
             xs.push(-1.0);
         }
         for chunk in xs.chunks_exact(8) {
