@@ -5,10 +5,10 @@ Starts each server in turn (alternating, the one that goes first swapping every 
 times) on the same GGUF file and thread count, sends N streamed requests of --max-tokens tokens at
 once for each N (every N --repeat times a round, the Ns interleaved in an order that rotates, the
 round keeping each measure's median: one run lasts well under a second, this machine's memory
-bandwidth drifts, and a run right after another can be slower), and reports per server and N the medians over rounds of: the aggregate tokens/s
-(completion tokens of all requests / wall time, prefill included), the per-stream decode tokens/s
-(a stream's tokens after its first / time from its first token to its last) and the p50 time to
-first token; with the ratios to the same server's single stream and to llama-server at the same N.
+bandwidth drifts, and a run right after another can be slower), and reports per server and N the
+medians over rounds of: the aggregate tokens/s (completion tokens of all requests / wall time,
+prefill included), the per-stream decode tokens/s (a stream's tokens after its first / time from
+its first token to its last) and the p50 time to first token; with the ratios to the same server's single stream and to llama-server at the same N.
 
 llama-server is `--llama-server PATH`, else built once from the llama.cpp vendored in the
 llama-cpp-python sdist (bench/llamacpp.py); it runs with `-np N_max -c CTX*N_max` (each slot gets
@@ -185,7 +185,7 @@ def run(a, model, exe):
                 wait_healthy(port, proc, name)
                 concurrent(port, 1, 8)  # warm-up
                 # Each width --repeat times, the widths interleaved, their order rotating from
-                # one pass to the next (of two identical runs back to back the second was 3-4 %
+                # one pass to the next (of two identical runs back to back the second was 2-4 %
                 # slower on an EPYC); the round keeps each measure's median over its repeats.
                 runs = {}
                 for k in range(a.repeat):

@@ -337,7 +337,7 @@ pub fn run(mut a: Args) -> Result<()> {
         }
         if a.gen > 0 {
             // The single stream and each batch width, in an order rotating from round to round:
-            // of two identical runs back to back the second was 3–4 % slower (2 vCPU EPYC, seven
+            // of two identical runs back to back the second was 2–4 % slower (2 vCPU EPYC, seven
             // pairs in each order), which a fixed order would charge to the same width each time.
             let widths = batch_states.len() + 1;
             for i in (0..widths).map(|i| (i + r) % widths) {
