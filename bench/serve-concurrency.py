@@ -8,7 +8,8 @@ round keeping each measure's median: one run lasts well under a second, this mac
 bandwidth drifts, and a run right after another can be slower), and reports per server and N the
 medians over rounds of: the aggregate tokens/s (completion tokens of all requests / wall time,
 prefill included), the per-stream decode tokens/s (a stream's tokens after its first / time from
-its first token to its last) and the p50 time to first token; with the ratios to the same server's single stream and to llama-server at the same N.
+its first token to its last) and the p50 time to first token; with the ratios to the same
+server's single stream and to llama-server at the same N.
 
 llama-server is `--llama-server PATH`, else built once from the llama.cpp vendored in the
 llama-cpp-python sdist (bench/llamacpp.py); it runs with `-np N_max -c CTX*N_max` (each slot gets
